@@ -1,0 +1,30 @@
+# edgefl: two commands on a fresh machine, `make demo` and `make test`.
+PYTHON ?= python3.11
+VENV   := .venv
+BIN    := $(VENV)/bin
+
+.PHONY: demo test bench-quick clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+
+$(VENV)/.installed: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install --quiet -e .
+	touch $@
+
+$(VENV)/.installed-test: pyproject.toml $(VENV)/.installed
+	$(BIN)/pip install --quiet -e '.[test]'
+	touch $@
+
+demo: $(VENV)/.installed
+	$(BIN)/edgefl simulate --backbone dlinear --rounds 5
+
+test: $(VENV)/.installed-test
+	$(BIN)/python -m pytest
+
+bench-quick: $(VENV)/.installed
+	$(BIN)/python bench/fedqaper.py --quick
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache

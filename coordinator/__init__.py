@@ -1,0 +1,1 @@
+"""Coordinator: rounds, aggregation and the in-process simulation of a fleet."""

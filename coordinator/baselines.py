@@ -1,0 +1,102 @@
+"""Reference points for a federation: every client alone, and all data pooled in one place."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from coordinator.simulate import init_fleet
+from edge_agent.data import ClientData
+from edge_agent.models import ModelConfig
+from edge_agent.train import (
+    Metrics,
+    derive_seed,
+    early_stopping,
+    evaluate,
+    make_optimizer,
+    train_epochs,
+    weighted_metrics,
+)
+
+
+@dataclass
+class BaselineResult:
+    """Global test metrics (dataset-size weighted) and per-client test metrics and epochs."""
+
+    test: Metrics
+    client_test: dict[str, Metrics]
+    epochs: dict[str, int]
+
+
+def run_local_only(
+    clients: Sequence[ClientData],
+    cfg: ModelConfig,
+    max_epochs: int,
+    patience: int,
+    batch_size: int,
+    lr: float,
+    seed: int,
+) -> BaselineResult:
+    """Each client trains its own full model on its own data with early stopping (FedQAPer 4.3.1)."""
+    models, _ = init_fleet(clients, cfg, seed)
+    tests, epochs = {}, {}
+    for i, (model, client) in enumerate(zip(models, clients)):
+        optimizer = make_optimizer(model, lr)
+
+        def run_epoch(epoch: int, model: nn.Module = model, client: ClientData = client) -> None:
+            train_epochs(model, client.train, 1, batch_size, optimizer, derive_seed(seed, 3, i, epoch))
+
+        epochs[client.name] = early_stopping(
+            model, run_epoch, lambda: evaluate(model, client.val).mse, max_epochs, patience
+        )
+        tests[client.name] = evaluate(model, client.test)
+    sizes = [c.n_train for c in clients]
+    return BaselineResult(weighted_metrics(list(tests.values()), sizes), tests, epochs)
+
+
+def run_centralized(
+    clients: Sequence[ClientData],
+    cfg: ModelConfig,
+    max_epochs: int,
+    patience: int,
+    batch_size: int,
+    lr: float,
+    seed: int,
+) -> BaselineResult:
+    """One shared part trained on every client's batches, interleaved, by one optimizer.
+
+    Personal parts stay per client (their shapes differ), so this is the non-private upper
+    reference for FedPer: same model, no rounds, no averaging.
+    """
+    models, initial = init_fleet(clients, cfg, seed)
+    models[0].load_shared_state(initial)
+    for model in models[1:]:
+        model.shared = models[0].shared
+    fleet = nn.ModuleList(models)
+    optimizer = make_optimizer(fleet, lr)
+    sizes = [c.n_train for c in clients]
+
+    def run_epoch(epoch: int) -> None:
+        generator = torch.Generator().manual_seed(derive_seed(seed, 4, epoch))
+        iterators = [iter(c.train.batches(batch_size, True, generator)) for c in clients]
+        order = [i for i, c in enumerate(clients) for _ in range(-(-len(c.train) // batch_size))]
+        fleet.train()
+        with torch.random.fork_rng():
+            torch.manual_seed(derive_seed(seed, 5, epoch))
+            for k in torch.randperm(len(order), generator=generator).tolist():
+                x, marks, y = next(iterators[order[k]])
+                optimizer.zero_grad(set_to_none=True)
+                nn.functional.mse_loss(models[order[k]](x, marks), y).backward()
+                optimizer.step()
+
+    def validate() -> float:
+        return weighted_metrics([evaluate(m, c.val) for m, c in zip(models, clients)], sizes).mse
+
+    epochs = early_stopping(fleet, run_epoch, validate, max_epochs, patience)
+    tests = {c.name: evaluate(m, c.test) for m, c in zip(models, clients)}
+    return BaselineResult(
+        weighted_metrics(list(tests.values()), sizes), tests, {c.name: epochs for c in clients}
+    )

@@ -1,0 +1,131 @@
+"""In-process federation: every client of a fleet trained in one process, rounds of FedPer."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from coordinator.aggregators import ClientUpdate, TensorDict, make_aggregator
+from edge_agent.data import TIME_FEATURES, ClientData
+from edge_agent.models import Forecaster, ModelConfig, build_forecaster
+from edge_agent.train import (
+    Metrics,
+    derive_seed,
+    evaluate,
+    make_optimizer,
+    train_epochs,
+    weighted_metrics,
+)
+
+
+class FederationConfig(BaseModel):
+    """Rounds and local training of a federation (FedQAPer Algorithm 2, full participation)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    rounds: int = Field(10, ge=1, description="global rounds G")
+    local_epochs: int = Field(1, ge=1, description="local epochs E per round")
+    batch_size: int = Field(128, ge=1)
+    lr: float = Field(1e-3, gt=0)
+    seed: int = 42
+    aggregator: str = "fedavg"
+
+
+@dataclass(frozen=True)
+class RoundRecord:
+    """Global metrics after one round's aggregation (dataset-size-weighted over clients)."""
+
+    round: int
+    train_loss: float
+    val: Metrics
+    test: Metrics
+    seconds: float
+
+
+@dataclass
+class FederationResult:
+    """Per-round history; ``test`` is taken at the round with the best global validation MSE."""
+
+    records: list[RoundRecord]
+    best_round: int
+    test: Metrics
+    client_test: dict[str, Metrics]
+    shared: TensorDict
+
+
+def init_fleet(
+    clients: Sequence[ClientData], cfg: ModelConfig, seed: int
+) -> tuple[list[Forecaster], TensorDict]:
+    """One model per client; every client starts from the same global shared parameters."""
+    models = [
+        build_forecaster(cfg, c.n_features, TIME_FEATURES, derive_seed(seed, 1, i))
+        for i, c in enumerate(clients)
+    ]
+    initial = build_forecaster(cfg, 1, TIME_FEATURES, derive_seed(seed, 0)).shared_state()
+    return models, initial
+
+
+def run_round(
+    models: Sequence[Forecaster],
+    clients: Sequence[ClientData],
+    global_shared: TensorDict,
+    fed: FederationConfig,
+    round_index: int,
+) -> tuple[list[ClientUpdate], float]:
+    """Every client installs the global shared part, trains E epochs and reports its shared part.
+
+    A fresh optimizer per round keeps clients stateless between rounds apart from their
+    personal parameters. Returns the updates and the sample-weighted training loss.
+    """
+    updates, losses = [], []
+    for i, (model, client) in enumerate(zip(models, clients)):
+        model.load_shared_state(global_shared)
+        loss = train_epochs(
+            model,
+            client.train,
+            fed.local_epochs,
+            fed.batch_size,
+            make_optimizer(model, fed.lr),
+            derive_seed(fed.seed, 2, round_index, i),
+        )
+        updates.append(ClientUpdate(client.name, model.shared_state(), client.n_train))
+        losses.append(loss)
+    sizes = [u.n_samples for u in updates]
+    return updates, sum(l * n for l, n in zip(losses, sizes)) / sum(sizes)
+
+
+def run_federation(
+    clients: Sequence[ClientData],
+    cfg: ModelConfig,
+    fed: FederationConfig,
+    on_round: Callable[[RoundRecord], None] | None = None,
+) -> FederationResult:
+    """Run ``fed.rounds`` rounds of FedPer over ``clients`` and evaluate after each round."""
+    aggregator = make_aggregator(fed.aggregator)
+    models, global_shared = init_fleet(clients, cfg, fed.seed)
+    sizes = [c.n_train for c in clients]
+    records: list[RoundRecord] = []
+    best: tuple[float, int, dict[str, Metrics]] = (float("inf"), 0, {})
+    for r in range(1, fed.rounds + 1):
+        started = time.perf_counter()
+        updates, loss = run_round(models, clients, global_shared, fed, r)
+        global_shared = aggregator.aggregate(updates)
+        val, test = [], []
+        for model, client in zip(models, clients):
+            model.load_shared_state(global_shared)
+            val.append(evaluate(model, client.val))
+            test.append(evaluate(model, client.test))
+        record = RoundRecord(
+            r, loss, weighted_metrics(val, sizes), weighted_metrics(test, sizes),
+            time.perf_counter() - started,
+        )
+        records.append(record)
+        if record.val.mse < best[0]:
+            best = (record.val.mse, r, {c.name: m for c, m in zip(clients, test)})
+        if on_round:
+            on_round(record)
+    best_record = records[best[1] - 1]
+    return FederationResult(records, best[1], best_record.test, best[2], global_shared)

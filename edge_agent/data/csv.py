@@ -1,0 +1,162 @@
+"""Loader for the standard long-horizon CSV layout (ETTh1, Electricity, Traffic): a date then numeric columns.
+
+Row numbers in error messages are file line numbers, counting the header as line 1.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from edge_agent.data.table import DataError, SeriesTable
+
+_MAX_LISTED = 5
+_LINES = "(header is line 1)"
+
+
+def load_csv(
+    path: str | Path, date_column: str | None = None, columns: Sequence[str] | None = None
+) -> SeriesTable:
+    """Read a date-indexed numeric CSV into a float32 SeriesTable, validating every field.
+
+    With `columns=None` all numeric columns are kept and purely textual ones are ignored.
+    """
+    path = Path(path)
+    frame, lines = _read_frame(path)
+    name = path.name
+    date_name = _pick_date_column(name, frame, date_column)
+    index = _parse_dates(name, frame[date_name], lines)
+    wanted = _pick_value_columns(name, frame, date_name, columns)
+    values = np.column_stack([_numeric(name, frame[c], lines) for c in wanted])
+    _check_finite(name, values, wanted, lines)
+    _check_float32_range(name, values, wanted, lines)
+    return SeriesTable(name, index, values.astype(np.float32), tuple(wanted))
+
+
+def _read_frame(path: Path) -> tuple[pd.DataFrame, np.ndarray]:
+    """Parse the file, drop blank lines, and return the frame plus each row's file line number."""
+    if not path.is_file():
+        raise DataError(f"{path.name}: file not found ({path})")
+    try:
+        frame = pd.read_csv(path, skip_blank_lines=False)
+    except pd.errors.EmptyDataError as err:
+        raise DataError(f"{path.name}: file is empty") from err
+    except (pd.errors.ParserError, UnicodeDecodeError, ValueError) as err:
+        raise DataError(f"{path.name}: not a readable CSV file ({err})") from err
+    lines = np.arange(len(frame)) + 2
+    keep = ~frame.isna().all(axis=1).to_numpy()
+    frame, lines = frame.loc[keep].reset_index(drop=True), lines[keep]
+    if frame.empty:
+        raise DataError(f"{path.name}: no data rows below the header")
+    if frame.shape[1] < 2:
+        raise DataError(
+            f"{path.name}: only one column ({str(frame.columns[0])!r}); expected a date column and numeric "
+            "columns separated by commas"
+        )
+    return frame, lines
+
+
+def _pick_date_column(name: str, frame: pd.DataFrame, date_column: str | None) -> str:
+    """Return the requested date column, else one named 'date' (any case), else the first column."""
+    if date_column is not None:
+        if date_column not in frame.columns:
+            raise DataError(f"{name}: date column '{date_column}' not found; columns: {_short(frame.columns)}")
+        return date_column
+    named = [c for c in frame.columns if str(c).strip().lower() == "date"]
+    return named[0] if named else frame.columns[0]
+
+
+def _parse_dates(name: str, raw: pd.Series, lines: np.ndarray) -> pd.DatetimeIndex:
+    """Parse timestamps and require them to be strictly increasing."""
+    if pd.api.types.is_numeric_dtype(raw):
+        raise DataError(f"{name}: date column '{raw.name}' holds numbers, not dates")
+    try:
+        index = pd.DatetimeIndex(pd.to_datetime(raw, errors="coerce"))
+    except (ValueError, TypeError) as err:
+        raise DataError(f"{name}: date column '{raw.name}' cannot be parsed ({err})") from err
+    bad = np.flatnonzero(index.isna())
+    if bad.size:
+        shown = ", ".join(f"line {lines[i]} ({raw.iloc[i]!r})" for i in bad[:_MAX_LISTED])
+        raise DataError(f"{name}: date column '{raw.name}' has {bad.size} unparsable values: {shown} {_LINES}")
+    _check_increasing(name, index, lines)
+    return index
+
+
+def _check_increasing(name: str, index: pd.DatetimeIndex, lines: np.ndarray) -> None:
+    """Raise naming the first rows whose timestamp does not come after the previous one."""
+    bad = np.flatnonzero(np.diff(index.asi8) <= 0) + 1
+    if not bad.size:
+        return
+    kind = "duplicated" if (index[bad] == index[bad - 1]).all() else "not strictly increasing"
+    shown = ", ".join(
+        f"line {lines[i]} ({index[i]}) after line {lines[i - 1]} ({index[i - 1]})" for i in bad[:_MAX_LISTED]
+    )
+    raise DataError(f"{name}: dates are {kind} at {bad.size} rows: {shown} {_LINES}")
+
+
+def _pick_value_columns(
+    name: str, frame: pd.DataFrame, date_name: str, columns: Sequence[str] | None
+) -> list[str]:
+    """Return the requested columns, or every numeric-looking column except the date."""
+    if columns is not None:
+        missing = [c for c in columns if c not in frame.columns or c == date_name]
+        if missing:
+            raise DataError(f"{name}: requested columns {missing} not found; available: {_short(frame.columns)}")
+        return list(columns)
+    numeric = [c for c in frame.columns if c != date_name and _looks_numeric(frame[c])]
+    if not numeric:
+        raise DataError(f"{name}: no numeric columns besides the date column '{date_name}'")
+    return numeric
+
+
+def _looks_numeric(raw: pd.Series) -> bool:
+    """A column counts as numeric when at least one of its cells parses as a number."""
+    if pd.api.types.is_bool_dtype(raw):
+        return False
+    if pd.api.types.is_numeric_dtype(raw):
+        return True
+    return bool(pd.to_numeric(raw, errors="coerce").notna().any())
+
+
+def _numeric(name: str, raw: pd.Series, lines: np.ndarray) -> np.ndarray:
+    """Convert one column to float64, raising on cells that are present but not numbers."""
+    if pd.api.types.is_numeric_dtype(raw) and not pd.api.types.is_bool_dtype(raw):
+        return raw.to_numpy(dtype=np.float64, na_value=np.nan)
+    parsed = pd.to_numeric(raw.astype("string").str.strip(), errors="coerce")
+    bad = np.flatnonzero((parsed.isna() & raw.notna()).to_numpy())
+    if bad.size:
+        shown = ", ".join(f"line {lines[i]} ({raw.iloc[i]!r})" for i in bad[:_MAX_LISTED])
+        raise DataError(f"{name}: column '{raw.name}' has {bad.size} non-numeric values: {shown} {_LINES}")
+    return parsed.to_numpy(dtype=np.float64, na_value=np.nan)
+
+
+def _check_finite(name: str, values: np.ndarray, columns: list[str], lines: np.ndarray) -> None:
+    """Raise listing, per column, the count and first lines of NaN/inf cells."""
+    problems = []
+    for j in np.flatnonzero(~np.isfinite(values).all(axis=0)):
+        bad = np.flatnonzero(~np.isfinite(values[:, j]))
+        shown = ", ".join(str(lines[i]) for i in bad[:_MAX_LISTED])
+        more = ", ..." if bad.size > _MAX_LISTED else ""
+        problems.append(f"column '{columns[j]}' has {bad.size} NaN/inf values at lines {shown}{more}")
+    if problems:
+        raise DataError(f"{name}: " + "; ".join(problems) + f" {_LINES}")
+
+
+def _check_float32_range(name: str, values: np.ndarray, columns: list[str], lines: np.ndarray) -> None:
+    """Raise on magnitudes that would overflow float32."""
+    too_big = np.abs(values) > np.finfo(np.float32).max
+    if too_big.any():
+        i, j = np.argwhere(too_big)[0]
+        raise DataError(
+            f"{name}: column '{columns[j]}' has {int(too_big[:, j].sum())} values beyond float32 range, "
+            f"first at line {lines[i]} ({values[i, j]:g}) {_LINES}"
+        )
+
+
+def _short(columns: pd.Index) -> str:
+    """List column names for a message, truncated for very wide files."""
+    names = [str(c) for c in columns]
+    return str(names) if len(names) <= 12 else str(names[:12])[:-1] + f", ... ({len(names)} in all)]"

@@ -1,0 +1,24 @@
+"""A simulated fleet: clients carved out of a feature pool, ready for training."""
+
+from __future__ import annotations
+
+from edge_agent.data.pool import allocate_features, client_tables
+from edge_agent.data.table import SeriesTable
+from edge_agent.data.windows import ClientData, prepare_client
+
+
+def feature_clients(
+    pool: SeriesTable,
+    n_clients: int,
+    f_max: int,
+    seed: int,
+    lookback: int,
+    horizon: int,
+    stride: int = 1,
+) -> list[ClientData]:
+    """Feature-level non-IID clients (FedQAPer 3.1), windowed, split and scaled per client."""
+    allocation = allocate_features(pool.n_features, n_clients, f_max, seed)
+    return [
+        prepare_client(table, lookback, horizon, stride)
+        for table in client_tables(pool, allocation)
+    ]

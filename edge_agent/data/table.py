@@ -1,0 +1,72 @@
+"""The in-memory time-series table shared by every data source, and the data error type."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+
+class DataError(ValueError):
+    """Bad input data: the message names the file/column and the reason."""
+
+
+@dataclass(frozen=True, eq=False)
+class SeriesTable:
+    """A regular multivariate time series: timestamps plus named float columns, with optional site coordinates.
+
+    `values` is stored as a read-only float32 array so cached tables cannot be changed by accident.
+    """
+
+    name: str
+    index: pd.DatetimeIndex
+    values: np.ndarray
+    columns: tuple[str, ...]
+    latitude: float | None = None
+    longitude: float | None = None
+
+    def __post_init__(self) -> None:
+        values = np.array(self.values, dtype=np.float32, copy=True)
+        values.flags.writeable = False
+        object.__setattr__(self, "values", values)
+        object.__setattr__(self, "columns", tuple(self.columns))
+        self._validate()
+
+    def _validate(self) -> None:
+        if not isinstance(self.index, pd.DatetimeIndex):
+            raise DataError(f"{self.name}: index must be a DatetimeIndex, got {type(self.index).__name__}")
+        if self.values.ndim != 2 or self.values.shape != (len(self.index), len(self.columns)):
+            raise DataError(
+                f"{self.name}: values shape {self.values.shape} does not match "
+                f"{len(self.index)} timestamps x {len(self.columns)} columns"
+            )
+        if len(set(self.columns)) != len(self.columns):
+            raise DataError(f"{self.name}: duplicate column names in {list(self.columns)}")
+        if len(self.index) > 1 and not (np.diff(self.index.asi8) > 0).all():
+            raise DataError(f"{self.name}: timestamps are not strictly increasing")
+        if not np.isfinite(self.values).all():
+            bad = [c for c, ok in zip(self.columns, np.isfinite(self.values).all(axis=0)) if not ok]
+            raise DataError(f"{self.name}: non-finite values in columns {bad}")
+
+    @property
+    def n_rows(self) -> int:
+        """Number of timestamps T."""
+        return len(self.index)
+
+    @property
+    def n_features(self) -> int:
+        """Number of value columns F."""
+        return len(self.columns)
+
+    def select(self, columns: Sequence[str]) -> SeriesTable:
+        """Return a table with only `columns`, in the given order; unknown names raise DataError."""
+        position = {c: i for i, c in enumerate(self.columns)}
+        unknown = [c for c in columns if c not in position]
+        if unknown:
+            raise DataError(f"{self.name}: unknown columns {unknown}; available: {list(self.columns)}")
+        picked = [position[c] for c in columns]
+        return SeriesTable(
+            self.name, self.index, self.values[:, picked], tuple(columns), self.latitude, self.longitude
+        )

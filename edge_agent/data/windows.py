@@ -1,0 +1,206 @@
+"""Sliding windows, the chronological train/val/test split and per-client standard scaling."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+
+from edge_agent.data.table import DataError, SeriesTable
+
+TIME_FEATURES = 4
+Ratios = tuple[float, float, float]
+Batch = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+
+
+def time_features(index: pd.DatetimeIndex) -> np.ndarray:
+    """Informer 'timeF' calendar features in [-0.5, 0.5]: hour of day, day of week, day of month, day of year."""
+    columns = (index.hour / 23.0, index.day_of_week / 6.0, (index.day - 1) / 30.0, (index.day_of_year - 1) / 365.0)
+    return (np.stack([np.asarray(c, dtype=np.float64) for c in columns], axis=1) - 0.5).astype(np.float32)
+
+
+class StandardScaler:
+    """Per-column z-scoring fitted on training rows; constant columns keep std 1 so nothing divides by zero."""
+
+    def __init__(self, mean: np.ndarray | None = None, std: np.ndarray | None = None) -> None:
+        self.mean = mean
+        self.std = std
+
+    def fit(self, values: np.ndarray) -> StandardScaler:
+        """Learn each column's mean and population std from `values` (rows x features)."""
+        data = np.asarray(values, dtype=np.float64)
+        mean, std = data.mean(axis=0), data.std(axis=0)
+        std[std <= 1e-7 * np.maximum(1.0, np.abs(mean))] = 1.0
+        self.mean, self.std = mean.astype(np.float32), std.astype(np.float32)
+        return self
+
+    def transform(self, values: np.ndarray | torch.Tensor) -> np.ndarray | torch.Tensor:
+        """Scale to zero mean and unit std (numpy or torch input, same type out)."""
+        mean, std = self._stats_like(values)
+        return (values - mean) / std
+
+    def inverse_transform(self, values: np.ndarray | torch.Tensor) -> np.ndarray | torch.Tensor:
+        """Undo `transform`, e.g. to report forecasts in original units."""
+        mean, std = self._stats_like(values)
+        return values * std + mean
+
+    def _stats_like(self, values: np.ndarray | torch.Tensor) -> tuple[Any, Any]:
+        """Return mean/std as the same array type as `values`, checking the feature count."""
+        if self.mean is None or self.std is None:
+            raise ValueError("StandardScaler is not fitted")
+        if values.shape[-1] != len(self.mean):
+            raise ValueError(f"StandardScaler: expected {len(self.mean)} features, got {values.shape[-1]}")
+        if isinstance(values, torch.Tensor):
+            stats = torch.as_tensor(np.stack([self.mean, self.std]), dtype=values.dtype, device=values.device)
+            return stats[0], stats[1]
+        return self.mean, self.std
+
+    def to_dict(self) -> dict[str, list[float]]:
+        """Plain-list form for JSON files."""
+        if self.mean is None or self.std is None:
+            raise ValueError("StandardScaler is not fitted")
+        return {"mean": self.mean.tolist(), "std": self.std.tolist()}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Sequence[float]]) -> StandardScaler:
+        """Rebuild a scaler saved by `to_dict`, rejecting missing keys, length mismatches and bad stds."""
+        try:
+            mean = np.asarray(data["mean"], dtype=np.float32)
+            std = np.asarray(data["std"], dtype=np.float32)
+        except (KeyError, TypeError, ValueError) as err:
+            raise DataError(f"scaler: needs numeric lists 'mean' and 'std' ({err!r})") from err
+        if mean.ndim != 1 or mean.shape != std.shape:
+            shapes = f"{mean.shape}, {std.shape}"
+            raise DataError(f"scaler: 'mean' and 'std' must be flat lists of equal length, got {shapes}")
+        if not (np.isfinite(mean).all() and np.isfinite(std).all() and (std > 0).all()):
+            raise DataError("scaler: 'mean' must be finite and 'std' finite and positive")
+        return cls(mean, std)
+
+
+def split_bounds(
+    n_rows: int, lookback: int, horizon: int, ratios: Ratios = (0.8, 0.1, 0.1)
+) -> dict[str, tuple[int, int]]:
+    """Row ranges [start, end) of the chronological split; val and test start `lookback` rows early for context."""
+    if lookback < 1 or horizon < 1:
+        raise ValueError(f"lookback and horizon must be >= 1, got {lookback}, {horizon}")
+    _check_ratios(ratios)
+    bounds = _bounds(n_rows, lookback, ratios)
+    if not _all_windowed(bounds, lookback, horizon):
+        needed = _min_rows(lookback, horizon, ratios)
+        raise DataError(f"needs at least {needed} rows for lookback {lookback} + horizon {horizon} (has {n_rows})")
+    return bounds
+
+
+def _check_ratios(ratios: Ratios) -> None:
+    """Ratios must be three positive fractions summing to 1."""
+    if len(ratios) != 3 or min(ratios) <= 0 or not math.isclose(sum(ratios), 1.0, abs_tol=1e-6):
+        raise ValueError(f"ratios must be three positive fractions summing to 1, got {ratios}")
+
+
+def _bounds(n_rows: int, lookback: int, ratios: Ratios) -> dict[str, tuple[int, int]]:
+    """The split without validation: test takes whatever train and val leave."""
+    n_train, n_val = int(n_rows * ratios[0]), int(n_rows * ratios[1])
+    return {
+        "train": (0, n_train),
+        "val": (n_train - lookback, n_train + n_val),
+        "test": (n_train + n_val - lookback, n_rows),
+    }
+
+
+def _all_windowed(bounds: dict[str, tuple[int, int]], lookback: int, horizon: int) -> bool:
+    """True when every split starts inside the series and holds at least one full window."""
+    return all(start >= 0 and end - start >= lookback + horizon for start, end in bounds.values())
+
+
+def _min_rows(lookback: int, horizon: int, ratios: Ratios) -> int:
+    """Smallest N such that every series of N or more rows splits into windowed parts."""
+    n = math.ceil(max((lookback + horizon + 1) / ratios[0], (horizon + 1) / ratios[1], horizon / ratios[2] + 1))
+    while not _all_windowed(_bounds(n, lookback, ratios), lookback, horizon):
+        n += 1
+    while n > 1 and _all_windowed(_bounds(n - 1, lookback, ratios), lookback, horizon):
+        n -= 1
+    return n
+
+
+@dataclass(eq=False)
+class WindowSet:
+    """Windows over one split: scaled series (rows, F), time features (rows, 4) and window start rows."""
+
+    series: torch.Tensor
+    marks: torch.Tensor
+    starts: torch.Tensor
+    lookback: int
+    horizon: int
+
+    def __len__(self) -> int:
+        """Number of windows."""
+        return int(self.starts.numel())
+
+    def batch(self, positions: torch.Tensor) -> Batch:
+        """Gather windows number `positions` (indices into `starts`) as x (B, L, F), t (B, L, 4), y (B, H, F)."""
+        first = self.starts[positions].unsqueeze(1)
+        past = first + torch.arange(self.lookback)
+        future = first + self.lookback + torch.arange(self.horizon)
+        return self.series[past], self.marks[past], self.series[future]
+
+    def batches(
+        self, batch_size: int, shuffle: bool, generator: torch.Generator | None = None
+    ) -> Iterator[Batch]:
+        """Iterate over all windows in batches, in a random order when `shuffle`."""
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        order = torch.randperm(len(self), generator=generator) if shuffle else torch.arange(len(self))
+        for chunk in order.split(batch_size):
+            yield self.batch(chunk)
+
+
+@dataclass(eq=False)
+class ClientData:
+    """One client's scaled, windowed data plus what is needed to undo the scaling and place it on a map."""
+
+    name: str
+    n_features: int
+    columns: tuple[str, ...]
+    scaler: StandardScaler
+    latitude: float | None
+    longitude: float | None
+    train: WindowSet
+    val: WindowSet
+    test: WindowSet
+
+    @property
+    def n_train(self) -> int:
+        """Number of training windows: the sample count used for FedAvg weighting."""
+        return len(self.train)
+
+
+def prepare_client(
+    table: SeriesTable, lookback: int, horizon: int, stride: int = 1, ratios: Ratios = (0.8, 0.1, 0.1)
+) -> ClientData:
+    """Split, scale (fitted on train rows only) and window one table; train windows start every `stride` rows."""
+    if stride < 1:
+        raise ValueError(f"{table.name}: stride must be >= 1, got {stride}")
+    try:
+        bounds = split_bounds(table.n_rows, lookback, horizon, ratios)
+    except DataError as err:
+        raise DataError(f"{table.name}: {err}") from err
+    train_end = bounds["train"][1]
+    scaler = StandardScaler().fit(table.values[:train_end])
+    series = torch.from_numpy(np.ascontiguousarray(scaler.transform(table.values), dtype=np.float32))
+    marks = torch.from_numpy(time_features(table.index))
+    sets = {
+        split: _window_set(series[a:b], marks[a:b], lookback, horizon, stride if split == "train" else 1)
+        for split, (a, b) in bounds.items()
+    }
+    return ClientData(table.name, table.n_features, table.columns, scaler, table.latitude, table.longitude, **sets)
+
+
+def _window_set(series: torch.Tensor, marks: torch.Tensor, lookback: int, horizon: int, stride: int) -> WindowSet:
+    """All windows of one split that fit completely, starting every `stride` rows."""
+    starts = torch.arange(0, series.shape[0] - lookback - horizon + 1, stride, dtype=torch.long)
+    return WindowSet(series, marks, starts, lookback, horizon)

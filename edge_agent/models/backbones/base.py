@@ -1,0 +1,18 @@
+"""The one interface every backbone implements."""
+
+from __future__ import annotations
+
+from typing import ClassVar, Literal
+
+from torch import nn
+
+
+class Backbone(nn.Module):
+    """Maps the aligned sequence (B, L, d_qap) to a representation (B, A, C) for the head.
+
+    ``out_shape`` is (A, C). Backbones carry no forecast head of their own: FedPer keeps the
+    head personal (FedQAPer A.5), so the read-out lives in ``PersonalHead``.
+    """
+
+    kind: ClassVar[Literal["ann", "snn"]] = "ann"
+    out_shape: tuple[int, int]

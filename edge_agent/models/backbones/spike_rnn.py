@@ -1,0 +1,32 @@
+"""SpikeRNN (SeqSNN): conv spike encoder, then a stack of Linear + LIF layers over T steps."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from edge_agent.models.backbones.base import Backbone
+from edge_agent.models.backbones.spiking import ConvSpikeEncoder, SpikingLinear
+from edge_agent.models.config import ModelConfig
+
+
+class SpikeRNN(Backbone):
+    """Encoder spikes -> Linear(d, D)+LIF -> ``layers`` x (Linear(D, D)+LIF); mean rate over T.
+
+    Every layer is a plain Linear + LIF stack, which is what Lava netx and NIR can express.
+    """
+
+    kind = "snn"
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        hidden = cfg.size("hidden", 64)
+        self.encoder = ConvSpikeEncoder(cfg.steps)
+        self.stack = nn.Sequential(
+            SpikingLinear(cfg.d_qap, hidden),
+            *(SpikingLinear(hidden, hidden) for _ in range(cfg.size("layers", 2))),
+        )
+        self.out_shape = (cfg.lookback, hidden)
+
+    def forward(self, z: torch.Tensor) -> torch.Tensor:
+        return self.stack(self.encoder(z)).mean(0)

@@ -1,0 +1,116 @@
+"""Spiking building blocks after SeqSNN (Lv et al. 2024), written with snntorch.
+
+Neurons are LIF with tau = 2: snntorch ``Leaky(beta=0.5)`` with the 1/tau input gain folded
+into the preceding layer's weights, threshold 1.0, arctan surrogate gradient, reset to zero
+(the only reset NIR and Lava's CUBA neuron express), run for ``T`` steps. Tensors inside
+spiking stacks are laid out (T, B, N, D).
+"""
+
+from __future__ import annotations
+
+import snntorch as snn
+import torch
+from snntorch import surrogate
+from torch import nn
+
+TAU = 2.0
+BETA = 1.0 - 1.0 / TAU
+THRESHOLD = 1.0
+
+
+class LIF(nn.Module):
+    """Multi-step leaky integrate-and-fire layer: currents (T, ...) -> spikes (T, ...)."""
+
+    def __init__(self, threshold: float = THRESHOLD):
+        super().__init__()
+        self.threshold = threshold
+        self.neuron = snn.Leaky(
+            beta=BETA, threshold=threshold, spike_grad=surrogate.atan(), reset_mechanism="zero"
+        )
+
+    def forward(self, current: torch.Tensor) -> torch.Tensor:
+        mem = torch.zeros_like(current[0])
+        spikes = []
+        for step in current:
+            spike, mem = self.neuron(step, mem)
+            spikes.append(spike)
+        return torch.stack(spikes)
+
+
+class SpikingLinear(nn.Module):
+    """Linear, BatchNorm over channels, LIF, at every step.
+
+    SeqSNN normalizes inside attention/MLP and the inverted embedding only; we normalize after
+    every Linear because SpikeRNN's and Spikformer's un-normalized first layers never reach
+    threshold from a d_qap-wide input at initialisation (measured: 0.1% firing, no gradient).
+    BatchNorm folds into the weights for neuromorphic export.
+    """
+
+    def __init__(self, d_in: int, d_out: int, threshold: float = THRESHOLD):
+        super().__init__()
+        self.linear = nn.Linear(d_in, d_out)
+        self.norm = nn.BatchNorm1d(d_out)
+        self.lif = LIF(threshold)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        current = self.norm(self.linear(x).flatten(0, -2)).reshape(*x.shape[:-1], -1)
+        return self.lif(current)
+
+
+class ConvSpikeEncoder(nn.Module):
+    """SeqSNN's conv encoder: a (1 x k) convolution over time with T output maps, one per step.
+
+    (B, L, C) real values -> (T, B, L, C) spikes.
+    """
+
+    def __init__(self, steps: int, kernel: int = 3):
+        super().__init__()
+        self.conv = nn.Conv2d(1, steps, (1, kernel), padding=(0, kernel // 2))
+        self.norm = nn.BatchNorm2d(steps)
+        self.lif = LIF()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        current = self.norm(self.conv(x.transpose(1, 2).unsqueeze(1)))
+        return self.lif(current.permute(1, 0, 3, 2))
+
+
+class SpikingSelfAttention(nn.Module):
+    """Spiking self-attention: Q, K, V are spikes, no softmax, scores scaled by ``scale``."""
+
+    def __init__(self, dim: int, heads: int, scale: float = 0.125):
+        super().__init__()
+        if dim % heads:
+            raise ValueError(f"hidden ({dim}) must be divisible by heads ({heads})")
+        self.heads, self.scale = heads, scale
+        self.q, self.k, self.v = (SpikingLinear(dim, dim) for _ in range(3))
+        self.attn_lif = LIF(THRESHOLD / 2)
+        self.out = SpikingLinear(dim, dim)
+
+    def split(self, x: torch.Tensor) -> torch.Tensor:
+        return x.unflatten(-1, (self.heads, -1)).transpose(-3, -2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = (self.split(proj(x)) for proj in (self.q, self.k, self.v))
+        mixed = (q @ k.transpose(-2, -1)) * self.scale @ v
+        return self.out(self.attn_lif(mixed.transpose(-3, -2).flatten(-2)))
+
+
+class SpikingBlock(nn.Module):
+    """Spikformer block: residual spiking self-attention, then a residual two-layer spiking MLP."""
+
+    def __init__(self, dim: int, d_ff: int, heads: int):
+        super().__init__()
+        self.attn = SpikingSelfAttention(dim, heads)
+        self.mlp = nn.Sequential(SpikingLinear(dim, d_ff), SpikingLinear(d_ff, dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(x)
+        return x + self.mlp(x)
+
+
+def init_transformer_weights(module: nn.Module) -> None:
+    """Spikformer's initialisation: N(0, 0.02) linear weights, zero biases."""
+    for layer in module.modules():
+        if isinstance(layer, nn.Linear):
+            nn.init.normal_(layer.weight, std=0.02)
+            nn.init.zeros_(layer.bias)

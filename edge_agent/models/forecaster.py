@@ -1,0 +1,96 @@
+"""The per-client model: alignment -> time fusion -> backbone -> personalized head."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from edge_agent.models.backbones import BACKBONES
+from edge_agent.models.config import ModelConfig
+from edge_agent.models.heads import PersonalHead
+from edge_agent.models.qap import QueryAttentionPooling, SlotEmbedding, TimeFusion
+
+SHARED_PREFIX = "shared."
+
+TensorDict = dict[str, torch.Tensor]
+
+
+class Forecaster(nn.Module):
+    """One client's forecaster with FedPer's split made structural.
+
+    The rule (FedQAPer Algorithm 2): everything under ``shared`` (QAP value projection,
+    queries, attention, fusion, norm, time projection, concat fusion, backbone) is
+    aggregated; everything under ``personal`` (slot embeddings or the plain per-client
+    projection, and the forecast head) stays on the device. The personal part is exactly
+    what depends on the client's feature count F_i.
+    """
+
+    def __init__(self, cfg: ModelConfig, n_features: int, time_features: int):
+        super().__init__()
+        self.cfg, self.n_features = cfg, n_features
+        backbone = BACKBONES[cfg.backbone](cfg)
+        self.shared = nn.ModuleDict(
+            {"time": TimeFusion(time_features, cfg.d_qap), "backbone": backbone}
+        )
+        self.personal = nn.ModuleDict(
+            {"head": PersonalHead(backbone.out_shape, cfg.horizon, n_features)}
+        )
+        if cfg.projection == "qap":
+            self.shared["qap"] = QueryAttentionPooling(cfg)
+            self.personal["slots"] = SlotEmbedding(n_features, cfg.d_qap)
+        else:
+            self.personal["project"] = nn.Linear(n_features, cfg.d_qap)
+
+    @property
+    def kind(self) -> str:
+        return self.shared["backbone"].kind
+
+    def align(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, L, F_i) -> (B, L, d_qap)."""
+        if self.cfg.projection == "qap":
+            return self.shared["qap"](x, self.personal["slots"].weight)
+        return self.personal["project"](x)
+
+    def forward(self, x: torch.Tensor, marks: torch.Tensor) -> torch.Tensor:
+        """``x`` (B, L, F_i) scaled values, ``marks`` (B, L, t) time features -> (B, H, F_i)."""
+        z = self.shared["time"](self.align(x), marks)
+        return self.personal["head"](self.shared["backbone"](z))
+
+    def _shared_tensors(self) -> TensorDict:
+        return {
+            name: tensor
+            for name, tensor in self.state_dict().items()
+            if name.startswith(SHARED_PREFIX) and tensor.is_floating_point()
+        }
+
+    def shared_state(self) -> TensorDict:
+        """The parameters and float buffers that go on the wire, as detached copies."""
+        return {name: tensor.detach().clone() for name, tensor in self._shared_tensors().items()}
+
+    def personal_state(self) -> TensorDict:
+        """Everything that stays on the device (includes integer BatchNorm counters)."""
+        shared = self._shared_tensors()
+        return {k: v.detach().clone() for k, v in self.state_dict().items() if k not in shared}
+
+    def load_shared_state(self, state: TensorDict) -> None:
+        """Install aggregated shared parameters; names, shapes and dtypes must match exactly."""
+        expected = self._shared_tensors()
+        missing, unknown = expected.keys() - state.keys(), state.keys() - expected.keys()
+        if missing or unknown:
+            raise ValueError(
+                f"shared state mismatch: missing {sorted(missing)[:5]}, unknown {sorted(unknown)[:5]}"
+            )
+        for name, tensor in state.items():
+            if tensor.shape != expected[name].shape or tensor.dtype != expected[name].dtype:
+                raise ValueError(
+                    f"shared tensor {name!r}: got {tuple(tensor.shape)} {tensor.dtype}, "
+                    f"expected {tuple(expected[name].shape)} {expected[name].dtype}"
+                )
+        self.load_state_dict(state, strict=False)
+
+
+def build_forecaster(cfg: ModelConfig, n_features: int, time_features: int, seed: int) -> Forecaster:
+    """Build a forecaster with deterministic initialisation under ``seed``."""
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        return Forecaster(cfg, n_features, time_features)

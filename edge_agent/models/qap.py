@@ -1,0 +1,62 @@
+"""Feature alignment: Query Attention Pooling (FedQAPer section 3.2, Algorithm 1) and its baseline."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from edge_agent.models.config import ModelConfig
+
+
+class QueryAttentionPooling(nn.Module):
+    """Pools a variable number of feature channels into one ``d_qap`` vector per time step.
+
+    Steps 1-4 of FedQAPer section 3.2: a shared ``Linear(1, d)`` value projection plus the
+    client's slot embeddings, LayerNorm, multi-head cross-attention from ``Q`` learnable
+    queries over the features of each time step, and a two-layer FFN fusing the attention
+    output with the mean and max over features. Every parameter here is shared; the slot
+    embeddings are personal and passed in.
+    """
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        d = cfg.d_qap
+        self.value = nn.Linear(1, d)
+        self.norm = nn.LayerNorm(d)
+        self.queries = nn.Parameter(torch.randn(cfg.qap_queries, d) * 0.02)
+        self.attn = nn.MultiheadAttention(d, cfg.qap_heads, batch_first=True)
+        self.attn_dropout = nn.Dropout(cfg.dropout)
+        self.fuse = nn.Sequential(
+            nn.Linear((cfg.qap_queries + 2) * d, d), nn.GELU(), nn.Linear(d, d)
+        )
+
+    def forward(self, x: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+        """``x`` (B, L, F) and ``slots`` (F, d) -> (B, L, d)."""
+        batch, length, features = x.shape
+        values = self.norm(self.value(x.unsqueeze(-1)) + slots)
+        flat = values.reshape(batch * length, features, -1)
+        queries = self.queries.expand(flat.shape[0], -1, -1)
+        pooled, _ = self.attn(queries, flat, flat, need_weights=False)
+        pooled = self.attn_dropout(pooled).flatten(1)
+        fused = self.fuse(torch.cat([pooled, flat.mean(1), flat.amax(1)], dim=-1))
+        return fused.reshape(batch, length, -1)
+
+
+class SlotEmbedding(nn.Module):
+    """The client's learnable slot vector per feature channel (personal: its shape is F_i x d)."""
+
+    def __init__(self, n_features: int, d: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(n_features, d) * 0.02)
+
+
+class TimeFusion(nn.Module):
+    """Step 5 of section 3.2: project time features to ``d`` and fuse them by concat + Linear(2d, d)."""
+
+    def __init__(self, time_features: int, d: int):
+        super().__init__()
+        self.project = nn.Linear(time_features, d)
+        self.concat = nn.Linear(2 * d, d)
+
+    def forward(self, z: torch.Tensor, marks: torch.Tensor) -> torch.Tensor:
+        return self.concat(torch.cat([z, self.project(marks)], dim=-1))

@@ -1,0 +1,108 @@
+"""Local training and evaluation on one client's windows."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from edge_agent.data import WindowSet
+
+
+@dataclass(frozen=True)
+class Metrics:
+    """Mean squared and absolute error over every predicted element (FedQAPer A.1)."""
+
+    mse: float
+    mae: float
+
+
+def derive_seed(*parts: int) -> int:
+    """A well-mixed 63-bit seed from several integers (base seed, round, client, ...)."""
+    return int(np.random.SeedSequence(list(parts)).generate_state(1, dtype=np.uint64)[0] >> 1)
+
+
+def make_optimizer(model: nn.Module, lr: float) -> torch.optim.Optimizer:
+    """Adam, as in the paper's training setup (A.2: lr 1e-3)."""
+    return torch.optim.Adam(model.parameters(), lr=lr)
+
+
+def train_epochs(
+    model: nn.Module,
+    windows: WindowSet,
+    epochs: int,
+    batch_size: int,
+    optimizer: torch.optim.Optimizer,
+    seed: int,
+) -> float:
+    """Train with MSE for ``epochs`` passes over shuffled windows; returns the mean batch loss.
+
+    Shuffling and dropout draw only from ``seed``, so a run is reproducible.
+    """
+    model.train()
+    total, count = 0.0, 0
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        generator = torch.Generator().manual_seed(seed)
+        for _ in range(epochs):
+            for x, marks, y in windows.batches(batch_size, shuffle=True, generator=generator):
+                optimizer.zero_grad(set_to_none=True)
+                loss = F.mse_loss(model(x, marks), y)
+                loss.backward()
+                optimizer.step()
+                total += loss.item() * len(x)
+                count += len(x)
+    return total / max(count, 1)
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, windows: WindowSet, batch_size: int = 256) -> Metrics:
+    """MSE and MAE on the normalized scale over all windows of a split."""
+    model.eval()
+    squared, absolute, count = 0.0, 0.0, 0
+    for x, marks, y in windows.batches(batch_size, shuffle=False):
+        error = model(x, marks) - y
+        squared += error.pow(2).sum().item()
+        absolute += error.abs().sum().item()
+        count += error.numel()
+    return Metrics(squared / count, absolute / count)
+
+
+def weighted_metrics(metrics: Sequence[Metrics], sizes: Sequence[int]) -> Metrics:
+    """Dataset-size-weighted mean of per-client metrics (FedQAPer section 4.1)."""
+    weights = np.asarray(sizes, dtype=np.float64) / float(sum(sizes))
+    return Metrics(
+        float(np.dot(weights, [m.mse for m in metrics])),
+        float(np.dot(weights, [m.mae for m in metrics])),
+    )
+
+
+def early_stopping(
+    module: nn.Module,
+    run_epoch: Callable[[int], None],
+    validate: Callable[[], float],
+    max_epochs: int,
+    patience: int,
+) -> int:
+    """Run epochs until the validation score stops improving for ``patience`` epochs.
+
+    Restores ``module`` to its best epoch and returns the number of epochs run (the
+    local-only protocol of FedQAPer 4.3.1: 100 epochs, patience 20).
+    """
+    best, best_state, waited, epoch = float("inf"), copy.deepcopy(module.state_dict()), 0, 0
+    for epoch in range(1, max_epochs + 1):
+        run_epoch(epoch)
+        score = validate()
+        if score < best:
+            best, best_state, waited = score, copy.deepcopy(module.state_dict()), 0
+        else:
+            waited += 1
+            if waited >= patience:
+                break
+    module.load_state_dict(best_state)
+    return epoch

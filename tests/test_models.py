@@ -1,0 +1,147 @@
+"""Model zoo: shapes, the FedPer split, learning, determinism and spiking dynamics."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from edge_agent.data import TIME_FEATURES, prepare_client, synthetic_table
+from edge_agent.models import BACKBONES, ModelConfig, build_forecaster
+from edge_agent.models.backbones.spiking import LIF
+from edge_agent.train import derive_seed, make_optimizer, train_epochs
+from tests.conftest import small_config
+
+ALL = sorted(BACKBONES)
+SNN = [name for name, cls in BACKBONES.items() if cls.kind == "snn"]
+
+
+@pytest.mark.parametrize("backbone", ALL)
+@pytest.mark.parametrize("n_features", [1, 5, 20])
+def test_output_shape_for_every_backbone_and_feature_count(backbone: str, n_features: int) -> None:
+    cfg = small_config(backbone)
+    model = build_forecaster(cfg, n_features, TIME_FEATURES, seed=0)
+    x = torch.randn(3, cfg.lookback, n_features)
+    marks = torch.rand(3, cfg.lookback, TIME_FEATURES) - 0.5
+    out = model(x, marks)
+    assert out.shape == (3, cfg.horizon, n_features)
+    assert torch.isfinite(out).all()
+
+
+@pytest.mark.parametrize("backbone", ["dlinear", "ispikformer"])
+def test_linear_projection_variant_has_same_output_shape(backbone: str) -> None:
+    cfg = small_config(backbone, projection="linear")
+    model = build_forecaster(cfg, 7, TIME_FEATURES, seed=0)
+    out = model(torch.randn(2, cfg.lookback, 7), torch.zeros(2, cfg.lookback, TIME_FEATURES))
+    assert out.shape == (2, cfg.horizon, 7)
+    assert "shared.qap.value.weight" not in model.shared_state()
+
+
+@pytest.mark.parametrize("backbone", ALL)
+def test_shared_part_is_identical_across_feature_counts_and_personal_part_is_not(backbone: str) -> None:
+    cfg = small_config(backbone)
+    small, large = (build_forecaster(cfg, f, TIME_FEATURES, seed=1) for f in (3, 8))
+    shared_small, shared_large = small.shared_state(), large.shared_state()
+    assert {k: v.shape for k, v in shared_small.items()} == {k: v.shape for k, v in shared_large.items()}
+    assert all(name.startswith("shared.") for name in shared_small)
+    for part in ("shared.qap.queries", "shared.qap.value.weight", "shared.time.concat.weight"):
+        assert part in shared_small
+    personal = small.personal_state()
+    assert "personal.slots.weight" in personal and "personal.head.channels.weight" in personal
+    assert set(personal) | set(shared_small) == set(small.state_dict())
+    assert not set(personal) & set(shared_small)
+    full_small, full_large = small.state_dict(), large.state_dict()
+    for name in full_small:
+        if full_small[name].shape != full_large[name].shape:
+            assert name in personal, f"{name} depends on F_i but is not personal"
+
+
+def test_load_shared_state_moves_parameters_and_rejects_mismatches() -> None:
+    cfg = small_config("spikformer")
+    a, b = build_forecaster(cfg, 2, TIME_FEATURES, seed=1), build_forecaster(cfg, 6, TIME_FEATURES, seed=2)
+    before = b.personal_state()
+    b.load_shared_state(a.shared_state())
+    for name, tensor in a.shared_state().items():
+        assert torch.equal(b.shared_state()[name], tensor)
+    for name, tensor in b.personal_state().items():
+        assert torch.equal(before[name], tensor)
+    state = a.shared_state()
+    state.pop("shared.qap.queries")
+    with pytest.raises(ValueError, match="missing"):
+        b.load_shared_state(state)
+    state = a.shared_state()
+    state["shared.qap.queries"] = torch.zeros(2, 2)
+    with pytest.raises(ValueError, match="shared.qap.queries"):
+        b.load_shared_state(state)
+
+
+def test_qap_is_invariant_to_feature_order_when_slots_move_with_features() -> None:
+    cfg = small_config("dlinear", dropout=0.0)
+    model = build_forecaster(cfg, 5, TIME_FEATURES, seed=3).eval()
+    x = torch.randn(2, cfg.lookback, 5)
+    slots = model.personal["slots"].weight.detach()
+    perm = torch.tensor([3, 0, 4, 1, 2])
+    qap = model.shared["qap"]
+    torch.testing.assert_close(qap(x, slots), qap(x[..., perm], slots[perm]), rtol=1e-5, atol=1e-5)
+
+
+@pytest.fixture(scope="module")
+def client():
+    table = synthetic_table(n_features=4, n_steps=600, seed=7)
+    return prepare_client(table, lookback=24, horizon=12, stride=2)
+
+
+@pytest.mark.parametrize("backbone", ALL)
+def test_a_few_training_steps_lower_the_loss(backbone: str, client) -> None:
+    cfg = small_config(backbone, dropout=0.0)
+    model = build_forecaster(cfg, client.n_features, TIME_FEATURES, seed=0)
+    optimizer = make_optimizer(model, 3e-3)
+    first = train_epochs(model, client.train, 1, 32, optimizer, seed=0)
+    train_epochs(model, client.train, 3, 32, optimizer, seed=1)
+    last = train_epochs(model, client.train, 1, 32, optimizer, seed=2)
+    assert last < 0.9 * first, f"{backbone}: train MSE {first:.4f} -> {last:.4f}"
+
+
+@pytest.mark.parametrize("backbone", ["itransformer", "spikernn"])
+def test_identical_seeds_give_identical_models(backbone: str, client) -> None:
+    def trained(seed: int) -> dict[str, torch.Tensor]:
+        model = build_forecaster(small_config(backbone), client.n_features, TIME_FEATURES, seed)
+        train_epochs(model, client.train, 1, 32, make_optimizer(model, 1e-3), seed)
+        return model.state_dict()
+
+    first, second, other = trained(5), trained(5), trained(6)
+    assert all(torch.equal(first[k], second[k]) for k in first)
+    assert any(not torch.equal(first[k], other[k]) for k in first)
+
+
+def test_lif_integrates_fires_and_resets_to_zero() -> None:
+    lif = LIF()
+    current = torch.tensor([0.6, 0.6, 0.6, 0.0, 1.2, 0.3]).reshape(6, 1)
+    spikes = lif(current).flatten().tolist()
+    # membrane: 0.6, 0.9, 1.05 (spike, reset), 0.0, 1.2 (spike, reset), 0.3
+    assert spikes == [0.0, 0.0, 1.0, 0.0, 1.0, 0.0]
+
+
+@pytest.mark.parametrize("backbone", SNN)
+def test_spiking_layers_emit_binary_spikes(backbone: str) -> None:
+    cfg = small_config(backbone)
+    model = build_forecaster(cfg, 3, TIME_FEATURES, seed=0)
+    outputs: list[torch.Tensor] = []
+    for module in model.modules():
+        if isinstance(module, LIF):
+            module.register_forward_hook(lambda _m, _i, out: outputs.append(out))
+    model(torch.randn(4, cfg.lookback, 3) * 3, torch.zeros(4, cfg.lookback, TIME_FEATURES))
+    assert outputs
+    for spikes in outputs:
+        assert spikes.shape[0] == cfg.steps
+        assert set(spikes.unique().tolist()) <= {0.0, 1.0}
+    assert 0.0 < torch.cat([s.flatten() for s in outputs]).mean() < 1.0
+
+
+def test_unknown_backbone_is_rejected_with_the_valid_names() -> None:
+    with pytest.raises(ValueError, match="dlinear"):
+        ModelConfig(backbone="transformer-xl")
+
+
+def test_derive_seed_is_stable_and_mixes() -> None:
+    assert derive_seed(1, 2) == derive_seed(1, 2)
+    assert derive_seed(1, 2) != derive_seed(2, 1)
