@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -32,22 +33,31 @@ class FederationConfig(BaseModel):
     lr: float = Field(1e-3, gt=0)
     seed: int = 42
     aggregator: str = "fedavg"
+    test_every_round: bool = Field(
+        True, description="report test metrics after every round (costs a pass over the test split)"
+    )
 
 
 @dataclass(frozen=True)
 class RoundRecord:
-    """Global metrics after one round's aggregation (dataset-size-weighted over clients)."""
+    """Global metrics after one round's aggregation (dataset-size-weighted over clients).
+
+    ``test`` is None when the federation was told not to evaluate the test split every round.
+    """
 
     round: int
     train_loss: float
     val: Metrics
-    test: Metrics
+    test: Metrics | None
     seconds: float
 
 
 @dataclass
 class FederationResult:
-    """Per-round history; ``test`` is taken at the round with the best global validation MSE."""
+    """Per-round history; ``test`` is taken at the round with the best global validation MSE.
+
+    ``shared`` is the global shared state after the last round.
+    """
 
     records: list[RoundRecord]
     best_round: int
@@ -108,24 +118,30 @@ def run_federation(
     models, global_shared = init_fleet(clients, cfg, fed.seed)
     sizes = [c.n_train for c in clients]
     records: list[RoundRecord] = []
-    best: tuple[float, int, dict[str, Metrics]] = (float("inf"), 0, {})
+    best_val, best_round, best_states = float("inf"), 0, None
     for r in range(1, fed.rounds + 1):
         started = time.perf_counter()
         updates, loss = run_round(models, clients, global_shared, fed, r)
         global_shared = aggregator.aggregate(updates)
-        val, test = [], []
-        for model, client in zip(models, clients):
+        for model in models:
             model.load_shared_state(global_shared)
-            val.append(evaluate(model, client.val))
-            test.append(evaluate(model, client.test))
-        record = RoundRecord(
-            r, loss, weighted_metrics(val, sizes), weighted_metrics(test, sizes),
-            time.perf_counter() - started,
-        )
-        records.append(record)
-        if record.val.mse < best[0]:
-            best = (record.val.mse, r, {c.name: m for c, m in zip(clients, test)})
+        val = weighted_metrics([evaluate(m, c.val) for m, c in zip(models, clients)], sizes)
+        test = evaluate_fleet(models, clients)[0] if fed.test_every_round else None
+        records.append(RoundRecord(r, loss, val, test, time.perf_counter() - started))
+        if val.mse < best_val:
+            best_val, best_round = val.mse, r
+            best_states = [copy.deepcopy(m.state_dict()) for m in models]
         if on_round:
-            on_round(record)
-    best_record = records[best[1] - 1]
-    return FederationResult(records, best[1], best_record.test, best[2], global_shared)
+            on_round(records[-1])
+    for model, state in zip(models, best_states or []):
+        model.load_state_dict(state)
+    test, client_test = evaluate_fleet(models, clients)
+    return FederationResult(records, best_round, test, client_test, global_shared)
+
+
+def evaluate_fleet(
+    models: Sequence[Forecaster], clients: Sequence[ClientData]
+) -> tuple[Metrics, dict[str, Metrics]]:
+    """Global (dataset-size-weighted) and per-client test metrics."""
+    per_client = {c.name: evaluate(m, c.test) for m, c in zip(models, clients)}
+    return weighted_metrics(list(per_client.values()), [c.n_train for c in clients]), per_client

@@ -93,8 +93,9 @@ def simulate(
         result = run_federation(
             fleet, cfg, fed,
             on_round=lambda r: table.add_row(
-                str(r.round), f"{r.train_loss:.4f}", f"{r.val.mse:.4f}", f"{r.test.mse:.4f}",
-                f"{r.test.mae:.4f}", f"{r.seconds:.1f}",
+                str(r.round), f"{r.train_loss:.4f}", f"{r.val.mse:.4f}",
+                f"{r.test.mse:.4f}" if r.test else "-", f"{r.test.mae:.4f}" if r.test else "-",
+                f"{r.seconds:.1f}",
             ),
         )
     console.print(
@@ -103,8 +104,9 @@ def simulate(
     summary = {
         "config": {"model": cfg.model_dump(), "federation": fed.model_dump(), "clients": clients, "f_max": f_max},
         "rounds": [
-            {"round": r.round, "train_loss": r.train_loss, "val_mse": r.val.mse, "test_mse": r.test.mse,
-             "test_mae": r.test.mae, "seconds": r.seconds}
+            {"round": r.round, "train_loss": r.train_loss, "val_mse": r.val.mse,
+             "test_mse": r.test.mse if r.test else None, "test_mae": r.test.mae if r.test else None,
+             "seconds": r.seconds}
             for r in result.records
         ],
         "fed": {"mse": result.test.mse, "mae": result.test.mae, "best_round": result.best_round},

@@ -15,10 +15,11 @@ def feature_clients(
     lookback: int,
     horizon: int,
     stride: int = 1,
+    val_stride: int = 1,
 ) -> list[ClientData]:
     """Feature-level non-IID clients (FedQAPer 3.1), windowed, split and scaled per client."""
     allocation = allocate_features(pool.n_features, n_clients, f_max, seed)
     return [
-        prepare_client(table, lookback, horizon, stride)
+        prepare_client(table, lookback, horizon, stride, val_stride=val_stride)
         for table in client_tables(pool, allocation)
     ]

@@ -180,11 +180,21 @@ class ClientData:
 
 
 def prepare_client(
-    table: SeriesTable, lookback: int, horizon: int, stride: int = 1, ratios: Ratios = (0.8, 0.1, 0.1)
+    table: SeriesTable,
+    lookback: int,
+    horizon: int,
+    stride: int = 1,
+    ratios: Ratios = (0.8, 0.1, 0.1),
+    val_stride: int = 1,
 ) -> ClientData:
-    """Split, scale (fitted on train rows only) and window one table; train windows start every `stride` rows."""
-    if stride < 1:
-        raise ValueError(f"{table.name}: stride must be >= 1, got {stride}")
+    """Split, scale (fitted on train rows only) and window one table.
+
+    Train windows start every `stride` rows and validation windows every `val_stride` rows
+    (subsampling both only saves compute); test windows always start at every row.
+    """
+    for name, value in (("stride", stride), ("val_stride", val_stride)):
+        if value < 1:
+            raise ValueError(f"{table.name}: {name} must be >= 1, got {value}")
     try:
         bounds = split_bounds(table.n_rows, lookback, horizon, ratios)
     except DataError as err:
@@ -193,8 +203,9 @@ def prepare_client(
     scaler = StandardScaler().fit(table.values[:train_end])
     series = torch.from_numpy(np.ascontiguousarray(scaler.transform(table.values), dtype=np.float32))
     marks = torch.from_numpy(time_features(table.index))
+    strides = {"train": stride, "val": val_stride, "test": 1}
     sets = {
-        split: _window_set(series[a:b], marks[a:b], lookback, horizon, stride if split == "train" else 1)
+        split: _window_set(series[a:b], marks[a:b], lookback, horizon, strides[split])
         for split, (a, b) in bounds.items()
     }
     return ClientData(table.name, table.n_features, table.columns, scaler, table.latitude, table.longitude, **sets)

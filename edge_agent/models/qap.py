@@ -8,6 +8,38 @@ from torch import nn
 from edge_agent.models.config import ModelConfig
 
 
+class QueryPooling(nn.Module):
+    """Multi-head cross-attention from a few learned queries over a set of vectors.
+
+    Same parameters and result as ``nn.MultiheadAttention(queries, keys=x, values=x)``, but
+    with few queries the key and value projections are moved off the set: the query is
+    folded into the key weights (scores = x . W_k^T q; the key bias only shifts every score
+    equally and cancels in the softmax) and the values are projected after pooling. That
+    costs O(F d h) per set instead of O(F d^2), which is what makes QAP affordable on a CPU.
+    """
+
+    def __init__(self, d: int, heads: int):
+        super().__init__()
+        self.heads = heads
+        self.q = nn.Linear(d, d)
+        self.k = nn.Linear(d, d)
+        self.v = nn.Linear(d, d)
+        self.out = nn.Linear(d, d)
+
+    def forward(self, queries: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """``queries`` (Q, d), ``x`` (N, F, d) -> (N, Q, d)."""
+        d = x.shape[-1]
+        head_dim = d // self.heads
+        q = self.q(queries).unflatten(-1, (self.heads, head_dim))
+        keys = torch.einsum("qhe,hed->qhd", q, self.k.weight.unflatten(0, (self.heads, head_dim)))
+        scores = x @ (keys.flatten(0, 1).T / head_dim**0.5)
+        pooled = scores.softmax(1).transpose(1, 2) @ x
+        pooled = pooled.unflatten(1, (queries.shape[0], self.heads))
+        values = torch.einsum("nqhd,hed->nqhe", pooled, self.v.weight.unflatten(0, (self.heads, head_dim)))
+        values = values + self.v.bias.unflatten(0, (self.heads, head_dim))
+        return self.out(values.flatten(-2))
+
+
 class QueryAttentionPooling(nn.Module):
     """Pools a variable number of feature channels into one ``d_qap`` vector per time step.
 
@@ -24,7 +56,7 @@ class QueryAttentionPooling(nn.Module):
         self.value = nn.Linear(1, d)
         self.norm = nn.LayerNorm(d)
         self.queries = nn.Parameter(torch.randn(cfg.qap_queries, d) * 0.02)
-        self.attn = nn.MultiheadAttention(d, cfg.qap_heads, batch_first=True)
+        self.attn = QueryPooling(d, cfg.qap_heads)
         self.attn_dropout = nn.Dropout(cfg.dropout)
         self.fuse = nn.Sequential(
             nn.Linear((cfg.qap_queries + 2) * d, d), nn.GELU(), nn.Linear(d, d)
@@ -35,10 +67,8 @@ class QueryAttentionPooling(nn.Module):
         batch, length, features = x.shape
         values = self.norm(self.value(x.unsqueeze(-1)) + slots)
         flat = values.reshape(batch * length, features, -1)
-        queries = self.queries.expand(flat.shape[0], -1, -1)
-        pooled, _ = self.attn(queries, flat, flat, need_weights=False)
-        pooled = self.attn_dropout(pooled).flatten(1)
-        fused = self.fuse(torch.cat([pooled, flat.mean(1), flat.amax(1)], dim=-1))
+        pooled = self.attn_dropout(self.attn(self.queries, flat)).flatten(1)
+        fused = self.fuse(torch.cat([pooled, flat.mean(1), flat.max(1).values], dim=-1))
         return fused.reshape(batch, length, -1)
 
 
