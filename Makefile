@@ -18,7 +18,7 @@ $(VENV)/.installed-test: pyproject.toml $(VENV)/.installed
 	touch $@
 
 demo: $(VENV)/.installed
-	$(BIN)/edgefl simulate --backbone dlinear --rounds 5
+	$(BIN)/edgefl simulate --backbone dlinear --rounds 5 --lookback 48 --horizon 24 --d-qap 32 --stride 7
 
 test: $(VENV)/.installed-test
 	$(BIN)/python -m pytest

@@ -358,8 +358,11 @@ def test_time_features() -> None:
     index = pd.DatetimeIndex(["2021-01-01 00:00", "2021-12-31 23:00"])
     features = time_features(index)
     assert features.shape == (2, TIME_FEATURES) and features.dtype == np.float32
-    np.testing.assert_allclose(features[0], [-0.5, 4 / 6 - 0.5, -0.5, -0.5])
-    np.testing.assert_allclose(features[1], [0.5, 4 / 6 - 0.5, 0.5, 364 / 365 - 0.5], rtol=1e-6)
+    friday = 2 * np.pi * 4 / 7  # both dates are Fridays
+    np.testing.assert_allclose(features[0], [0.0, 1.0, np.sin(friday), np.cos(friday)], atol=1e-6)
+    late = 2 * np.pi * 23 / 24
+    week = 2 * np.pi * (4 + 23 / 24) / 7
+    np.testing.assert_allclose(features[1], [np.sin(late), np.cos(late), np.sin(week), np.cos(week)], atol=1e-6)
 
 
 def test_split_bounds() -> None:

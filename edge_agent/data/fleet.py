@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from edge_agent.data.pool import allocate_features, client_tables
-from edge_agent.data.table import SeriesTable
-from edge_agent.data.windows import ClientData, prepare_client
+from edge_agent.data.table import DataError, SeriesTable
+from edge_agent.data.windows import ClientData, prepare_client, split_bounds
 
 
 def feature_clients(
@@ -17,7 +17,14 @@ def feature_clients(
     stride: int = 1,
     val_stride: int = 1,
 ) -> list[ClientData]:
-    """Feature-level non-IID clients (FedQAPer 3.1), windowed, split and scaled per client."""
+    """Feature-level non-IID clients (FedQAPer 3.1), windowed, split and scaled per client.
+
+    The pool's length is checked first so a short file is reported by its own name.
+    """
+    try:
+        split_bounds(pool.n_rows, lookback, horizon)
+    except DataError as err:
+        raise DataError(f"{pool.name}: {err}") from err
     allocation = allocate_features(pool.n_features, n_clients, f_max, seed)
     return [
         prepare_client(table, lookback, horizon, stride, val_stride=val_stride)

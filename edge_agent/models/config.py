@@ -22,6 +22,9 @@ class ModelConfig(BaseModel):
     qap_heads: int = Field(4, ge=1)
     qap_queries: int = Field(1, ge=1, description="learnable queries Q (paper: 1)")
     projection: Literal["qap", "linear"] = "qap"
+    instance_norm: bool = Field(
+        True, description="normalize each input window per feature and undo it on the forecast"
+    )
     dropout: float = Field(0.1, ge=0.0, lt=1.0)
     hidden: int | None = Field(None, ge=1)
     layers: int | None = Field(None, ge=1)

@@ -1,0 +1,1 @@
+"""Neuromorphic export (ONNX, Lava netx, NIR) and operation counting; imports edge_agent only."""

@@ -1,0 +1,63 @@
+"""The ``edgefl`` command line, run as a user would run it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from edge_agent.data import synthetic_table
+
+
+def edgefl(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "edgefl.cli", *args], capture_output=True, text=True, timeout=300
+    )
+
+
+def write_csv(path: Path, n_rows: int = 400) -> Path:
+    table = synthetic_table(n_features=3, n_steps=n_rows, seed=2)
+    frame = pd.DataFrame(table.values, columns=["OT", "HUFL", "LULL"])
+    frame.insert(0, "date", table.index.strftime("%Y-%m-%d %H:%M:%S"))
+    frame.to_csv(path, index=False)
+    return path
+
+
+def test_simulate_on_a_user_csv_prints_every_round_and_writes_json(tmp_path: Path) -> None:
+    csv = write_csv(tmp_path / "ETTh1.csv")
+    out = tmp_path / "result.json"
+    proc = edgefl(
+        "simulate", "--data", str(csv), "--clients", "3", "--f-max", "2", "--rounds", "2",
+        "--lookback", "24", "--horizon", "12", "--d-qap", "16", "--batch-size", "32",
+        "--baselines", "--json", str(out),
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "3 clients" in proc.stdout and "best round" in proc.stdout
+    assert "local" in proc.stdout and "centralized" in proc.stdout
+    summary = json.loads(out.read_text())
+    assert [r["round"] for r in summary["rounds"]] == [1, 2]
+    assert all(np.isfinite(r["val_mse"]) for r in summary["rounds"])
+    assert {"fed", "local", "centralized"} <= summary.keys()
+
+
+def test_simulate_reports_bad_input_clearly(tmp_path: Path) -> None:
+    short = write_csv(tmp_path / "short.csv", n_rows=50)
+    proc = edgefl("simulate", "--data", str(short), "--lookback", "24", "--horizon", "12")
+    assert proc.returncode == 2
+    assert "short.csv" in proc.stdout and "at least" in proc.stdout
+    assert "Traceback" not in proc.stdout + proc.stderr
+    proc = edgefl("simulate", "--data", str(tmp_path / "missing.csv"))
+    assert proc.returncode == 2 and "missing.csv" in proc.stdout and "not found" in proc.stdout
+    proc = edgefl("simulate", "--backbone", "resnet", "--data", str(short))
+    assert proc.returncode == 2 and "resnet" in proc.stdout and "dlinear" in proc.stdout
+
+
+def test_sites_lists_the_bundled_weather_stations() -> None:
+    proc = edgefl("sites")
+    assert proc.returncode == 0, proc.stderr
+    for site in ("sand_point", "miami", "amsterdam", "burlington"):
+        assert site in proc.stdout
