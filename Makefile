@@ -18,7 +18,7 @@ $(VENV)/.installed-test: pyproject.toml $(VENV)/.installed
 	touch $@
 
 demo: $(VENV)/.installed
-	$(BIN)/edgefl simulate --backbone dlinear --rounds 5 --lookback 48 --horizon 24 --d-qap 32 --stride 7
+	$(BIN)/edgefl simulate --backbone dlinear --rounds 6 --lookback 48 --horizon 24 --d-qap 32 --stride 13 --batch-size 32 --lr 3e-3
 
 test: $(VENV)/.installed-test
 	$(BIN)/python -m pytest

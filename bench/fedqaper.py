@@ -156,7 +156,7 @@ def markdown(summary: dict) -> str:
 
 
 def plot(summary: dict, path: Path) -> None:
-    """Validation MSE per round, QAP vs linear projection, one panel per backbone."""
+    """Global validation MSE per round of the federation, QAP vs linear projection, per backbone."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -169,7 +169,6 @@ def plot(summary: dict, path: Path) -> None:
         for variant, label in (("fed", "QAP + FedPer"), ("linear", "linear + FedPer")):
             curve = runs[b, variant]["val_curve"]
             ax.plot(range(1, len(curve) + 1), curve, marker="o", label=label)
-        ax.axhline(runs[b, "local"]["mse"], color="gray", ls="--", label="local-only (test)")
         ax.set(title=b, xlabel="round", ylabel="global val MSE")
         ax.legend(fontsize=7)
     fig.tight_layout()

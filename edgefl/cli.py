@@ -78,13 +78,15 @@ def simulate(
             projection=projection,
         )
         fed = FederationConfig(rounds=rounds, local_epochs=local_epochs, batch_size=batch_size, lr=lr, seed=seed)
-        pool = load_csv(data, date_column) if data else build_pool(load_sites())
+        sites = [] if data else load_sites()
+        pool = load_csv(data, date_column) if data else build_pool(sites)
         fleet = feature_clients(pool, clients, f_max, seed, lookback, horizon, stride)
     except (DataError, ValidationError, ValueError) as exc:
         fail(str(exc))
     counts = [c.n_features for c in fleet]
     console.print(
-        f"[bold]{len(fleet)} clients[/] from a pool of {pool.n_features} features ({pool.name}); "
+        f"[bold]{len(fleet)} clients[/] from a pool of {pool.n_features} features "
+        f"({pool.name if data else f'{len(sites)} pvlib weather sites'}); "
         f"features per client {min(counts)}..{max(counts)}; {sum(c.n_train for c in fleet)} train windows; "
         f"backbone {backbone} ({projection})"
     )
@@ -98,6 +100,7 @@ def simulate(
                 f"{r.seconds:.1f}",
             ),
         )
+    console.print()
     console.print(
         f"best round {result.best_round} (by validation): test MSE {result.test.mse:.4f}, MAE {result.test.mae:.4f}"
     )

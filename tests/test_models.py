@@ -116,9 +116,26 @@ def test_identical_seeds_give_identical_models(backbone: str, client) -> None:
 def test_lif_integrates_fires_and_resets_to_zero() -> None:
     lif = LIF()
     current = torch.tensor([0.6, 0.6, 0.6, 0.0, 1.2, 0.3]).reshape(6, 1)
-    spikes = lif(current).flatten().tolist()
     # membrane: 0.6, 0.9, 1.05 (spike, reset), 0.0, 1.2 (spike, reset), 0.3
-    assert spikes == [0.0, 0.0, 1.0, 0.0, 1.0, 0.0]
+    expected = [0.0, 0.0, 1.0, 0.0, 1.0, 0.0]
+    assert lif(current).flatten().tolist() == expected
+    assert lif.step_by_step(current).flatten().tolist() == expected
+
+
+@pytest.mark.parametrize("threshold", [1.0, 0.5])
+def test_fused_lif_matches_snntorch_leaky_in_spikes_and_gradients(threshold: float) -> None:
+    torch.manual_seed(0)
+    lif = LIF(threshold)
+    current = (torch.randn(4, 16, 32) * 1.5).requires_grad_()
+    weights = torch.randn(4, 16, 32)
+    fused = lif(current)
+    (fused * weights).sum().backward()
+    fused_grad, current.grad = current.grad.clone(), None
+    reference = lif.step_by_step(current)
+    (reference * weights).sum().backward()
+    assert torch.equal(fused, reference)
+    assert 0.05 < fused.mean() < 0.95
+    torch.testing.assert_close(fused_grad, current.grad, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("backbone", SNN)
