@@ -45,7 +45,7 @@ def run_job(backbone: str, variant: str, cfg: dict, threads: int) -> dict:
     """Train one (backbone, variant) on the weather fleet; runs in a worker process."""
     import torch
 
-    from coordinator.baselines import run_local_only
+    from coordinator.baselines import TrainingBudget, run_local_only
     from coordinator.simulate import FederationConfig, run_federation
     from edge_agent.models import BACKBONES, ModelConfig
 
@@ -59,9 +59,8 @@ def run_job(backbone: str, variant: str, cfg: dict, threads: int) -> dict:
     )
     out = {"backbone": backbone, "variant": variant, "kind": BACKBONES[backbone].kind}
     if variant == "local":
-        res = run_local_only(
-            clients, model, cfg["local_max_epochs"], cfg["patience"], cfg["batch_size"], cfg["lr"], cfg["seed"]
-        )
+        budget = TrainingBudget(cfg["local_max_epochs"], cfg["patience"], cfg["batch_size"], cfg["lr"], cfg["seed"])
+        res = run_local_only(clients, model, budget)
         out.update(mse=res.test.mse, mae=res.test.mae, epochs=res.epochs)
     else:
         fed = FederationConfig(

@@ -22,6 +22,17 @@ from edge_agent.train import (
 )
 
 
+@dataclass(frozen=True)
+class TrainingBudget:
+    """How long a baseline may train: epochs with early stopping, batch size, Adam lr, seed."""
+
+    max_epochs: int
+    patience: int
+    batch_size: int
+    lr: float
+    seed: int
+
+
 @dataclass
 class BaselineResult:
     """Global test metrics (dataset-size weighted) and per-client test metrics and epochs."""
@@ -31,52 +42,38 @@ class BaselineResult:
     epochs: dict[str, int]
 
 
-def run_local_only(
-    clients: Sequence[ClientData],
-    cfg: ModelConfig,
-    max_epochs: int,
-    patience: int,
-    batch_size: int,
-    lr: float,
-    seed: int,
-) -> BaselineResult:
+def run_local_only(clients: Sequence[ClientData], cfg: ModelConfig, budget: TrainingBudget) -> BaselineResult:
     """Each client trains its own full model on its own data with early stopping (FedQAPer 4.3.1)."""
-    models, _ = init_fleet(clients, cfg, seed)
+    models, _ = init_fleet(clients, cfg, budget.seed)
     tests, epochs = {}, {}
     for i, (model, client) in enumerate(zip(models, clients)):
-        optimizer = make_optimizer(model, lr)
+        optimizer = make_optimizer(model, budget.lr)
 
         def run_epoch(epoch: int, model: nn.Module = model, client: ClientData = client) -> None:
-            train_epochs(model, client.train, 1, batch_size, optimizer, derive_seed(seed, 3, i, epoch))
+            seed = derive_seed(budget.seed, 3, i, epoch)
+            train_epochs(model, client.train, 1, budget.batch_size, optimizer, seed)
 
         epochs[client.name] = early_stopping(
-            model, run_epoch, lambda: evaluate(model, client.val).mse, max_epochs, patience
+            model, run_epoch, lambda: evaluate(model, client.val).mse, budget.max_epochs, budget.patience
         )
         tests[client.name] = evaluate(model, client.test)
     sizes = [c.n_train for c in clients]
     return BaselineResult(weighted_metrics(list(tests.values()), sizes), tests, epochs)
 
 
-def run_centralized(
-    clients: Sequence[ClientData],
-    cfg: ModelConfig,
-    max_epochs: int,
-    patience: int,
-    batch_size: int,
-    lr: float,
-    seed: int,
-) -> BaselineResult:
+def run_centralized(clients: Sequence[ClientData], cfg: ModelConfig, budget: TrainingBudget) -> BaselineResult:
     """One shared part trained on every client's batches, interleaved, by one optimizer.
 
     Personal parts stay per client (their shapes differ), so this is the non-private upper
     reference for FedPer: same model, no rounds, no averaging.
     """
-    models, initial = init_fleet(clients, cfg, seed)
+    models, initial = init_fleet(clients, cfg, budget.seed)
     models[0].load_shared_state(initial)
     for model in models[1:]:
         model.shared = models[0].shared
     fleet = nn.ModuleList(models)
-    optimizer = make_optimizer(fleet, lr)
+    optimizer = make_optimizer(fleet, budget.lr)
+    batch_size, seed = budget.batch_size, budget.seed
     sizes = [c.n_train for c in clients]
 
     def run_epoch(epoch: int) -> None:
@@ -95,7 +92,7 @@ def run_centralized(
     def validate() -> float:
         return weighted_metrics([evaluate(m, c.val) for m, c in zip(models, clients)], sizes).mse
 
-    epochs = early_stopping(fleet, run_epoch, validate, max_epochs, patience)
+    epochs = early_stopping(fleet, run_epoch, validate, budget.max_epochs, budget.patience)
     tests = {c.name: evaluate(m, c.test) for m, c in zip(models, clients)}
     return BaselineResult(
         weighted_metrics(list(tests.values()), sizes), tests, {c.name: epochs for c in clients}

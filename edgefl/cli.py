@@ -124,12 +124,13 @@ def simulate(
 
 def run_baselines(fleet, cfg, fed, max_epochs: int) -> dict[str, dict[str, float]]:
     """Local-only and centralized baselines with the same epoch budget as the federation."""
-    from coordinator.baselines import run_centralized, run_local_only
+    from coordinator.baselines import TrainingBudget, run_centralized, run_local_only
 
     out = {}
     for name, runner in (("local", run_local_only), ("centralized", run_centralized)):
         with console.status(f"training {name} baseline"):
-            res = runner(fleet, cfg, max_epochs, max(1, max_epochs // 5), fed.batch_size, fed.lr, fed.seed)
+            budget = TrainingBudget(max_epochs, max(1, max_epochs // 5), fed.batch_size, fed.lr, fed.seed)
+            res = runner(fleet, cfg, budget)
         console.print(f"{name:>11}: test MSE {res.test.mse:.4f}, MAE {res.test.mae:.4f}")
         out[name] = {"mse": res.test.mse, "mae": res.test.mae}
     return out

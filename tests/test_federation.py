@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from coordinator.aggregators import AGGREGATORS, ClientUpdate, make_aggregator
-from coordinator.baselines import run_centralized, run_local_only
+from coordinator.baselines import TrainingBudget, run_centralized, run_local_only
 from coordinator.simulate import FederationConfig, init_fleet, run_federation, run_round
 from edge_agent.data import prepare_client, synthetic_clients
 from tests.conftest import small_config
@@ -89,11 +89,11 @@ def test_reported_test_metrics_are_those_of_the_best_validation_round(fleet) -> 
 
 def test_local_only_and_centralized_baselines_run_and_early_stop(fleet) -> None:
     cfg = small_config("dlinear")
-    local = run_local_only(fleet, cfg, max_epochs=30, patience=2, batch_size=32, lr=1e-2, seed=0)
+    local = run_local_only(fleet, cfg, TrainingBudget(30, 2, 32, 1e-2, 0))
     assert set(local.epochs) == {c.name for c in fleet}
     assert all(1 <= e <= 30 for e in local.epochs.values())
     assert local.test.mse > 0
-    central = run_centralized(fleet, cfg, max_epochs=2, patience=1, batch_size=32, lr=1e-3, seed=0)
+    central = run_centralized(fleet, cfg, TrainingBudget(2, 1, 32, 1e-3, 0))
     assert central.test.mse > 0 and set(central.client_test) == set(local.client_test)
-    again = run_centralized(fleet, cfg, max_epochs=2, patience=1, batch_size=32, lr=1e-3, seed=0)
+    again = run_centralized(fleet, cfg, TrainingBudget(2, 1, 32, 1e-3, 0))
     assert again.test == central.test

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import torch
 from torch import nn
 
@@ -15,50 +17,51 @@ from edge_agent.models.backbones.spiking import (
 from edge_agent.models.config import ModelConfig
 
 
-class Spikformer(Backbone):
-    """Tokens are time steps: encoder spikes -> Linear(d, D)+LIF -> spiking blocks; mean over T."""
+class _SpikingTransformer(Backbone):
+    """Conv spike encoder, a spiking Linear embedding, then spiking self-attention blocks."""
 
     kind = "snn"
+    default_hidden: ClassVar[int]
+    default_d_ff: ClassVar[int]
 
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, embed_from: int):
         super().__init__()
-        hidden = cfg.size("hidden", 64)
+        self.hidden = cfg.size("hidden", self.default_hidden)
         self.encoder = ConvSpikeEncoder(cfg.steps)
-        self.embed = SpikingLinear(cfg.d_qap, hidden)
+        self.embed = SpikingLinear(embed_from, self.hidden)
         self.blocks = nn.Sequential(
             *(
-                SpikingBlock(hidden, cfg.size("d_ff", 256), cfg.size("heads", 8))
+                SpikingBlock(self.hidden, cfg.size("d_ff", self.default_d_ff), cfg.size("heads", 8))
                 for _ in range(cfg.size("layers", 2))
             )
         )
         init_transformer_weights(self)
-        self.out_shape = (cfg.lookback, hidden)
+
+
+class Spikformer(_SpikingTransformer):
+    """Tokens are time steps: encoder spikes -> Linear(d, D)+LIF -> spiking blocks; mean over T."""
+
+    default_hidden, default_d_ff = 64, 256
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__(cfg, embed_from=cfg.d_qap)
+        self.out_shape = (cfg.lookback, self.hidden)
 
     def forward(self, z: torch.Tensor) -> torch.Tensor:
         return self.blocks(self.embed(self.encoder(z))).mean(0)
 
 
-class ISpikformer(Backbone):
+class ISpikformer(_SpikingTransformer):
     """Tokens are aligned channels: each channel's spike train over L is embedded to D.
 
     Output (B, D, d_qap) after the mean over T (the head's "mean pooling", FedQAPer 4.2).
     """
 
-    kind = "snn"
+    default_hidden, default_d_ff = 128, 512
 
     def __init__(self, cfg: ModelConfig):
-        super().__init__()
-        hidden = cfg.size("hidden", 128)
-        self.encoder = ConvSpikeEncoder(cfg.steps)
-        self.embed = SpikingLinear(cfg.lookback, hidden)
-        self.blocks = nn.Sequential(
-            *(
-                SpikingBlock(hidden, cfg.size("d_ff", 512), cfg.size("heads", 8))
-                for _ in range(cfg.size("layers", 2))
-            )
-        )
-        init_transformer_weights(self)
-        self.out_shape = (hidden, cfg.d_qap)
+        super().__init__(cfg, embed_from=cfg.lookback)
+        self.out_shape = (self.hidden, cfg.d_qap)
 
     def forward(self, z: torch.Tensor) -> torch.Tensor:
         tokens = self.embed(self.encoder(z).transpose(-2, -1))
