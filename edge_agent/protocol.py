@@ -1,0 +1,209 @@
+"""The wire protocol shared by the edge agent and the coordinator.
+
+A message is a small versioned binary envelope::
+
+    b"EDFL" | schema version (1 byte) | header length (4 bytes, big endian) | JSON header | body
+
+The header is validated by pydantic (one model per message kind); the body is a safetensors
+blob whose SHA-256 the header carries. Nothing is ever unpickled. Topics live under
+``edgefl/<fleet>/``; see ``Topics``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import re
+import struct
+from typing import Annotated, Literal, Union
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
+from safetensors import SafetensorError
+from safetensors.torch import load as load_tensors
+from safetensors.torch import save as save_tensors
+
+MAGIC = b"EDFL"
+SCHEMA_VERSION = 1
+PREFIX = struct.Struct(">4sBI")
+NAME_PATTERN = r"^[A-Za-z0-9_.-]{1,64}$"
+
+TensorDict = dict[str, torch.Tensor]
+
+
+class ProtocolError(ValueError):
+    """A message that cannot be accepted; ``code`` is a stable machine-readable reason."""
+
+    def __init__(self, code: str, message: str):
+        super().__init__(f"{code}: {message}")
+        self.code = code
+
+
+class _Header(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    fleet: str = Field(pattern=NAME_PATTERN)
+    sender: str = Field(pattern=NAME_PATTERN, description="client id, or 'coordinator'")
+    round: int = Field(0, ge=0)
+    body_sha256: str = Field("", pattern=r"^([0-9a-f]{64})?$")
+    body_bytes: int = Field(0, ge=0)
+    encoding: Literal["safetensors"] = "safetensors"
+
+
+class HelloHeader(_Header):
+    """An agent registers: what it holds and which model it runs."""
+
+    kind: Literal["hello"] = "hello"
+    n_features: int = Field(ge=1)
+    n_samples: int = Field(ge=1)
+    latitude: float | None = Field(None, ge=-90, le=90)
+    longitude: float | None = Field(None, ge=-180, le=180)
+    model_signature: str = Field(pattern=r"^[0-9a-f]{16,64}$")
+
+
+class UpdateHeader(_Header):
+    """An agent's shared parameters after training for ``round``."""
+
+    kind: Literal["update"] = "update"
+    n_samples: int = Field(ge=1)
+    metrics: dict[str, float] = Field(default_factory=dict)
+
+    @field_validator("metrics")
+    @classmethod
+    def _finite(cls, metrics: dict[str, float]) -> dict[str, float]:
+        bad = [k for k, v in metrics.items() if not math.isfinite(v)]
+        if bad:
+            raise ValueError(f"metrics {bad} are not finite")
+        return metrics
+
+
+class RoundHeader(_Header):
+    """The coordinator announces ``round`` with the global shared parameters as body."""
+
+    kind: Literal["round"] = "round"
+    deadline_unix: float = Field(gt=0)
+    model_signature: str = Field(pattern=r"^[0-9a-f]{16,64}$")
+    finished: bool = False
+
+
+class ReplyHeader(_Header):
+    """The coordinator's answer to one agent message: accepted or rejected with a reason."""
+
+    kind: Literal["reply"] = "reply"
+    accepted: bool
+    about: Literal["hello", "update", "other"]
+    code: str = ""
+    reason: str = ""
+
+
+Header = Annotated[Union[HelloHeader, UpdateHeader, RoundHeader, ReplyHeader], Field(discriminator="kind")]
+_HEADER = TypeAdapter(Header)
+
+
+def encode(header: _Header, tensors: TensorDict | None = None) -> bytes:
+    """Serialize a header and optional tensors into one envelope (digest and size filled in)."""
+    body = save_tensors({k: v.contiguous() for k, v in tensors.items()}) if tensors else b""
+    header = header.model_copy(
+        update={"body_sha256": hashlib.sha256(body).hexdigest() if body else "", "body_bytes": len(body)}
+    )
+    raw = header.model_dump_json().encode()
+    return PREFIX.pack(MAGIC, SCHEMA_VERSION, len(raw)) + raw + body
+
+
+def decode(payload: bytes, max_bytes: int) -> tuple[Header, TensorDict]:
+    """Parse and verify an envelope; raises ``ProtocolError`` naming what is wrong."""
+    if len(payload) > max_bytes:
+        raise ProtocolError("too_large", f"payload of {len(payload)} bytes exceeds the limit of {max_bytes}")
+    if len(payload) < PREFIX.size:
+        raise ProtocolError("truncated", f"{len(payload)} bytes is shorter than the {PREFIX.size}-byte prefix")
+    magic, version, length = PREFIX.unpack_from(payload)
+    if magic != MAGIC:
+        raise ProtocolError("bad_magic", f"not an edgefl envelope (starts with {payload[:4]!r})")
+    if version != SCHEMA_VERSION:
+        raise ProtocolError("bad_version", f"schema version {version} is not supported (this side speaks {SCHEMA_VERSION})")
+    end = PREFIX.size + length
+    if end > len(payload):
+        raise ProtocolError("truncated", f"header claims {length} bytes, only {len(payload) - PREFIX.size} present")
+    header = _parse_header(payload[PREFIX.size : end])
+    body = payload[end:]
+    if len(body) != header.body_bytes:
+        raise ProtocolError("truncated", f"body has {len(body)} bytes, header says {header.body_bytes}")
+    if body and hashlib.sha256(body).hexdigest() != header.body_sha256:
+        raise ProtocolError("bad_digest", "body does not match its SHA-256 digest")
+    return header, _parse_body(body)
+
+
+def _parse_header(raw: bytes) -> Header:
+    try:
+        data = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ProtocolError("bad_header", f"header is not JSON ({err})") from err
+    try:
+        return _HEADER.validate_python(data)
+    except ValidationError as err:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'header'}: {e['msg']}" for e in err.errors()[:5])
+        raise ProtocolError("bad_header", problems) from err
+
+
+def _parse_body(body: bytes) -> TensorDict:
+    if not body:
+        return {}
+    try:
+        return load_tensors(body)
+    except (SafetensorError, ValueError, RuntimeError) as err:
+        raise ProtocolError("bad_body", f"body is not a safetensors blob ({err})") from err
+
+
+def check_tensors(tensors: TensorDict, expected: dict[str, tuple[tuple[int, ...], torch.dtype]]) -> None:
+    """Names, shapes and dtypes must match ``expected`` exactly and every value be finite."""
+    missing, unknown = expected.keys() - tensors.keys(), tensors.keys() - expected.keys()
+    if missing or unknown:
+        raise ProtocolError(
+            "bad_tensors", f"missing {sorted(missing)[:3]}, unexpected {sorted(unknown)[:3]} tensor names"
+        )
+    for name, tensor in tensors.items():
+        shape, dtype = expected[name]
+        if tuple(tensor.shape) != shape or tensor.dtype != dtype:
+            raise ProtocolError(
+                "bad_tensors", f"{name}: {tuple(tensor.shape)} {tensor.dtype}, expected {shape} {dtype}"
+            )
+        if tensor.is_floating_point() and not torch.isfinite(tensor).all():
+            raise ProtocolError("not_finite", f"{name} holds NaN or inf values")
+
+
+def signature(state: TensorDict, config_json: str) -> str:
+    """A short hash identifying a model: its config plus the shared tensors' names/shapes/dtypes."""
+    layout = sorted((k, tuple(v.shape), str(v.dtype)) for k, v in state.items())
+    return hashlib.sha256(json.dumps([config_json, layout]).encode()).hexdigest()[:32]
+
+
+class Topics:
+    """Every topic of one fleet, under ``edgefl/<fleet>/``."""
+
+    def __init__(self, fleet: str):
+        if not re.match(NAME_PATTERN, fleet):
+            raise ValueError(f"fleet name {fleet!r} must match {NAME_PATTERN}")
+        self.root = f"edgefl/{fleet}"
+
+    def agent(self, client_id: str, leaf: Literal["hello", "status", "update", "task"]) -> str:
+        return f"{self.root}/agents/{client_id}/{leaf}"
+
+    def agents(self, leaf: Literal["hello", "status", "update"]) -> str:
+        """Wildcard subscription over every agent's ``leaf`` topic."""
+        return f"{self.root}/agents/+/{leaf}"
+
+    @property
+    def round(self) -> str:
+        return f"{self.root}/round"
+
+    @property
+    def coordinator_status(self) -> str:
+        return f"{self.root}/coordinator/status"
+
+    def client_of(self, topic: str) -> str | None:
+        """The client id in an ``agents/<id>/...`` topic of this fleet, else None."""
+        parts = topic.split("/")
+        if len(parts) == 5 and "/".join(parts[:2]) == self.root and parts[2] == "agents":
+            return parts[3]
+        return None
