@@ -134,6 +134,16 @@ def decode(payload: bytes, max_bytes: int) -> tuple[Header, TensorDict]:
     return header, _parse_body(body)
 
 
+def claimed_round(payload: bytes) -> int:
+    """The round a (possibly invalid) envelope says it is about, or 0; never raises."""
+    try:
+        _, _, length = PREFIX.unpack_from(payload)
+        value = json.loads(payload[PREFIX.size : PREFIX.size + length]).get("round", 0)
+        return value if isinstance(value, int) and value >= 0 else 0
+    except (struct.error, ValueError, AttributeError):
+        return 0
+
+
 def _parse_header(raw: bytes) -> Header:
     try:
         data = json.loads(raw)

@@ -20,3 +20,13 @@ def small_config(backbone: str, **overrides: object) -> ModelConfig:
 @pytest.fixture
 def make_config():
     return small_config
+
+
+@pytest.fixture
+def mosquitto(tmp_path):
+    """A fresh broker for one test."""
+    from tests.broker import Mosquitto
+
+    broker = Mosquitto(tmp_path / "broker").start()
+    yield broker
+    broker.stop()

@@ -1,0 +1,256 @@
+"""The coordinator service: rounds over MQTT, durable state, validation of everything received.
+
+Round state machine: announce round r (retained, global shared parameters as body) -> collect
+updates until every online client has sent one (and at least ``min_clients``) or the deadline
+passes with a quorum -> aggregate -> persist (one transaction) -> announce r + 1. Every message
+is acknowledged to the broker only after its effect is on disk, so after ``kill -9`` the broker
+redelivers what was not yet stored and the store already holds what was.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from coordinator.aggregators import AGGREGATORS, ClientUpdate, make_aggregator
+from coordinator.store import RoundRow, Store
+from edge_agent.data import TIME_FEATURES
+from edge_agent.models import ModelConfig, build_forecaster
+from edge_agent.mqtt import BrokerConfig, Connection, Incoming
+from edge_agent.protocol import (
+    NAME_PATTERN,
+    HelloHeader,
+    ProtocolError,
+    ReplyHeader,
+    RoundHeader,
+    Topics,
+    UpdateHeader,
+    check_tensors,
+    claimed_round,
+    decode,
+    encode,
+    signature,
+)
+from edge_agent.train import derive_seed
+
+log = logging.getLogger("edgefl.coordinator")
+SENDER = "coordinator"
+
+
+class CoordinatorConfig(BaseModel):
+    """``coordinator.toml``: the fleet, the rounds, the model and the broker."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    fleet: str = Field(pattern=NAME_PATTERN)
+    state_dir: Path
+    rounds: int = Field(10, ge=1)
+    min_clients: int = Field(1, ge=1, description="quorum: updates needed to close a round")
+    round_timeout_s: float = Field(300.0, gt=0, description="deadline of a round after its announcement")
+    max_payload_bytes: int = Field(64 * 1024 * 1024, ge=1024)
+    registration: Literal["open", "closed"] = "open"
+    allowed_clients: list[str] = Field(default_factory=list)
+    seed: int = 42
+    aggregator: str = "fedavg"
+    model: ModelConfig = ModelConfig()
+    broker: BrokerConfig = BrokerConfig()
+
+    @model_validator(mode="after")
+    def _check(self) -> "CoordinatorConfig":
+        if self.aggregator not in AGGREGATORS:
+            raise ValueError(f"aggregator: unknown {self.aggregator!r}; choose one of {sorted(AGGREGATORS)}")
+        if self.registration == "closed" and not self.allowed_clients:
+            raise ValueError("registration is closed but allowed_clients is empty")
+        return self
+
+
+class Coordinator:
+    """Runs the rounds of one fleet until the last one is aggregated."""
+
+    def __init__(self, cfg: CoordinatorConfig, on_event: Callable[[str, dict], None] | None = None):
+        self.cfg = cfg
+        self.topics = Topics(cfg.fleet)
+        self.store = Store(cfg.state_dir)
+        initial = build_forecaster(cfg.model, 1, TIME_FEATURES, derive_seed(cfg.seed, 0)).shared_state()
+        self.initial = initial
+        self.layout = {name: (tuple(t.shape), t.dtype) for name, t in initial.items()}
+        self.signature = signature(initial, cfg.model.model_dump_json())
+        self.aggregator = make_aggregator(cfg.aggregator)
+        self.on_event = on_event or (lambda kind, data: None)
+        self.connection = Connection(
+            cfg.broker,
+            client_id=f"edgefl-coordinator-{cfg.fleet}",
+            will_topic=self.topics.coordinator_status,
+            subscriptions=[self.topics.agents(leaf) for leaf in ("hello", "update", "status")],
+            manual_ack=True,
+        )
+        self.connection.on_connected.append(self._announce_presence)
+
+    # lifecycle -------------------------------------------------------------------------------
+
+    def serve(self, stop: Callable[[], bool] = lambda: False) -> None:
+        """Resume or start the rounds and process messages until the last round is aggregated."""
+        current = self._resume()
+        self.connection.start()
+        if not self.connection.connected.wait(30):
+            raise ConnectionError(f"cannot reach the broker at {self.cfg.broker.host}:{self.cfg.broker.port}")
+        self._announce(current)
+        try:
+            while current.closed_at is None and not stop():
+                try:
+                    self._handle(self.connection.inbox.get(timeout=0.05))
+                except queue.Empty:
+                    pass
+                current = self._maybe_close(current)
+        finally:
+            self.connection.stop(self.topics.coordinator_status)
+            self.store.close()
+
+    def _resume(self) -> RoundRow:
+        latest = self.store.latest_round()
+        if latest is None:
+            latest = self.store.open_first_round(time.time() + self.cfg.round_timeout_s, self.initial)
+            log.info("fleet %s: opened round 1", self.cfg.fleet)
+        elif latest.closed_at is None:
+            accepted = [u.client_id for u in self.store.updates(latest.round)]
+            log.info("resuming round %d with %d accepted updates %s", latest.round, len(accepted), accepted)
+            self.on_event("resumed", {"round": latest.round, "accepted": accepted})
+        return latest
+
+    def _announce_presence(self) -> None:
+        self.connection.publish(self.topics.coordinator_status, b"online", retain=True)
+
+    def _announce(self, row: RoundRow) -> None:
+        """Publish the round (retained) so agents that join late get it too."""
+        finished = row.closed_at is not None
+        state = self.store.load_file(row.result_file if finished else row.global_file)
+        header = RoundHeader(
+            fleet=self.cfg.fleet, sender=SENDER, round=row.round, deadline_unix=row.deadline,
+            model_signature=self.signature, finished=finished,
+        )
+        self.connection.publish(self.topics.round, encode(header, state), retain=True)
+        self.on_event("announced", {"round": row.round, "finished": finished})
+
+    # rounds ----------------------------------------------------------------------------------
+
+    def _maybe_close(self, row: RoundRow) -> RoundRow:
+        updates = self.store.updates(row.round)
+        online = {c for c, info in self.store.clients().items() if info.online}
+        submitted = {u.client_id for u in updates}
+        quorum = len(updates) >= self.cfg.min_clients
+        if quorum and online <= submitted:
+            return self._close(row, updates, "all online clients reported")
+        if time.time() < row.deadline:
+            return row
+        if quorum:
+            return self._close(row, updates, "deadline")
+        deadline = time.time() + self.cfg.round_timeout_s
+        self.store.extend_deadline(row.round, deadline)
+        log.warning("round %d: deadline passed with %d/%d updates; waiting until %.0f",
+                    row.round, len(updates), self.cfg.min_clients, deadline)
+        return self.store.round(row.round)
+
+    def _close(self, row: RoundRow, updates: list, why: str) -> RoundRow:
+        result = self.aggregator.aggregate(
+            [ClientUpdate(u.client_id, self.store.load_update(u), u.n_samples) for u in updates]
+        )
+        total = sum(u.n_samples for u in updates)
+        loss = sum(u.metrics.get("loss", 0.0) * u.n_samples for u in updates) / total
+        metrics = {"clients": [u.client_id for u in updates], "loss": loss, "closed_by": why}
+        last = row.round >= self.cfg.rounds
+        self.store.finish_round(row.round, metrics, result, None if last else time.time() + self.cfg.round_timeout_s)
+        rejected = sum(1 for e in self.store.events(accepted=False) if e["round"] == row.round)
+        self.on_event("closed", {"round": row.round, "accepted": len(updates), "rejected": rejected,
+                                 "loss": loss, "why": why})
+        log.info("round %d closed (%s): %d updates, loss %.4f", row.round, why, len(updates), loss)
+        following = self.store.round(row.round if last else row.round + 1)
+        self._announce(following)
+        return following
+
+    # messages --------------------------------------------------------------------------------
+
+    def _handle(self, message: Incoming) -> None:
+        """Validate, persist, reply, then acknowledge to the broker."""
+        client = self.topics.client_of(message.topic)
+        leaf = message.topic.rsplit("/", 1)[-1]
+        try:
+            if client is None:
+                return
+            if leaf == "status":
+                self._on_status(client, message.payload)
+            elif leaf in ("hello", "update"):
+                self._on_envelope(client, leaf, message.payload)
+        finally:
+            self.connection.ack(message)
+
+    def _on_status(self, client: str, payload: bytes) -> None:
+        if payload not in (b"online", b"offline") or client not in self.store.clients():
+            return
+        self.store.set_online(client, payload == b"online")
+        self.on_event("presence", {"client": client, "online": payload == b"online"})
+
+    def _on_envelope(self, client: str, leaf: str, payload: bytes) -> None:
+        current = self.store.latest_round()
+        try:
+            header, tensors = decode(payload, self.cfg.max_payload_bytes)
+            self._check_sender(client, leaf, header)
+            if isinstance(header, HelloHeader):
+                self._register(header)
+            else:
+                self._accept_update(header, tensors, current)
+        except ProtocolError as err:
+            number = claimed_round(payload)
+            self.store.log(leaf, client, current.round, False, err.code, str(err))
+            self._reply(client, leaf, number, False, err.code, str(err))
+            self.on_event("rejected", {"client": client, "code": err.code, "reason": str(err)})
+
+    def _check_sender(self, client: str, leaf: str, header) -> None:
+        if header.kind != leaf:
+            raise ProtocolError("wrong_kind", f"a {header.kind!r} message on an {leaf!r} topic")
+        if header.fleet != self.cfg.fleet:
+            raise ProtocolError("wrong_fleet", f"message for fleet {header.fleet!r}, this is {self.cfg.fleet!r}")
+        if header.sender != client:
+            raise ProtocolError("wrong_sender", f"sender {header.sender!r} does not match topic client {client!r}")
+
+    def _register(self, hello: HelloHeader) -> None:
+        if self.cfg.registration == "closed" and hello.sender not in self.cfg.allowed_clients:
+            raise ProtocolError("unknown_client", f"{hello.sender!r} is not in allowed_clients")
+        if hello.model_signature != self.signature:
+            raise ProtocolError("bad_signature", "the agent's model differs from the coordinator's")
+        self.store.register(hello)
+        self.store.log("hello", hello.sender, None, True)
+        self._reply(hello.sender, "hello", 0, True)
+        self.on_event("registered", {"client": hello.sender})
+
+    def _accept_update(self, header: UpdateHeader, tensors: dict, current: RoundRow) -> None:
+        client = header.sender
+        if client not in self.store.clients():
+            raise ProtocolError("unknown_client", f"{client!r} has not registered (send hello first)")
+        if current.closed_at is not None or header.round < current.round:
+            raise ProtocolError("stale_round", f"round {header.round} is closed; current is {current.round}")
+        if header.round > current.round:
+            raise ProtocolError("future_round", f"round {header.round} has not started; current is {current.round}")
+        if self.store.has_update(current.round, client):
+            raise ProtocolError("duplicate", f"round {current.round} already has an update from {client!r}")
+        check_tensors(tensors, self.layout)
+        self.store.save_update(current.round, client, header.n_samples, tensors, header.body_sha256, header.metrics)
+        self.store.log("update", client, current.round, True)
+        self._reply(client, "update", current.round, True)
+        self.on_event("accepted", {"client": client, "round": current.round})
+
+    def _reply(
+        self, client: str, about: str, number: int, accepted: bool, code: str = "", reason: str = ""
+    ) -> None:
+        """Answer on the agent's own task topic; ``number`` is the round the message was about."""
+        header = ReplyHeader(
+            fleet=self.cfg.fleet, sender=SENDER, round=number, accepted=accepted, about=about, code=code,
+            reason=reason[:500],
+        )
+        self.connection.publish(self.topics.agent(client, "task"), encode(header))
+

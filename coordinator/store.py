@@ -1,0 +1,192 @@
+"""Durable coordinator state: SQLite (WAL) for clients, rounds, updates and the accept/reject log,
+safetensors files for tensors, each written atomically so a crash never leaves half a file."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from safetensors.torch import load_file
+
+from edge_agent.protocol import HelloHeader, TensorDict
+from edge_agent.storage import write_tensors_atomically
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS clients (
+    client_id TEXT PRIMARY KEY, n_features INTEGER, n_samples INTEGER, latitude REAL, longitude REAL,
+    signature TEXT, online INTEGER NOT NULL DEFAULT 1, registered_at REAL, last_seen REAL);
+CREATE TABLE IF NOT EXISTS rounds (
+    round INTEGER PRIMARY KEY, opened_at REAL NOT NULL, deadline REAL NOT NULL, closed_at REAL,
+    global_file TEXT NOT NULL, metrics TEXT, result_file TEXT);
+CREATE TABLE IF NOT EXISTS updates (
+    round INTEGER NOT NULL, client_id TEXT NOT NULL, n_samples INTEGER NOT NULL, file TEXT NOT NULL,
+    sha256 TEXT NOT NULL, metrics TEXT NOT NULL, received_at REAL NOT NULL, late INTEGER NOT NULL DEFAULT 0,
+    PRIMARY KEY (round, client_id));
+CREATE TABLE IF NOT EXISTS events (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, at REAL NOT NULL, client_id TEXT, round INTEGER,
+    kind TEXT NOT NULL, accepted INTEGER NOT NULL, code TEXT, reason TEXT);
+"""
+
+
+@dataclass(frozen=True)
+class RoundRow:
+    round: int
+    opened_at: float
+    deadline: float
+    closed_at: float | None
+    global_file: str
+    metrics: dict
+    result_file: str | None
+
+
+@dataclass(frozen=True)
+class UpdateRow:
+    round: int
+    client_id: str
+    n_samples: int
+    file: str
+    sha256: str
+    metrics: dict
+
+
+@dataclass(frozen=True)
+class ClientRow:
+    client_id: str
+    n_features: int
+    n_samples: int
+    latitude: float | None
+    longitude: float | None
+    signature: str
+    online: bool
+
+
+class Store:
+    """All coordinator state below one directory; safe to reopen after ``kill -9``."""
+
+    def __init__(self, state_dir: Path):
+        self.dir = Path(state_dir)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.db = sqlite3.connect(self.dir / "coordinator.sqlite3", isolation_level=None, check_same_thread=False)
+        self.db.execute("PRAGMA journal_mode=WAL")
+        self.db.execute("PRAGMA synchronous=FULL")
+        self.db.executescript(SCHEMA)
+
+    def close(self) -> None:
+        self.db.close()
+
+    # clients ---------------------------------------------------------------------------------
+
+    def register(self, hello: HelloHeader) -> None:
+        now = time.time()
+        self.db.execute(
+            "INSERT INTO clients VALUES (?, ?, ?, ?, ?, ?, 1, ?, ?) ON CONFLICT(client_id) DO UPDATE SET "
+            "n_features=excluded.n_features, n_samples=excluded.n_samples, latitude=excluded.latitude, "
+            "longitude=excluded.longitude, signature=excluded.signature, online=1, last_seen=excluded.last_seen",
+            (hello.sender, hello.n_features, hello.n_samples, hello.latitude, hello.longitude,
+             hello.model_signature, now, now),
+        )
+
+    def set_online(self, client_id: str, online: bool) -> None:
+        self.db.execute(
+            "UPDATE clients SET online=?, last_seen=? WHERE client_id=?", (int(online), time.time(), client_id)
+        )
+
+    def clients(self) -> dict[str, ClientRow]:
+        rows = self.db.execute(
+            "SELECT client_id, n_features, n_samples, latitude, longitude, signature, online FROM clients"
+        )
+        return {r[0]: ClientRow(*r[:6], bool(r[6])) for r in rows}
+
+    # rounds ----------------------------------------------------------------------------------
+
+    def open_first_round(self, deadline: float, global_state: TensorDict) -> RoundRow:
+        """Persist the initial global parameters (file first, then the row)."""
+        name = "global/round_00001.safetensors"
+        write_tensors_atomically(self.dir / name, global_state)
+        self.db.execute(
+            "INSERT OR IGNORE INTO rounds VALUES (1, ?, ?, NULL, ?, NULL, NULL)", (time.time(), deadline, name)
+        )
+        return self.round(1)
+
+    def finish_round(
+        self, number: int, metrics: dict, result: TensorDict, next_deadline: float | None
+    ) -> None:
+        """Close ``number`` with its aggregate and, unless it was the last, open the next round
+        on that aggregate, in one transaction (the result file is written before it)."""
+        name = f"global/round_{number + 1:05d}.safetensors"
+        write_tensors_atomically(self.dir / name, result)
+        now = time.time()
+        with self.db:
+            self.db.execute("BEGIN")
+            self.db.execute(
+                "UPDATE rounds SET closed_at=?, metrics=?, result_file=? WHERE round=?",
+                (now, json.dumps(metrics), name, number),
+            )
+            if next_deadline is not None:
+                self.db.execute(
+                    "INSERT INTO rounds VALUES (?, ?, ?, NULL, ?, NULL, NULL)", (number + 1, now, next_deadline, name)
+                )
+
+    def round(self, number: int) -> RoundRow:
+        row = self.db.execute("SELECT * FROM rounds WHERE round=?", (number,)).fetchone()
+        return RoundRow(*row[:5], json.loads(row[5]) if row[5] else {}, row[6])
+
+    def latest_round(self) -> RoundRow | None:
+        row = self.db.execute("SELECT round FROM rounds ORDER BY round DESC LIMIT 1").fetchone()
+        return self.round(row[0]) if row else None
+
+    def rounds(self) -> list[RoundRow]:
+        return [self.round(r) for (r,) in self.db.execute("SELECT round FROM rounds ORDER BY round")]
+
+    def extend_deadline(self, number: int, deadline: float) -> None:
+        self.db.execute("UPDATE rounds SET deadline=? WHERE round=?", (deadline, number))
+
+    def load_file(self, name: str) -> TensorDict:
+        return load_file(str(self.dir / name))
+
+    # updates ---------------------------------------------------------------------------------
+
+    def has_update(self, number: int, client_id: str) -> bool:
+        query = "SELECT 1 FROM updates WHERE round=? AND client_id=?"
+        return self.db.execute(query, (number, client_id)).fetchone() is not None
+
+    def save_update(
+        self, number: int, client_id: str, n_samples: int, tensors: TensorDict, sha256: str,
+        metrics: dict, late: bool = False,
+    ) -> None:
+        """Durably keep one client's update (tensors file, then row); the caller checks duplicates."""
+        name = f"updates/round_{number:05d}/{client_id}.safetensors"
+        write_tensors_atomically(self.dir / name, tensors)
+        self.db.execute(
+            "INSERT OR IGNORE INTO updates VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            (number, client_id, n_samples, name, sha256, json.dumps(metrics), time.time(), int(late)),
+        )
+
+    def updates(self, number: int, include_late: bool = False) -> list[UpdateRow]:
+        rows = self.db.execute(
+            "SELECT round, client_id, n_samples, file, sha256, metrics FROM updates "
+            "WHERE round=? AND (late=0 OR ?) ORDER BY client_id",
+            (number, int(include_late)),
+        )
+        return [UpdateRow(*r[:5], json.loads(r[5])) for r in rows]
+
+    def load_update(self, row: UpdateRow) -> TensorDict:
+        return self.load_file(row.file)
+
+    # accept / reject log ---------------------------------------------------------------------
+
+    def log(self, kind: str, client_id: str | None, number: int | None, accepted: bool, code: str = "",
+            reason: str = "") -> None:
+        self.db.execute(
+            "INSERT INTO events (at, client_id, round, kind, accepted, code, reason) VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (time.time(), client_id, number, kind, int(accepted), code, reason),
+        )
+
+    def events(self, accepted: bool | None = None) -> list[dict]:
+        rows = self.db.execute("SELECT at, client_id, round, kind, accepted, code, reason FROM events ORDER BY id")
+        keys = ("at", "client_id", "round", "kind", "accepted", "code", "reason")
+        out = [dict(zip(keys, r)) for r in rows]
+        return [e for e in out if accepted is None or bool(e["accepted"]) == accepted]

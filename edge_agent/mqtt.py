@@ -1,0 +1,118 @@
+"""MQTT plumbing shared by agent and coordinator: broker settings and a persistent-session client.
+
+Every message is sent and received on its own thread by paho; callbacks only move messages into
+a queue, which the owning service drains on its main thread.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import paho.mqtt.client as mqtt
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+QOS = 1
+
+
+class BrokerConfig(BaseModel):
+    """Where the broker is and how to log in; TLS is on when ``tls_ca`` is set."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    host: str = "127.0.0.1"
+    port: int = Field(1883, ge=1, le=65535)
+    username: str | None = None
+    password: str | None = None
+    tls_ca: Path | None = Field(None, description="CA certificate that signed the broker's certificate")
+    keepalive_s: int = Field(30, ge=5)
+    session_expiry_s: int = Field(7 * 24 * 3600, ge=0, description="how long the broker keeps our session")
+
+    @model_validator(mode="after")
+    def _check(self) -> "BrokerConfig":
+        if (self.username is None) != (self.password is None):
+            raise ValueError("username and password must be given together")
+        if self.tls_ca is not None and not self.tls_ca.is_file():
+            raise ValueError(f"tls_ca: file not found: {self.tls_ca}")
+        return self
+
+
+@dataclass(frozen=True)
+class Incoming:
+    """One received message, still undecoded."""
+
+    topic: str
+    payload: bytes
+    mid: int
+    qos: int
+    retain: bool
+
+
+class Connection:
+    """A paho MQTT 5 client with a persistent session, a Last Will and an inbox queue."""
+
+    def __init__(
+        self,
+        broker: BrokerConfig,
+        client_id: str,
+        will_topic: str,
+        subscriptions: list[str],
+        manual_ack: bool = False,
+    ):
+        self.broker, self.subscriptions = broker, subscriptions
+        self.inbox: queue.Queue[Incoming] = queue.Queue()
+        self.connected = threading.Event()
+        self.client = mqtt.Client(
+            mqtt.CallbackAPIVersion.VERSION2, client_id=client_id, protocol=mqtt.MQTTv5, manual_ack=manual_ack
+        )
+        self.client.will_set(will_topic, b"offline", qos=QOS, retain=True)
+        if broker.username is not None:
+            self.client.username_pw_set(broker.username, broker.password)
+        if broker.tls_ca is not None:
+            self.client.tls_set(ca_certs=str(broker.tls_ca))
+        self.client.reconnect_delay_set(min_delay=1, max_delay=10)
+        self.client.on_connect = self._on_connect
+        self.client.on_disconnect = self._on_disconnect
+        self.client.on_message = self._on_message
+        self.on_connected: list = []
+
+    def start(self) -> None:
+        """Connect (clean_start=False, session expiry) and run the network loop in the background."""
+        props = Properties(PacketTypes.CONNECT)
+        props.SessionExpiryInterval = self.broker.session_expiry_s
+        self.client.connect_async(
+            self.broker.host, self.broker.port, self.broker.keepalive_s, clean_start=False, properties=props
+        )
+        self.client.loop_start()
+
+    def stop(self, status_topic: str | None = None) -> None:
+        """Say goodbye (retained 'offline') and disconnect cleanly."""
+        if status_topic and self.connected.is_set():
+            self.client.publish(status_topic, b"offline", qos=QOS, retain=True).wait_for_publish(5)
+        self.client.disconnect()
+        self.client.loop_stop()
+
+    def publish(self, topic: str, payload: bytes, retain: bool = False) -> mqtt.MQTTMessageInfo:
+        return self.client.publish(topic, payload, qos=QOS, retain=retain)
+
+    def ack(self, message: Incoming) -> None:
+        self.client.ack(message.mid, message.qos)
+
+    def _on_connect(self, client: mqtt.Client, _userdata, _flags, reason_code, _props) -> None:
+        if reason_code.is_failure:
+            return
+        for topic in self.subscriptions:
+            client.subscribe(topic, qos=QOS)
+        self.connected.set()
+        for callback in self.on_connected:
+            callback()
+
+    def _on_disconnect(self, _client, _userdata, _flags, _reason_code, _props) -> None:
+        self.connected.clear()
+
+    def _on_message(self, _client, _userdata, message: mqtt.MQTTMessage) -> None:
+        self.inbox.put(Incoming(message.topic, bytes(message.payload), message.mid, message.qos, message.retain))
