@@ -117,7 +117,9 @@ class Agent:
             cfg.broker,
             client_id=f"edgefl-agent-{cfg.fleet}-{cfg.client_id}",
             will_topic=self.topics.agent(cfg.client_id, "status"),
-            subscriptions=[self.topics.round, self.topics.agent(cfg.client_id, "task")],
+            subscriptions=[
+                self.topics.round, self.topics.agent(cfg.client_id, "task"), self.topics.coordinator_status
+            ],
         )
         self.connection.on_connected.append(self._on_connected)
 
@@ -149,9 +151,14 @@ class Agent:
             self.connection.stop(self.topics.agent(self.cfg.client_id, "status"))
 
     def _on_connected(self) -> None:
-        """Presence, registration, and any update still waiting for its acknowledgement."""
+        """Presence, then registration and any update still waiting for its acknowledgement."""
+        self.connection.publish(self.topics.agent(self.cfg.client_id, "status"), b"online", retain=True)
+        self._introduce()
+
+    def _introduce(self) -> None:
+        """(Re-)register and re-send a pending update: on connect, when the coordinator comes
+        online (it may have missed our hello) and when it says it does not know us."""
         cid = self.cfg.client_id
-        self.connection.publish(self.topics.agent(cid, "status"), b"online", retain=True)
         hello = HelloHeader(
             fleet=self.cfg.fleet, sender=cid, n_features=self.data.n_features, n_samples=self.data.n_train,
             latitude=self.table.latitude, longitude=self.table.longitude, model_signature=self.signature,
@@ -161,6 +168,10 @@ class Agent:
             self.connection.publish(self.topics.agent(cid, "update"), self.pending_path.read_bytes())
 
     def _handle(self, message: Incoming) -> None:
+        if message.topic == self.topics.coordinator_status:
+            if message.payload == b"online":
+                self._introduce()
+            return
         try:
             header, tensors = decode(message.payload, self.cfg.max_payload_bytes)
         except ProtocolError as err:
@@ -208,6 +219,9 @@ class Agent:
 
     def _on_reply(self, reply: ReplyHeader) -> None:
         self.on_event("reply", reply.model_dump())
+        if reply.code == "unknown_client":
+            self._introduce()
+            return
         if reply.about != "update":
             if not reply.accepted:
                 log.error("coordinator refused our %s: %s", reply.about, reply.reason)

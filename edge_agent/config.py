@@ -31,3 +31,27 @@ def load_config(path: Path, model: type[Config]) -> Config:
             f"  {'.'.join(map(str, e['loc'])) or '(top level)'}: {e['msg']}" for e in err.errors()
         )
         raise ConfigError(f"{path}: invalid configuration\n{problems}") from None
+
+
+def dump_toml(data: dict) -> str:
+    """Write plain config data (str, int, float, bool, lists of those, nested tables) as TOML."""
+    scalars = {k: v for k, v in data.items() if not isinstance(v, dict) and v is not None}
+    tables = {k: v for k, v in data.items() if isinstance(v, dict)}
+    lines = [f"{key} = {_toml_value(value)}" for key, value in scalars.items()]
+    for name, table in tables.items():
+        lines.append("")
+        lines.append(f"[{name}]")
+        lines.extend(f"{key} = {_toml_value(value)}" for key, value in table.items() if value is not None)
+    return "\n".join(lines) + "\n"
+
+
+def _toml_value(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    if isinstance(value, dict):
+        raise ValueError("nested tables deeper than one level are not supported")
+    return '"' + str(value).replace("\\", "\\\\").replace('"', '\\"') + '"'

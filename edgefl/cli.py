@@ -13,6 +13,7 @@ from rich.live import Live
 from rich.table import Table
 
 from edge_agent.data import DataError
+from edgefl.services import agent_app, coordinator_app
 
 app = typer.Typer(
     help="edgefl: federated time-series forecasting on edge devices.",
@@ -20,6 +21,8 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 console = Console()
+app.add_typer(coordinator_app, name="coordinator")
+app.add_typer(agent_app, name="agent")
 
 
 def fail(message: str) -> None:

@@ -1,0 +1,138 @@
+"""``edgefl coordinator ...`` and ``edgefl agent ...``: the two long-running services."""
+
+from __future__ import annotations
+
+import logging
+import signal
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from edge_agent.config import ConfigError, load_config
+from edge_agent.data import DataError
+
+console = Console(stderr=True)
+coordinator_app = typer.Typer(help="The coordinator service.", no_args_is_help=True)
+agent_app = typer.Typer(help="The edge agent on a gateway.", no_args_is_help=True)
+ConfigPath = Annotated[Path, typer.Option("--config", "-c", help="TOML configuration file")]
+
+
+def _setup(verbose: bool) -> None:
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s"
+    )
+
+
+def _fail(message: str) -> None:
+    console.print(f"[bold red]error:[/] {message}")
+    raise typer.Exit(2)
+
+
+class _Stopper:
+    """Turns SIGTERM/SIGINT into a clean stop of the service loop."""
+
+    def __init__(self) -> None:
+        self.stopped = False
+        signal.signal(signal.SIGTERM, self._stop)
+        signal.signal(signal.SIGINT, self._stop)
+
+    def _stop(self, *_: object) -> None:
+        self.stopped = True
+
+    def __call__(self) -> bool:
+        return self.stopped
+
+
+def _print_event(kind: str, data: dict) -> None:
+    if kind == "closed":
+        console.print(
+            f"round {data['round']:>3} closed: {data['accepted']} accepted, {data['rejected']} rejected, "
+            f"loss {data['loss']:.4f} ({data['why']})"
+        )
+    elif kind in ("rejected", "resumed", "registered") or (kind == "presence" and not data["online"]):
+        console.print(f"{kind}: {data}")
+
+
+@coordinator_app.command("serve")
+def coordinator_serve(config: ConfigPath, verbose: bool = False) -> None:
+    """Run the rounds of a fleet until the last one is aggregated (resumes after a crash)."""
+    from coordinator.server import Coordinator, CoordinatorConfig
+
+    _setup(verbose)
+    try:
+        cfg = load_config(config, CoordinatorConfig)
+    except ConfigError as err:
+        _fail(str(err))
+    coordinator = Coordinator(cfg, on_event=_print_event)
+    try:
+        coordinator.serve(stop=_Stopper())
+    except ConnectionError as err:
+        _fail(str(err))
+
+
+@coordinator_app.command("status")
+def coordinator_status(config: ConfigPath) -> None:
+    """Print the rounds, clients and rejections recorded in the coordinator's state."""
+    from coordinator.server import CoordinatorConfig
+    from coordinator.store import Store
+
+    try:
+        cfg = load_config(config, CoordinatorConfig)
+    except ConfigError as err:
+        _fail(str(err))
+    store = Store(cfg.state_dir)
+    rounds = Table("round", "state", "updates", "loss", "closed by", title=f"fleet {cfg.fleet}")
+    for row in store.rounds():
+        state = "closed" if row.closed_at else "open"
+        rounds.add_row(str(row.round), state, str(len(store.updates(row.round))),
+                       f"{row.metrics['loss']:.4f}" if row.metrics else "-", row.metrics.get("closed_by", "-"))
+    Console().print(rounds)
+    clients = Table("client", "features", "samples", "online")
+    for client in store.clients().values():
+        clients.add_row(client.client_id, str(client.n_features), str(client.n_samples), str(client.online))
+    Console().print(clients)
+    for event in store.events(accepted=False)[-10:]:
+        Console().print(f"rejected {event['kind']} from {event['client_id']} (round {event['round']}): {event['reason']}")
+
+
+def _agent_config(config: Path):
+    from edge_agent.agent import AgentConfig
+
+    try:
+        return load_config(config, AgentConfig)
+    except ConfigError as err:
+        _fail(str(err))
+
+
+@agent_app.command("run")
+def agent_run(config: ConfigPath, verbose: bool = False) -> None:
+    """Train for every announced round and send the shared parameters to the coordinator."""
+    from edge_agent.agent import Agent
+
+    _setup(verbose)
+    cfg = _agent_config(config)
+    try:
+        agent = Agent(cfg, on_event=lambda kind, data: kind == "sent" and console.print(
+            f"round {data['round']}: trained, loss {data['loss']:.4f}, update sent"))
+    except (DataError, ValueError) as err:
+        _fail(str(err))
+    agent.run(stop=_Stopper())
+
+
+@agent_app.command("forecast")
+def agent_forecast(config: ConfigPath) -> None:
+    """Print the forecast of the local model for the horizon after the latest window."""
+    from edge_agent.agent import forecast
+
+    cfg = _agent_config(config)
+    try:
+        stamps, columns, values = forecast(cfg)
+    except (DataError, ValueError) as err:
+        _fail(str(err))
+    table = Table("time", *columns, title=f"{cfg.client_id}: next {len(stamps)} steps")
+    for stamp, row in zip(stamps, values.tolist()):
+        table.add_row(stamp, *(f"{v:.3f}" for v in row))
+    Console().print(table)

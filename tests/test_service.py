@@ -1,0 +1,133 @@
+"""The fleet for real: coordinator and agents as processes talking through a real mosquitto."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+import pytest
+import torch
+
+from coordinator.simulate import FederationConfig, run_federation
+from coordinator.store import Store
+from edge_agent.models import ModelConfig
+from tests.fleet import (
+    MODEL,
+    SEED,
+    TRAINING,
+    agent_config,
+    coordinator_config,
+    simulation_clients,
+    start,
+    wait_for,
+    write_client_csvs,
+)
+
+ROUNDS = 3
+
+
+def simulate(paths: list[Path]) -> dict[str, torch.Tensor]:
+    fed = FederationConfig(
+        rounds=ROUNDS, local_epochs=TRAINING["local_epochs"], batch_size=TRAINING["batch_size"],
+        lr=TRAINING["lr"], seed=SEED, test_every_round=False,
+    )
+    return run_federation(simulation_clients(paths), ModelConfig(**MODEL), fed).shared
+
+
+def final_global(state_dir: Path) -> dict[str, torch.Tensor]:
+    store = Store(state_dir)
+    try:
+        latest = store.latest_round()
+        assert latest.round == ROUNDS and latest.closed_at is not None
+        return store.load_file(latest.result_file)
+    finally:
+        store.close()
+
+
+def run_agents(tmp_path: Path, port: int, paths: list[Path]) -> list:
+    return [start(tmp_path, f"agent{i}", "agent", "run", "-c", str(agent_config(tmp_path, port, i, p)))
+            for i, p in enumerate(paths)]
+
+
+def finish(processes: list, timeout: float = 120) -> None:
+    for process in processes:
+        process.wait(timeout)
+
+
+def test_three_agents_three_rounds_equal_the_in_process_simulation(tmp_path: Path, mosquitto) -> None:
+    paths = write_client_csvs(tmp_path, 3)
+    coordinator = start(tmp_path, "coordinator", "coordinator", "serve", "-c",
+                        str(coordinator_config(tmp_path, mosquitto.port, ROUNDS, min_clients=3)))
+    agents = run_agents(tmp_path, mosquitto.port, paths)
+    finish([coordinator, *agents])
+    assert coordinator.returncode == 0, (tmp_path / "coordinator.log").read_text()
+    served = final_global(tmp_path / "coordinator")
+    expected = simulate(paths)
+    assert served.keys() == expected.keys()
+    for name in expected:
+        torch.testing.assert_close(served[name], expected[name], rtol=1e-5, atol=1e-6)
+
+
+def test_coordinator_killed_mid_round_resumes_without_losing_accepted_updates(tmp_path: Path, mosquitto) -> None:
+    paths = write_client_csvs(tmp_path, 3)
+    config = str(coordinator_config(tmp_path, mosquitto.port, ROUNDS, min_clients=3))
+    coordinator = start(tmp_path, "coordinator", "coordinator", "serve", "-c", config)
+    agents = run_agents(tmp_path, mosquitto.port, paths)
+    db = tmp_path / "coordinator"
+
+    def round_two_has_an_update() -> bool:
+        store = Store(db)
+        try:
+            return bool(store.latest_round()) and len(store.updates(2)) >= 1
+        finally:
+            store.close()
+
+    wait_for(round_two_has_an_update, 120, "an accepted update in round 2")
+    os.kill(coordinator.pid, signal.SIGKILL)
+    coordinator.wait(10)
+    store = Store(db)
+    accepted_before = {(u.round, u.client_id) for r in (1, 2) for u in store.updates(r)}
+    store.close()
+    restarted = start(tmp_path, "coordinator-restarted", "coordinator", "serve", "-c", config)
+    finish([restarted, *agents])
+    assert restarted.returncode == 0, (tmp_path / "coordinator-restarted.log").read_text()
+    store = Store(db)
+    accepted_after = {(u.round, u.client_id) for r in range(1, ROUNDS + 1) for u in store.updates(r)}
+    assert accepted_before <= accepted_after
+    assert all(len(store.updates(r)) == 3 for r in range(1, ROUNDS + 1))
+    store.close()
+    for i in range(3):
+        log = (tmp_path / f"agent{i}.log").read_text()
+        assert log.count("update sent") == ROUNDS, f"agent{i} re-trained an accepted round:\n{log}"
+    expected = simulate(paths)
+    served = final_global(db)
+    for name in expected:
+        torch.testing.assert_close(served[name], expected[name], rtol=1e-5, atol=1e-6)
+
+
+def test_agent_killed_mid_round_is_marked_offline_and_the_round_still_closes(tmp_path: Path, mosquitto) -> None:
+    paths = write_client_csvs(tmp_path, 3)
+    config = coordinator_config(tmp_path, mosquitto.port, ROUNDS, min_clients=2, round_timeout_s=8.0)
+    coordinator = start(tmp_path, "coordinator", "coordinator", "serve", "-c", str(config))
+    agents = run_agents(tmp_path, mosquitto.port, paths)
+    db = tmp_path / "coordinator"
+
+    def round_one_closed() -> bool:
+        store = Store(db)
+        try:
+            latest = store.latest_round()
+            return latest is not None and latest.round >= 2
+        finally:
+            store.close()
+
+    wait_for(round_one_closed, 120, "round 1 to close")
+    os.kill(agents[2].pid, signal.SIGKILL)
+    finish([coordinator, agents[0], agents[1]])
+    assert coordinator.returncode == 0, (tmp_path / "coordinator.log").read_text()
+    store = Store(db)
+    assert store.clients()["client02"].online is False
+    later = [r for r in store.rounds() if r.round >= 3]
+    assert later and all("client02" not in r.metrics["clients"] for r in later)
+    assert all(len(r.metrics["clients"]) == 2 for r in later)
+    store.close()
