@@ -3,7 +3,7 @@ PYTHON ?= python3.11
 VENV   := .venv
 BIN    := $(VENV)/bin
 
-.PHONY: demo test bench-quick clean
+.PHONY: demo test bench-quick clean mosquitto
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -20,8 +20,13 @@ $(VENV)/.installed-test: pyproject.toml $(VENV)/.installed
 demo: $(VENV)/.installed
 	$(BIN)/edgefl simulate --backbone dlinear --rounds 6 --lookback 48 --horizon 24 --d-qap 32 --stride 13 --batch-size 32 --lr 3e-3
 
-test: $(VENV)/.installed-test
+test: $(VENV)/.installed-test mosquitto
 	$(BIN)/python -m pytest
+
+# The service tests start their own mosquitto; install Debian's when it is missing.
+mosquitto:
+	@command -v mosquitto >/dev/null || test -x /usr/sbin/mosquitto || \
+		{ apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq mosquitto; }
 
 bench-quick: $(VENV)/.installed
 	$(BIN)/python bench/fedqaper.py --quick

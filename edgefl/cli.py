@@ -45,6 +45,33 @@ def sites() -> None:
     console.print(table)
 
 
+@app.command("broker-config")
+def broker_config(
+    fleet: Annotated[str, typer.Option(help="fleet name (topic prefix edgefl/<fleet>/)")],
+    out: Annotated[Path, typer.Option(help="folder to write the setup into")],
+    agents: Annotated[int, typer.Option(help="number of agents (named agent01, agent02, ...)")] = 3,
+    names: Annotated[Optional[str], typer.Option(help="comma-separated agent ids instead of agent01..")] = None,
+    host: str = "127.0.0.1",
+    port: int = 1883,
+    tls: Annotated[bool, typer.Option(help="create a CA and a server certificate and listen with TLS")] = False,
+) -> None:
+    """Write a mosquitto config, password file and ACL for a fleet, plus every service's config."""
+    from coordinator.broker_setup import write_fleet_setup
+
+    ids = [n.strip() for n in names.split(",")] if names else [f"agent{i:02d}" for i in range(1, agents + 1)]
+    try:
+        written = write_fleet_setup(fleet, ids, out, host, port, tls)
+    except ValueError as exc:
+        fail(str(exc))
+    for name, path in written.items():
+        console.print(f"wrote {path}")
+    console.print(
+        f"\nstart the broker:     mosquitto -c {written['mosquitto.conf']}\n"
+        f"start the coordinator: edgefl coordinator serve --config {written['coordinator.toml']}\n"
+        f"start an agent:        edgefl agent run --config {written[ids[0] + '.toml']}"
+    )
+
+
 def round_table() -> Table:
     return Table("round", "train loss", "val MSE", "test MSE", "test MAE", "seconds", title="FedPer rounds")
 

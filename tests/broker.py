@@ -17,20 +17,21 @@ def free_port() -> int:
 
 
 class Mosquitto:
-    """One broker process; ``extra`` lines go into its config (ACL, passwords, TLS listener)."""
+    """One broker process with its own config, log and persistence in ``workdir``."""
 
-    def __init__(self, workdir: Path, extra: str = "", port: int | None = None):
+    def __init__(self, workdir: Path, port: int | None = None, config: Path | None = None):
+        """An anonymous loopback broker, or one that runs a given config (whose port is ``port``)."""
         self.binary = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
         self.port = port or free_port()
         self.dir = workdir
         self.dir.mkdir(parents=True, exist_ok=True)
         self.config = self.dir / "mosquitto.conf"
         user = "user root\n" if os.geteuid() == 0 else ""
-        listener = "" if "listener" in extra else f"listener {self.port} 127.0.0.1\nallow_anonymous true\n"
-        self.config.write_text(
-            f"{user}persistence true\npersistence_location {self.dir}/\nlog_dest file {self.dir}/mosquitto.log\n"
-            f"log_type all\n{listener}{extra}"
+        body = config.read_text() if config else (
+            f"listener {self.port} 127.0.0.1\nallow_anonymous true\n"
+            f"persistence true\npersistence_location {self.dir}/\n"
         )
+        self.config.write_text(f"{user}log_dest file {self.dir}/mosquitto.log\nlog_type all\n{body}")
         self.process: subprocess.Popen | None = None
 
     def start(self) -> "Mosquitto":

@@ -1,0 +1,150 @@
+"""``edgefl broker-config``: a mosquitto setup for one fleet, with per-agent credentials and ACL.
+
+Each agent may publish only its own hello/update/status topics and read only its own task topic,
+the round announcement and the coordinator's presence; the coordinator reads every agent topic
+and writes the task topics and the round. Optional TLS with a CA this module creates.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime
+import hashlib
+import ipaddress
+import os
+import secrets
+from dataclasses import dataclass
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+
+from edge_agent.config import dump_toml
+from edge_agent.data import list_sites
+from edge_agent.protocol import Topics
+
+COORDINATOR_USER = "coordinator"
+
+
+def mosquitto_password_hash(password: str, salt: bytes | None = None) -> str:
+    """The ``$7$`` PBKDF2-SHA512 format of mosquitto 2.x password files (101 iterations)."""
+    salt = salt or secrets.token_bytes(12)
+    digest = hashlib.pbkdf2_hmac("sha512", password.encode(), salt, 101)
+    return f"$7$101${base64.b64encode(salt).decode()}${base64.b64encode(digest).decode()}"
+
+
+def acl_text(fleet: str, agent_ids: list[str]) -> str:
+    """One block per user: least privilege for each agent, the coordinator's role for itself."""
+    topics = Topics(fleet)
+    lines = [f"user {COORDINATOR_USER}"]
+    lines += [f"topic read {topics.agents(leaf)}" for leaf in ("hello", "update", "status")]
+    lines += [f"topic write {topics.root}/agents/+/task", f"topic readwrite {topics.round}",
+              f"topic readwrite {topics.coordinator_status}", ""]
+    for agent in agent_ids:
+        lines += [
+            f"user {agent}",
+            f"topic write {topics.agent(agent, 'hello')}",
+            f"topic write {topics.agent(agent, 'update')}",
+            f"topic readwrite {topics.agent(agent, 'status')}",
+            f"topic read {topics.agent(agent, 'task')}",
+            f"topic read {topics.round}",
+            f"topic read {topics.coordinator_status}",
+            "",
+        ]
+    return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class TlsFiles:
+    ca_cert: Path
+    server_cert: Path
+    server_key: Path
+
+
+def _name(common_name: str) -> x509.Name:
+    return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
+
+
+def make_tls(out: Path, host: str, days: int = 825) -> TlsFiles:
+    """A private CA and a server certificate for ``host`` (plus localhost/127.0.0.1) signed by it."""
+    now = datetime.datetime.now(datetime.timezone.utc)
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_cert = (
+        x509.CertificateBuilder().subject_name(_name("edgefl fleet CA")).issuer_name(_name("edgefl fleet CA"))
+        .public_key(ca_key.public_key()).serial_number(x509.random_serial_number())
+        .not_valid_before(now).not_valid_after(now + datetime.timedelta(days=days))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .sign(ca_key, hashes.SHA256())
+    )
+    key = ec.generate_private_key(ec.SECP256R1())
+    names: list[x509.GeneralName] = [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
+    try:
+        names.append(x509.IPAddress(ipaddress.ip_address(host)))
+    except ValueError:
+        names.append(x509.DNSName(host))
+    cert = (
+        x509.CertificateBuilder().subject_name(_name(host)).issuer_name(ca_cert.subject)
+        .public_key(key.public_key()).serial_number(x509.random_serial_number())
+        .not_valid_before(now).not_valid_after(now + datetime.timedelta(days=days))
+        .add_extension(x509.SubjectAlternativeName(names), critical=False)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .sign(ca_key, hashes.SHA256())
+    )
+    files = TlsFiles(out / "ca.crt", out / "server.crt", out / "server.key")
+    files.ca_cert.write_bytes(ca_cert.public_bytes(serialization.Encoding.PEM))
+    files.server_cert.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    _write_secret(files.server_key, key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    ))
+    return files
+
+
+def _write_secret(path: Path, data: bytes) -> None:
+    path.write_bytes(data)
+    os.chmod(path, 0o600)
+
+
+def write_fleet_setup(
+    fleet: str, agent_ids: list[str], out: Path, host: str = "127.0.0.1", port: int = 1883,
+    tls: bool = False, state_root: Path | None = None,
+) -> dict[str, Path]:
+    """Write mosquitto.conf, passwords, acl and one TOML per service; returns what was written."""
+    out.mkdir(parents=True, exist_ok=True)
+    users = {COORDINATOR_USER: secrets.token_urlsafe(18), **{a: secrets.token_urlsafe(18) for a in agent_ids}}
+    _write_secret(out / "passwords", "".join(
+        f"{user}:{mosquitto_password_hash(password)}\n" for user, password in users.items()
+    ).encode())
+    (out / "acl").write_text(acl_text(fleet, agent_ids))
+    tls_files = make_tls(out, host) if tls else None
+    listener = [f"listener {port} {host}"]
+    if tls_files:
+        listener += [f"cafile {tls_files.ca_cert}", f"certfile {tls_files.server_cert}",
+                     f"keyfile {tls_files.server_key}", "tls_version tlsv1.2"]
+    (out / "mosquitto.conf").write_text("\n".join([
+        "# written by edgefl broker-config", "per_listener_settings false", *listener,
+        "allow_anonymous false", f"password_file {out / 'passwords'}", f"acl_file {out / 'acl'}",
+        "persistence true", f"persistence_location {out}/", "",
+    ]))
+    state_root = state_root or out / "state"
+    broker = {"host": host, "port": port, "tls_ca": str(tls_files.ca_cert) if tls_files else None}
+    written = {"mosquitto.conf": out / "mosquitto.conf", "passwords": out / "passwords", "acl": out / "acl"}
+    coordinator = {
+        "fleet": fleet, "state_dir": str(state_root / "coordinator"), "rounds": 10,
+        "min_clients": max(1, len(agent_ids) // 2), "registration": "closed", "allowed_clients": agent_ids,
+        "broker": {**broker, "username": COORDINATOR_USER, "password": users[COORDINATOR_USER]},
+    }
+    written["coordinator.toml"] = out / "coordinator.toml"
+    _write_secret(written["coordinator.toml"], dump_toml(coordinator).encode())
+    sites = list_sites()
+    for index, agent in enumerate(agent_ids):
+        config = {
+            "fleet": fleet, "client_id": agent, "state_dir": str(state_root / agent), "client_index": index,
+            "data": {"site": sites[index % len(sites)]},
+            "broker": {**broker, "username": agent, "password": users[agent]},
+        }
+        written[f"{agent}.toml"] = out / "agents" / f"{agent}.toml"
+        written[f"{agent}.toml"].parent.mkdir(exist_ok=True)
+        _write_secret(written[f"{agent}.toml"], dump_toml(config).encode())
+    return written
