@@ -17,8 +17,8 @@ $(VENV)/.installed-test: pyproject.toml $(VENV)/.installed
 	$(BIN)/pip install --quiet -e '.[test]'
 	touch $@
 
-demo: $(VENV)/.installed
-	$(BIN)/edgefl simulate --backbone dlinear --rounds 6 --lookback 48 --horizon 24 --d-qap 32 --stride 13 --batch-size 32 --lr 3e-3
+demo: $(VENV)/.installed mosquitto
+	$(BIN)/edgefl demo --rounds 5 --out runs/demo
 
 test: $(VENV)/.installed-test mosquitto
 	$(BIN)/python -m pytest

@@ -13,6 +13,10 @@ import hashlib
 import ipaddress
 import os
 import secrets
+import shutil
+import socket
+import subprocess
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -148,3 +152,37 @@ def write_fleet_setup(
         written[f"{agent}.toml"].parent.mkdir(exist_ok=True)
         _write_secret(written[f"{agent}.toml"], dump_toml(config).encode())
     return written
+
+
+def start_mosquitto(config: Path, workdir: Path) -> "subprocess.Popen[bytes]":
+    """Run mosquitto on ``config`` with its log in ``workdir``; as root it stays root, because
+    it would otherwise drop to the 'mosquitto' user and lose access to files made by root."""
+    binary = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
+    if not Path(binary).is_file():
+        raise FileNotFoundError("mosquitto is not installed (Debian/Ubuntu: apt-get install mosquitto)")
+    workdir.mkdir(parents=True, exist_ok=True)
+    wrapped = workdir / "mosquitto-run.conf"
+    user = "user root\n" if os.geteuid() == 0 else ""
+    wrapped.write_text(f"{user}log_dest file {workdir / 'mosquitto.log'}\nlog_type all\n{config.read_text()}")
+    return subprocess.Popen([binary, "-c", str(wrapped)], stderr=subprocess.PIPE)
+
+
+def wait_for_port(port: int, process: "subprocess.Popen[bytes]", timeout: float = 10) -> None:
+    """Block until something listens on 127.0.0.1:``port`` (or the process dies)."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"mosquitto exited: {process.stderr.read().decode() if process.stderr else ''}")
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            return
+        except OSError:
+            time.sleep(0.05)
+    raise TimeoutError(f"nothing listens on port {port}")
+
+
+def free_port() -> int:
+    """A loopback TCP port nobody uses right now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]

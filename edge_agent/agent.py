@@ -153,24 +153,27 @@ class Agent:
     def _on_connected(self) -> None:
         """Presence, then registration and any update still waiting for its acknowledgement."""
         self.connection.publish(self.topics.agent(self.cfg.client_id, "status"), b"online", retain=True)
-        self._introduce()
+        self._introduce(resend=True)
 
-    def _introduce(self) -> None:
-        """(Re-)register and re-send a pending update: on connect, when the coordinator comes
-        online (it may have missed our hello) and when it says it does not know us."""
+    def _introduce(self, resend: bool) -> None:
+        """Register; with ``resend`` also re-send an update still waiting for its answer.
+
+        Called on every connect (resend), when the coordinator comes online (it may not have
+        been subscribed to our hello yet; updates wait in its persistent session) and when it
+        says it does not know us (resend)."""
         cid = self.cfg.client_id
         hello = HelloHeader(
             fleet=self.cfg.fleet, sender=cid, n_features=self.data.n_features, n_samples=self.data.n_train,
             latitude=self.table.latitude, longitude=self.table.longitude, model_signature=self.signature,
         )
         self.connection.publish(self.topics.agent(cid, "hello"), encode(hello))
-        if self.pending_path.is_file():
+        if resend and self.pending_path.is_file():
             self.connection.publish(self.topics.agent(cid, "update"), self.pending_path.read_bytes())
 
     def _handle(self, message: Incoming) -> None:
         if message.topic == self.topics.coordinator_status:
             if message.payload == b"online":
-                self._introduce()
+                self._introduce(resend=False)
             return
         try:
             header, tensors = decode(message.payload, self.cfg.max_payload_bytes)
@@ -220,7 +223,7 @@ class Agent:
     def _on_reply(self, reply: ReplyHeader) -> None:
         self.on_event("reply", reply.model_dump())
         if reply.code == "unknown_client":
-            self._introduce()
+            self._introduce(resend=True)
             return
         if reply.about != "update":
             if not reply.accepted:

@@ -2,18 +2,11 @@
 
 from __future__ import annotations
 
-import os
-import shutil
-import socket
-import subprocess
-import time
 from pathlib import Path
 
+from coordinator.broker_setup import free_port, start_mosquitto, wait_for_port
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+__all__ = ["Mosquitto", "free_port"]
 
 
 class Mosquitto:
@@ -21,31 +14,22 @@ class Mosquitto:
 
     def __init__(self, workdir: Path, port: int | None = None, config: Path | None = None):
         """An anonymous loopback broker, or one that runs a given config (whose port is ``port``)."""
-        self.binary = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
         self.port = port or free_port()
         self.dir = workdir
         self.dir.mkdir(parents=True, exist_ok=True)
-        self.config = self.dir / "mosquitto.conf"
-        user = "user root\n" if os.geteuid() == 0 else ""
-        body = config.read_text() if config else (
-            f"listener {self.port} 127.0.0.1\nallow_anonymous true\n"
-            f"persistence true\npersistence_location {self.dir}/\n"
-        )
-        self.config.write_text(f"{user}log_dest file {self.dir}/mosquitto.log\nlog_type all\n{body}")
-        self.process: subprocess.Popen | None = None
+        if config is None:
+            config = self.dir / "anonymous.conf"
+            config.write_text(
+                f"listener {self.port} 127.0.0.1\nallow_anonymous true\n"
+                f"persistence true\npersistence_location {self.dir}/\n"
+            )
+        self.config = config
+        self.process = None
 
     def start(self) -> "Mosquitto":
-        self.process = subprocess.Popen([self.binary, "-c", str(self.config)], stderr=subprocess.PIPE)
-        deadline = time.time() + 10
-        while time.time() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"mosquitto exited: {self.process.stderr.read().decode()}")
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
-                return self
-            except OSError:
-                time.sleep(0.05)
-        raise TimeoutError("mosquitto did not open its port")
+        self.process = start_mosquitto(self.config, self.dir)
+        wait_for_port(self.port, self.process)
+        return self
 
     def stop(self) -> None:
         if self.process and self.process.poll() is None:
