@@ -63,6 +63,7 @@ def demo(
         with Live(table, console=console, refresh_per_second=4):
             rows = run_demo(out, rounds, lambda r: table.add_row(
                 str(r.round), str(r.clients), str(r.accepted), str(r.rejected), f"{r.loss:.4f}", f"{r.seconds:.1f}"))
+        console.print()
     except (FileNotFoundError, RuntimeError, TimeoutError) as exc:
         fail(str(exc))
     plot_curve(rows, out / "training_curve.png")
