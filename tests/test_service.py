@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 import signal
 from pathlib import Path
 
@@ -130,4 +131,30 @@ def test_agent_killed_mid_round_is_marked_offline_and_the_round_still_closes(tmp
     later = [r for r in store.rounds() if r.round >= 3]
     assert later and all("client02" not in r.metrics["clients"] for r in later)
     assert all(len(r.metrics["clients"]) == 2 for r in later)
+    store.close()
+
+
+def test_broker_outage_mid_run_buffers_updates_and_the_run_finishes(tmp_path: Path, mosquitto) -> None:
+    paths = write_client_csvs(tmp_path, 2)
+    config = coordinator_config(tmp_path, mosquitto.port, ROUNDS, min_clients=2)
+    coordinator = start(tmp_path, "coordinator", "coordinator", "serve", "-c", str(config))
+    agents = run_agents(tmp_path, mosquitto.port, paths)
+    db = tmp_path / "coordinator"
+
+    def round_two_open() -> bool:
+        store = Store(db)
+        try:
+            latest = store.latest_round()
+            return latest is not None and latest.round >= 2
+        finally:
+            store.close()
+
+    wait_for(round_two_open, 120, "round 2 to open")
+    mosquitto.stop()
+    time.sleep(3)
+    mosquitto.start()
+    finish([coordinator, *agents])
+    assert coordinator.returncode == 0, (tmp_path / "coordinator.log").read_text()
+    store = Store(db)
+    assert [len(store.updates(r)) for r in range(1, ROUNDS + 1)] == [2] * ROUNDS
     store.close()
