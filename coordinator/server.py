@@ -4,7 +4,9 @@ Round state machine: announce round r (retained, global shared parameters as bod
 updates until every online client has sent one (and at least ``min_clients``) or the deadline
 passes with a quorum -> aggregate -> persist (one transaction) -> announce r + 1. Every message
 is acknowledged to the broker only after its effect is on disk, so after ``kill -9`` the broker
-redelivers what was not yet stored and the store already holds what was.
+redelivers what was not yet stored and the store already holds what was. Messages that
+arrive together are validated and committed as one batch (group commit: one folder sync and
+one SQLite commit), then answered and acknowledged.
 """
 
 from __future__ import annotations
@@ -91,6 +93,8 @@ class Coordinator:
             manual_ack=True,
         )
         self.connection.on_connected.append(self._announce_presence)
+        self._decoded: dict[tuple[int, str], dict] = {}  # this round's accepted tensors, kept for aggregation
+        self._replies: list[tuple[str, bytes]] = []
 
     # lifecycle -------------------------------------------------------------------------------
 
@@ -103,10 +107,9 @@ class Coordinator:
         self._announce(current)
         try:
             while current.closed_at is None and not stop():
-                try:
-                    self._handle(self.connection.inbox.get(timeout=0.05))
-                except queue.Empty:
-                    pass
+                batch = self._drain()
+                if batch:
+                    self._process(batch)
                 current = self._maybe_close(current)
         finally:
             self.connection.stop(self.topics.coordinator_status)
@@ -157,9 +160,13 @@ class Coordinator:
         return self.store.round(row.round)
 
     def _close(self, row: RoundRow, updates: list, why: str) -> RoundRow:
+        tensors = [
+            self._decoded.pop((row.round, u.client_id), None) or self.store.load_update(u) for u in updates
+        ]
         result = self.aggregator.aggregate(
-            [ClientUpdate(u.client_id, self.store.load_update(u), u.n_samples) for u in updates]
+            [ClientUpdate(u.client_id, t, u.n_samples) for u, t in zip(updates, tensors)]
         )
+        self._decoded.clear()
         total = sum(u.n_samples for u in updates)
         loss = sum(u.metrics.get("loss", 0.0) * u.n_samples for u in updates) / total
         metrics = {"clients": [u.client_id for u in updates], "loss": loss, "closed_by": why}
@@ -175,19 +182,39 @@ class Coordinator:
 
     # messages --------------------------------------------------------------------------------
 
+    def _drain(self, limit: int = 256) -> list[Incoming]:
+        """Wait briefly for one message, then take whatever else is already queued."""
+        try:
+            batch = [self.connection.inbox.get(timeout=0.05)]
+        except queue.Empty:
+            return []
+        while len(batch) < limit:
+            try:
+                batch.append(self.connection.inbox.get_nowait())
+            except queue.Empty:
+                break
+        return batch
+
+    def _process(self, batch: list[Incoming]) -> None:
+        """Validate and persist a batch in one transaction; only then reply and acknowledge."""
+        self._replies = []
+        with self.store.batch():
+            for message in batch:
+                self._handle(message)
+        for topic, payload in self._replies:
+            self.connection.publish(topic, payload)
+        for message in batch:
+            self.connection.ack(message)
+
     def _handle(self, message: Incoming) -> None:
-        """Validate, persist, reply, then acknowledge to the broker."""
         client = self.topics.client_of(message.topic)
         leaf = message.topic.rsplit("/", 1)[-1]
-        try:
-            if client is None:
-                return
-            if leaf == "status":
-                self._on_status(client, message.payload)
-            elif leaf in ("hello", "update"):
-                self._on_envelope(client, leaf, message.payload)
-        finally:
-            self.connection.ack(message)
+        if client is None:
+            return
+        if leaf == "status":
+            self._on_status(client, message.payload)
+        elif leaf in ("hello", "update"):
+            self._on_envelope(client, leaf, message.payload)
 
     def _on_status(self, client: str, payload: bytes) -> None:
         if payload not in (b"online", b"offline") or client not in self.store.clients():
@@ -203,7 +230,7 @@ class Coordinator:
             if isinstance(header, HelloHeader):
                 self._register(header)
             else:
-                self._accept_update(header, tensors, current)
+                self._accept_update(header, tensors, payload[len(payload) - header.body_bytes :], current)
         except ProtocolError as err:
             number = claimed_round(payload)
             self.store.log(leaf, client, current.round, False, err.code, str(err))
@@ -228,7 +255,7 @@ class Coordinator:
         self._reply(hello.sender, "hello", 0, True)
         self.on_event("registered", {"client": hello.sender})
 
-    def _accept_update(self, header: UpdateHeader, tensors: dict, current: RoundRow) -> None:
+    def _accept_update(self, header: UpdateHeader, tensors: dict, body: bytes, current: RoundRow) -> None:
         client = header.sender
         if client not in self.store.clients():
             raise ProtocolError("unknown_client", f"{client!r} has not registered (send hello first)")
@@ -239,7 +266,8 @@ class Coordinator:
         if self.store.has_update(current.round, client):
             raise ProtocolError("duplicate", f"round {current.round} already has an update from {client!r}")
         check_tensors(tensors, self.layout)
-        self.store.save_update(current.round, client, header.n_samples, tensors, header.body_sha256, header.metrics)
+        self.store.save_update(current.round, client, header.n_samples, body, header.body_sha256, header.metrics)
+        self._decoded[current.round, client] = tensors
         self.store.log("update", client, current.round, True)
         self._reply(client, "update", current.round, True)
         self.on_event("accepted", {"client": client, "round": current.round})
@@ -247,10 +275,11 @@ class Coordinator:
     def _reply(
         self, client: str, about: str, number: int, accepted: bool, code: str = "", reason: str = ""
     ) -> None:
-        """Answer on the agent's own task topic; ``number`` is the round the message was about."""
+        """Queue an answer for the agent's own task topic (sent once the batch is durable);
+        ``number`` is the round the message was about."""
         header = ReplyHeader(
             fleet=self.cfg.fleet, sender=SENDER, round=number, accepted=accepted, about=about, code=code,
             reason=reason[:500],
         )
-        self.connection.publish(self.topics.agent(client, "task"), encode(header))
+        self._replies.append((self.topics.agent(client, "task"), encode(header)))
 

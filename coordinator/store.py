@@ -6,13 +6,14 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 from safetensors.torch import load_file
 
 from edge_agent.protocol import HelloHeader, TensorDict
-from edge_agent.storage import write_tensors_atomically
+from edge_agent.storage import fsync_folder, write_bytes_atomically, write_tensors_atomically
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS clients (
@@ -73,6 +74,22 @@ class Store:
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute("PRAGMA synchronous=FULL")
         self.db.executescript(SCHEMA)
+        self._unsynced: set[Path] = set()
+
+    @contextmanager
+    def batch(self):
+        """One transaction for many writes: update files are fsynced as written, their folders
+        once at the end, then the rows commit together (group commit)."""
+        self.db.execute("BEGIN")
+        try:
+            yield
+            for folder in self._unsynced:
+                fsync_folder(folder)
+            self._unsynced.clear()
+            self.db.execute("COMMIT")
+        except BaseException:
+            self.db.execute("ROLLBACK")
+            raise
 
     def close(self) -> None:
         self.db.close()
@@ -154,12 +171,14 @@ class Store:
         return self.db.execute(query, (number, client_id)).fetchone() is not None
 
     def save_update(
-        self, number: int, client_id: str, n_samples: int, tensors: TensorDict, sha256: str,
+        self, number: int, client_id: str, n_samples: int, body: bytes, sha256: str,
         metrics: dict, late: bool = False,
     ) -> None:
-        """Durably keep one client's update (tensors file, then row); the caller checks duplicates."""
+        """Keep one client's update: its verified safetensors body as received (no re-encoding),
+        then its row; durable once the enclosing ``batch`` commits. The caller checks duplicates."""
         name = f"updates/round_{number:05d}/{client_id}.safetensors"
-        write_tensors_atomically(self.dir / name, tensors)
+        write_bytes_atomically(self.dir / name, body, sync_folder=False)
+        self._unsynced.add((self.dir / name).parent)
         self.db.execute(
             "INSERT OR IGNORE INTO updates VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
             (number, client_id, n_samples, name, sha256, json.dumps(metrics), time.time(), int(late)),

@@ -178,8 +178,10 @@ def check_tensors(tensors: TensorDict, expected: dict[str, tuple[tuple[int, ...]
             raise ProtocolError(
                 "bad_tensors", f"{name}: {tuple(tensor.shape)} {tensor.dtype}, expected {shape} {dtype}"
             )
-        if tensor.is_floating_point() and not torch.isfinite(tensor).all():
-            raise ProtocolError("not_finite", f"{name} holds NaN or inf values")
+    floats = [t.flatten().float() for t in tensors.values() if t.is_floating_point()]
+    if floats and not torch.isfinite(torch.cat(floats)).all():
+        bad = next(name for name, t in tensors.items() if t.is_floating_point() and not torch.isfinite(t).all())
+        raise ProtocolError("not_finite", f"{bad} holds NaN or inf values")
 
 
 def signature(state: TensorDict, config_json: str) -> str:

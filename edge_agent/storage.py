@@ -11,8 +11,11 @@ from safetensors.torch import save
 TensorDict = dict[str, torch.Tensor]
 
 
-def write_bytes_atomically(path: Path, data: bytes) -> None:
-    """Replace ``path`` with ``data`` so that a crash leaves either the old or the new file."""
+def write_bytes_atomically(path: Path, data: bytes, sync_folder: bool = True) -> None:
+    """Replace ``path`` with ``data`` so that a crash leaves either the old or the new file.
+
+    With ``sync_folder=False`` the caller must ``fsync_folder`` before relying on the rename
+    (lets a batch of files share one folder sync)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
@@ -21,13 +24,19 @@ def write_bytes_atomically(path: Path, data: bytes) -> None:
         handle.flush()
         os.fsync(handle.fileno())
     os.replace(tmp, path)
-    folder = os.open(path.parent, os.O_RDONLY)
+    if sync_folder:
+        fsync_folder(path.parent)
+
+
+def fsync_folder(folder: Path) -> None:
+    """Make renames inside ``folder`` durable."""
+    handle = os.open(folder, os.O_RDONLY)
     try:
-        os.fsync(folder)
+        os.fsync(handle)
     finally:
-        os.close(folder)
+        os.close(handle)
 
 
-def write_tensors_atomically(path: Path, tensors: TensorDict) -> None:
+def write_tensors_atomically(path: Path, tensors: TensorDict, sync_folder: bool = True) -> None:
     """Save tensors as a safetensors file, atomically."""
-    write_bytes_atomically(path, save({k: v.contiguous() for k, v in tensors.items()}))
+    write_bytes_atomically(path, save({k: v.contiguous() for k, v in tensors.items()}), sync_folder)
