@@ -61,3 +61,18 @@ def test_sites_lists_the_bundled_weather_stations() -> None:
     assert proc.returncode == 0, proc.stderr
     for site in ("sand_point", "miami", "amsterdam", "burlington"):
         assert site in proc.stdout
+
+
+def test_service_configs_are_validated_with_the_field_named(tmp_path: Path) -> None:
+    config = tmp_path / "coordinator.toml"
+    config.write_text('fleet = "farm"\nstate_dir = "/tmp/x"\nrounds = 0\n\n[broker]\nport = 70000\n')
+    proc = edgefl("coordinator", "serve", "--config", str(config))
+    assert proc.returncode == 2
+    assert "coordinator.toml" in proc.stderr and "rounds" in proc.stderr and "broker.port" in proc.stderr
+    agent = tmp_path / "agent.toml"
+    agent.write_text('fleet = "farm"\nclient_id = "a/b"\nstate_dir = "/tmp/y"\n[data]\nsite = "miami"\ncsv = "x.csv"\n')
+    proc = edgefl("agent", "run", "--config", str(agent))
+    assert proc.returncode == 2
+    assert "client_id" in proc.stderr and "exactly one of csv or site" in proc.stderr
+    proc = edgefl("agent", "run", "--config", str(tmp_path / "nope.toml"))
+    assert proc.returncode == 2 and "file not found" in proc.stderr

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import time
 import signal
 from pathlib import Path
@@ -68,6 +70,13 @@ def test_three_agents_three_rounds_equal_the_in_process_simulation(tmp_path: Pat
     assert served.keys() == expected.keys()
     for name in expected:
         torch.testing.assert_close(served[name], expected[name], rtol=1e-5, atol=1e-6)
+    forecast = subprocess.run(
+        [sys.executable, "-m", "edgefl.cli", "agent", "forecast", "-c", str(tmp_path / "agent0.toml")],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert forecast.returncode == 0, forecast.stderr
+    assert "client00: next 12 steps" in forecast.stdout
+    assert "2022-01-01 00:00:00" in forecast.stdout and "2022-01-01 11:00:00" in forecast.stdout
 
 
 def test_coordinator_killed_mid_round_resumes_without_losing_accepted_updates(tmp_path: Path, mosquitto) -> None:
