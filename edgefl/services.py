@@ -123,7 +123,9 @@ def agent_run(config: ConfigPath, verbose: bool = False) -> None:
 
 
 @agent_app.command("forecast")
-def agent_forecast(config: ConfigPath) -> None:
+def agent_forecast(
+    config: ConfigPath, csv: Annotated[bool, typer.Option("--csv", help="print CSV instead of a table")] = False
+) -> None:
     """Print the forecast of the local model for the horizon after the latest window."""
     from edge_agent.agent import forecast
 
@@ -132,7 +134,15 @@ def agent_forecast(config: ConfigPath) -> None:
         stamps, columns, values = forecast(cfg)
     except (DataError, ValueError) as err:
         _fail(str(err))
-    table = Table("time", *columns, title=f"{cfg.client_id}: next {len(stamps)} steps")
+    if csv:
+        print(",".join(["time", *columns]))
+        for stamp, row in zip(stamps, values.tolist()):
+            print(",".join([stamp, *(f"{v:.6g}" for v in row)]))
+        return
+    table = Table(title=f"{cfg.client_id}: next {len(stamps)} steps")
+    table.add_column("time", no_wrap=True)
+    for column in columns:
+        table.add_column(column, justify="right")
     for stamp, row in zip(stamps, values.tolist()):
         table.add_row(stamp, *(f"{v:.3f}" for v in row))
     Console().print(table)

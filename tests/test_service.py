@@ -71,12 +71,14 @@ def test_three_agents_three_rounds_equal_the_in_process_simulation(tmp_path: Pat
     for name in expected:
         torch.testing.assert_close(served[name], expected[name], rtol=1e-5, atol=1e-6)
     forecast = subprocess.run(
-        [sys.executable, "-m", "edgefl.cli", "agent", "forecast", "-c", str(tmp_path / "agent0.toml")],
+        [sys.executable, "-m", "edgefl.cli", "agent", "forecast", "--csv", "-c", str(tmp_path / "agent0.toml")],
         capture_output=True, text=True, timeout=120,
     )
     assert forecast.returncode == 0, forecast.stderr
-    assert "client00: next 12 steps" in forecast.stdout
-    assert "2022-01-01 00:00:00" in forecast.stdout and "2022-01-01 11:00:00" in forecast.stdout
+    lines = forecast.stdout.strip().splitlines()
+    assert len(lines) == 1 + MODEL["horizon"] and lines[0].startswith("time,")
+    assert lines[1].startswith("2022-01-01 00:00:00,") and lines[-1].startswith("2022-01-01 11:00:00,")
+    assert all(len(line.split(",")) == len(lines[0].split(",")) for line in lines)
 
 
 def test_coordinator_killed_mid_round_resumes_without_losing_accepted_updates(tmp_path: Path, mosquitto) -> None:
