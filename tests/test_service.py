@@ -169,3 +169,39 @@ def test_broker_outage_mid_run_buffers_updates_and_the_run_finishes(tmp_path: Pa
     store = Store(db)
     assert [len(store.updates(r)) for r in range(1, ROUNDS + 1)] == [2] * ROUNDS
     store.close()
+
+
+def test_a_silent_agent_does_not_hold_the_round_past_its_deadline(tmp_path: Path, mosquitto) -> None:
+    paths = write_client_csvs(tmp_path, 3)
+    config = coordinator_config(tmp_path, mosquitto.port, ROUNDS, min_clients=2, round_timeout_s=4.0)
+    coordinator = start(tmp_path, "coordinator", "coordinator", "serve", "-c", str(config))
+    agents = run_agents(tmp_path, mosquitto.port, paths)
+    db = tmp_path / "coordinator"
+
+    def client02_reported_round_one() -> bool:
+        store = Store(db)
+        try:
+            return store.latest_round() is not None and store.has_update(1, "client02")
+        finally:
+            store.close()
+
+    wait_for(client02_reported_round_one, 120, "client02's round-1 update")
+    os.kill(agents[2].pid, signal.SIGSTOP)  # alive for the broker (keepalive 5 s) but silent
+    try:
+        def round_two_closed() -> bool:
+            store = Store(db)
+            try:
+                return store.round(2).closed_at is not None
+            finally:
+                store.close()
+
+        wait_for(round_two_closed, 60, "round 2 to close")
+    finally:
+        os.kill(agents[2].pid, signal.SIGCONT)
+    finish([coordinator, *agents])
+    store = Store(db)
+    second = store.round(2)
+    assert second.metrics["closed_by"] == "deadline"
+    assert sorted(second.metrics["clients"]) == ["client00", "client01"]
+    assert store.latest_round().round == ROUNDS
+    store.close()
