@@ -7,6 +7,7 @@ import subprocess
 import sys
 import time
 import signal
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -46,6 +47,19 @@ def final_global(state_dir: Path) -> dict[str, torch.Tensor]:
         return store.load_file(latest.result_file)
     finally:
         store.close()
+
+
+def state(db: Path, predicate: Callable) -> Callable[[], bool]:
+    """A check for ``wait_for`` that opens the coordinator's store, asks, and closes it."""
+
+    def check() -> bool:
+        store = Store(db)
+        try:
+            return bool(predicate(store))
+        finally:
+            store.close()
+
+    return check
 
 
 def run_agents(tmp_path: Path, port: int, paths: list[Path]) -> list:
@@ -88,14 +102,7 @@ def test_coordinator_killed_mid_round_resumes_without_losing_accepted_updates(tm
     agents = run_agents(tmp_path, mosquitto.port, paths)
     db = tmp_path / "coordinator"
 
-    def round_two_has_an_update() -> bool:
-        store = Store(db)
-        try:
-            return bool(store.latest_round()) and len(store.updates(2)) >= 1
-        finally:
-            store.close()
-
-    wait_for(round_two_has_an_update, 120, "an accepted update in round 2")
+    wait_for(state(db, lambda s: s.latest_round() and len(s.updates(2)) >= 1), 120, "an update in round 2")
     os.kill(coordinator.pid, signal.SIGKILL)
     coordinator.wait(10)
     store = Store(db)
@@ -125,15 +132,7 @@ def test_agent_killed_mid_round_is_marked_offline_and_the_round_still_closes(tmp
     agents = run_agents(tmp_path, mosquitto.port, paths)
     db = tmp_path / "coordinator"
 
-    def round_one_closed() -> bool:
-        store = Store(db)
-        try:
-            latest = store.latest_round()
-            return latest is not None and latest.round >= 2
-        finally:
-            store.close()
-
-    wait_for(round_one_closed, 120, "round 1 to close")
+    wait_for(state(db, lambda s: s.latest_round() and s.latest_round().round >= 2), 120, "round 1 to close")
     os.kill(agents[2].pid, signal.SIGKILL)
     finish([coordinator, agents[0], agents[1]])
     assert coordinator.returncode == 0, (tmp_path / "coordinator.log").read_text()
@@ -152,15 +151,7 @@ def test_broker_outage_mid_run_buffers_updates_and_the_run_finishes(tmp_path: Pa
     agents = run_agents(tmp_path, mosquitto.port, paths)
     db = tmp_path / "coordinator"
 
-    def round_two_open() -> bool:
-        store = Store(db)
-        try:
-            latest = store.latest_round()
-            return latest is not None and latest.round >= 2
-        finally:
-            store.close()
-
-    wait_for(round_two_open, 120, "round 2 to open")
+    wait_for(state(db, lambda s: s.latest_round() and s.latest_round().round >= 2), 120, "round 2 to open")
     mosquitto.stop()
     time.sleep(3)
     mosquitto.start()
@@ -178,24 +169,10 @@ def test_a_silent_agent_does_not_hold_the_round_past_its_deadline(tmp_path: Path
     agents = run_agents(tmp_path, mosquitto.port, paths)
     db = tmp_path / "coordinator"
 
-    def client02_reported_round_one() -> bool:
-        store = Store(db)
-        try:
-            return store.latest_round() is not None and store.has_update(1, "client02")
-        finally:
-            store.close()
-
-    wait_for(client02_reported_round_one, 120, "client02's round-1 update")
+    wait_for(state(db, lambda s: s.latest_round() and s.has_update(1, "client02")), 120, "client02's update")
     os.kill(agents[2].pid, signal.SIGSTOP)  # alive for the broker (keepalive 5 s) but silent
     try:
-        def round_two_closed() -> bool:
-            store = Store(db)
-            try:
-                return store.round(2).closed_at is not None
-            finally:
-                store.close()
-
-        wait_for(round_two_closed, 60, "round 2 to close")
+        wait_for(state(db, lambda s: len(s.rounds()) >= 2 and s.round(2).closed_at), 60, "round 2 to close")
     finally:
         os.kill(agents[2].pid, signal.SIGCONT)
     finish([coordinator, *agents])
