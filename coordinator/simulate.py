@@ -7,9 +7,13 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from pydantic import BaseModel, ConfigDict, Field
+import numpy as np
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from coordinator.aggregators import ClientUpdate, TensorDict, make_aggregator
+from coordinator.dropout import Participation
+from coordinator.twins import TWIN_FORECASTERS, TwinHistory, impute_missing, make_forecaster
 from edge_agent.data import TIME_FEATURES, ClientData
 from edge_agent.models import Forecaster, ModelConfig, build_forecaster
 from edge_agent.train import (
@@ -23,7 +27,8 @@ from edge_agent.train import (
 
 
 class FederationConfig(BaseModel):
-    """Rounds and local training of a federation (FedQAPer Algorithm 2, full participation)."""
+    """Rounds and local training of a federation (FedQAPer Algorithm 2) and how missing clients
+    are handled (``twin``: a FedDTW forecaster name, ``drop`` = plain FedAvg over present ones)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -33,9 +38,17 @@ class FederationConfig(BaseModel):
     lr: float = Field(1e-3, gt=0)
     seed: int = 42
     aggregator: str = "fedavg"
+    twin: str = Field("drop", description=f"twin forecaster for missing clients: {sorted(TWIN_FORECASTERS)}")
     test_every_round: bool = Field(
         True, description="report test metrics after every round (costs a pass over the test split)"
     )
+
+    @field_validator("twin")
+    @classmethod
+    def _known_twin(cls, name: str) -> str:
+        if name not in TWIN_FORECASTERS:
+            raise ValueError(f"unknown twin forecaster {name!r}; choose one of {sorted(TWIN_FORECASTERS)}")
+        return name
 
 
 @dataclass(frozen=True)
@@ -43,6 +56,8 @@ class RoundRecord:
     """Global metrics after one round's aggregation (dataset-size-weighted over clients).
 
     ``test`` is None when the federation was told not to evaluate the test split every round.
+    ``imputed`` clients entered aggregation as twin forecasts; ``dropped`` ones were missing and
+    had no history; ``late`` ones trained but arrived after the round closed (twin history only).
     """
 
     round: int
@@ -50,6 +65,10 @@ class RoundRecord:
     val: Metrics
     test: Metrics | None
     seconds: float
+    present: tuple[str, ...] = ()
+    imputed: tuple[str, ...] = ()
+    dropped: tuple[str, ...] = ()
+    late: tuple[str, ...] = ()
 
 
 @dataclass
@@ -84,14 +103,18 @@ def run_round(
     global_shared: TensorDict,
     fed: FederationConfig,
     round_index: int,
+    training: Sequence[int] | None = None,
 ) -> tuple[list[ClientUpdate], float]:
-    """Every client installs the global shared part, trains E epochs and reports its shared part.
+    """Each client in ``training`` (default: all) installs the global shared part, trains E
+    epochs and reports its shared part.
 
     A fresh optimizer per round keeps clients stateless between rounds apart from their
-    personal parameters. Returns the updates and the sample-weighted training loss.
+    personal parameters. Returns the updates (in client order) and the sample-weighted loss.
     """
     updates, losses = [], []
-    for i, (model, client) in enumerate(zip(models, clients)):
+    chosen = range(len(clients)) if training is None else training
+    for i in chosen:
+        model, client = models[i], clients[i]
         model.load_shared_state(global_shared)
         loss = train_epochs(
             model,
@@ -104,7 +127,7 @@ def run_round(
         updates.append(ClientUpdate(client.name, model.shared_state(), client.n_train))
         losses.append(loss)
     sizes = [u.n_samples for u in updates]
-    return updates, sum(l * n for l, n in zip(losses, sizes)) / sum(sizes)
+    return updates, sum(l * n for l, n in zip(losses, sizes)) / sum(sizes) if updates else float("nan")
 
 
 def run_federation(
@@ -112,22 +135,42 @@ def run_federation(
     cfg: ModelConfig,
     fed: FederationConfig,
     on_round: Callable[[RoundRecord], None] | None = None,
+    participation: Participation | None = None,
 ) -> FederationResult:
-    """Run ``fed.rounds`` rounds of FedPer over ``clients`` and evaluate after each round."""
-    aggregator = make_aggregator(fed.aggregator)
+    """Run ``fed.rounds`` rounds of FedPer over ``clients`` and evaluate after each round.
+
+    ``participation`` (rounds x clients, default everyone every round) says whose update arrives
+    on time; missing clients are imputed by the ``fed.twin`` forecaster from their history
+    (FedDTW Algorithm 5), and late updates only feed that history.
+    """
+    aggregator, forecaster = make_aggregator(fed.aggregator), make_forecaster(fed.twin)
+    history = TwinHistory(forecaster.window)
+    present, late = _participation_matrices(participation, fed.rounds, len(clients))
     models, global_shared = init_fleet(clients, cfg, fed.seed)
     sizes = [c.n_train for c in clients]
     records: list[RoundRecord] = []
     best_val, best_round, best_states = float("inf"), 0, None
     for r in range(1, fed.rounds + 1):
         started = time.perf_counter()
-        updates, loss = run_round(models, clients, global_shared, fed, r)
-        global_shared = aggregator.aggregate(updates)
+        training = [i for i in range(len(clients)) if present[r - 1, i] or late[r - 1, i]]
+        updates, loss = run_round(models, clients, global_shared, fed, r, training)
+        on_time = [u for i, u in zip(training, updates) if present[r - 1, i]]
+        missing = [(c.name, c.n_train) for i, c in enumerate(clients) if not present[r - 1, i]]
+        imputation = impute_missing(missing, history, forecaster)
+        for update in updates:
+            history.observe(update.client_id, r, update.params)
+        if on_time or imputation.updates:
+            global_shared = aggregator.aggregate(on_time + imputation.updates)
         for model in models:
             model.load_shared_state(global_shared)
         val = weighted_metrics([evaluate(m, c.val) for m, c in zip(models, clients)], sizes)
         test = evaluate_fleet(models, clients)[0] if fed.test_every_round else None
-        records.append(RoundRecord(r, loss, val, test, time.perf_counter() - started))
+        records.append(RoundRecord(
+            r, loss, val, test, time.perf_counter() - started,
+            present=tuple(u.client_id for u in on_time), imputed=tuple(imputation.imputed),
+            dropped=tuple(imputation.dropped),
+            late=tuple(u.client_id for i, u in zip(training, updates) if not present[r - 1, i]),
+        ))
         if val.mse < best_val:
             best_val, best_round = val.mse, r
             best_states = [copy.deepcopy(m.state_dict()) for m in models]
@@ -137,6 +180,19 @@ def run_federation(
         model.load_state_dict(state)
     test, client_test = evaluate_fleet(models, clients)
     return FederationResult(records, best_round, test, client_test, global_shared)
+
+
+def _participation_matrices(
+    participation: Participation | None, rounds: int, clients: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """(present, late) as rounds x clients arrays; everyone on time when none is given."""
+    if participation is None:
+        return np.ones((rounds, clients), dtype=bool), np.zeros((rounds, clients), dtype=bool)
+    if participation.present.shape != (rounds, clients):
+        raise ValueError(
+            f"participation matrix is {participation.present.shape}, expected (rounds, clients) = {(rounds, clients)}"
+        )
+    return participation.present.astype(bool), participation.late.astype(bool)
 
 
 def evaluate_fleet(

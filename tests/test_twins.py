@@ -1,0 +1,172 @@
+"""FedDTW: twin forecasters against hand-computed tensors, dropout matrices, imputed aggregation."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from coordinator.aggregators import make_aggregator
+from coordinator.dropout import SCENARIOS, Participation, participation
+from coordinator.simulate import FederationConfig, init_fleet, run_federation, run_round
+from coordinator.twins import TWIN_FORECASTERS, TwinHistory, impute_missing, make_forecaster
+from edge_agent.data import prepare_client, synthetic_clients
+from tests.conftest import small_config
+
+
+def states(n: int) -> list[dict[str, torch.Tensor]]:
+    """theta_k = [k, k^2] for k = 1..n, oldest first, plus an integer counter buffer."""
+    return [{"w": torch.tensor([float(k), float(k * k)]), "count": torch.tensor(10 * k)} for k in range(1, n + 1)]
+
+
+EXPECTED = {  # hand-computed forecasts of w for history lengths 1, 2 and 5
+    "stale": {1: [1.0, 1.0], 2: [2.0, 4.0], 5: [5.0, 25.0]},
+    "maf": {1: [1.0, 1.0], 2: [1.5, 2.5], 5: [4.5, 20.5]},  # mean of the last two
+    # 0.8 theta(t-1) + 0.2 theta(t-2) + (theta(t-1) - theta(t-2))
+    "wsf": {1: [1.0, 1.0], 2: [2.8, 6.4], 5: [5.8, 32.2]},
+}
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+@pytest.mark.parametrize("length", [1, 2, 5])
+def test_forecasters_match_hand_computed_tensors(name: str, length: int) -> None:
+    forecast = make_forecaster(name).forecast(states(length))
+    torch.testing.assert_close(forecast["w"], torch.tensor(EXPECTED[name][length]))
+
+
+@pytest.mark.parametrize("name", sorted(TWIN_FORECASTERS))
+def test_no_history_means_dropped_never_invented(name: str) -> None:
+    assert make_forecaster(name).forecast([]) is None
+    history = TwinHistory(2)
+    imputation = impute_missing([("new", 10)], history, make_forecaster(name))
+    assert imputation.updates == [] and imputation.dropped == ["new"]
+
+
+def test_drop_never_imputes_and_unknown_names_list_the_choices() -> None:
+    assert make_forecaster("drop").forecast(states(5)) is None
+    with pytest.raises(ValueError, match="maf"):
+        make_forecaster("arima")
+    with pytest.raises(ValueError, match="alpha"):
+        TWIN_FORECASTERS["wsf"](alpha=1.5)
+    with pytest.raises(ValueError, match="unknown twin"):
+        FederationConfig(twin="kalman")
+
+
+def test_imputed_update_keeps_sample_weight_and_integer_dtypes(tmp_path) -> None:
+    history = TwinHistory(2, folder=tmp_path)
+    for k, state in enumerate(states(5), start=1):
+        history.observe("gw-1", k, state)
+    assert len(list((tmp_path / "gw-1").glob("*.safetensors"))) == 2  # bounded on disk
+    imputation = impute_missing([("gw-1", 37)], history, make_forecaster("maf"))
+    (update,) = imputation.updates
+    assert update.client_id == "gw-1" and update.n_samples == 37
+    torch.testing.assert_close(update.params["w"], torch.tensor([4.5, 20.5]))
+    assert update.params["count"].dtype == torch.int64 and int(update.params["count"]) == 45
+
+
+def test_memory_history_is_bounded_and_detached() -> None:
+    history = TwinHistory(2)
+    source = states(3)
+    for k, state in enumerate(source, start=1):
+        history.observe("a", k, state)
+    source[2]["w"].add_(100)
+    kept = history.history("a")
+    assert len(kept) == 2 and kept[-1]["w"].tolist() == [3.0, 9.0]
+
+
+def test_rcd_has_the_exact_absence_rate_and_is_seeded() -> None:
+    a, b = participation("rcd", 20, 10, 0.5, seed=1), participation("rcd", 20, 10, 0.5, seed=1)
+    assert a.absence_rate == 0.5 and np.array_equal(a.present, b.present)
+    assert not np.array_equal(a.present, participation("rcd", 20, 10, 0.5, seed=2).present)
+    assert participation("rcd", 20, 10, 0.3, seed=1).absence_rate == pytest.approx(0.3)
+
+
+def test_vcpr_rate_varies_over_rounds() -> None:
+    matrix = participation("vcpr", 100, 20, 0.5, seed=3)
+    assert abs(matrix.absence_rate - 0.5) < 0.1
+    per_round = 1 - matrix.present.mean(axis=1)
+    assert per_round.max() - per_round.min() > 0.6  # thin and full stretches, not uniform noise
+
+
+def test_np_cuts_off_whole_clusters_for_stretches() -> None:
+    matrix = participation("np", 60, 12, 0.5, seed=4, clusters=3, stretch=3)
+    columns = {tuple(matrix.present[:, c]) for c in range(12)}
+    assert len(columns) == 3  # every client moves with its cluster
+    assert abs(matrix.absence_rate - 0.5) < 0.2
+    assert all(np.array_equal(matrix.present[r], matrix.present[r + k]) for r in range(0, 60, 3) for k in (1, 2))
+
+
+def test_du_marks_late_updates_periodically() -> None:
+    matrix = participation("du", 40, 8, 0.5, seed=5)
+    assert np.array_equal(matrix.present + matrix.late, np.ones((40, 8)))
+    assert 0.4 <= matrix.absence_rate <= 0.7
+    assert all(matrix.late[:, c].any() and matrix.present[:, c].any() for c in range(8))
+
+
+def test_scenarios_reject_bad_arguments() -> None:
+    with pytest.raises(ValueError, match="absence"):
+        participation("rcd", 5, 5, 1.0)
+    with pytest.raises(ValueError, match="scenario"):
+        participation("storm", 5, 5)
+    assert set(SCENARIOS) == {"rcd", "vcpr", "np", "du"}
+
+
+@pytest.fixture(scope="module")
+def fleet():
+    tables = synthetic_clients(n_clients=3, n_features=3, n_steps=400, seed=2)
+    return [prepare_client(t, 24, 12, stride=6) for t in tables]
+
+
+def custom(present: list[list[int]], late: list[list[int]] | None = None) -> Participation:
+    p = np.array(present, dtype=np.int8)
+    return Participation("custom", p, np.zeros_like(p) if late is None else np.array(late, dtype=np.int8))
+
+
+@pytest.mark.parametrize("twin", sorted(TWIN_FORECASTERS))
+def test_full_participation_with_any_twin_equals_plain_fedavg(fleet, twin: str) -> None:
+    cfg, fed = small_config("dlinear"), FederationConfig(rounds=2, batch_size=32, seed=9, test_every_round=False)
+    plain = run_federation(fleet, cfg, fed).shared
+    result = run_federation(fleet, cfg, fed.model_copy(update={"twin": twin}), participation=participation("fpr", 2, 3))
+    assert all(torch.equal(plain[k], result.shared[k]) for k in plain)
+    assert all(r.imputed == () and r.dropped == () for r in result.records)
+
+
+def test_missing_client_is_imputed_with_its_weight_and_recorded(fleet) -> None:
+    cfg, fed = small_config("spikernn"), FederationConfig(rounds=2, batch_size=32, seed=4, twin="stale", test_every_round=False)
+    result = run_federation(fleet, cfg, fed, participation=custom([[0, 1, 1], [0, 1, 1]]))
+    assert result.records[0].dropped == (fleet[0].name,) and result.records[0].imputed == ()
+    assert result.records[1].imputed == () and result.records[1].dropped == (fleet[0].name,)
+
+    result = run_federation(fleet, cfg, fed, participation=custom([[1, 1, 1], [0, 1, 1]]))
+    assert result.records[1].imputed == (fleet[0].name,) and result.records[1].present == (fleet[1].name, fleet[2].name)
+    fedavg = make_aggregator("fedavg")
+    models, initial = init_fleet(fleet, cfg, fed.seed)
+    first, _ = run_round(models, fleet, initial, fed, 1)
+    for model in models:
+        model.load_shared_state(fedavg.aggregate(first))
+    second, _ = run_round(models, fleet, fedavg.aggregate(first), fed, 2, [1, 2])
+    expected = fedavg.aggregate(second + [first[0]])  # the stale twin of client 0, with its own weight
+    assert all(torch.equal(expected[k], result.shared[k]) for k in expected)
+
+
+def test_late_updates_are_discarded_from_aggregation_but_feed_the_twin(fleet) -> None:
+    cfg = small_config("dlinear")
+    fed = FederationConfig(rounds=2, batch_size=32, seed=4, twin="stale", test_every_round=False)
+    late = custom([[1, 0, 1], [1, 0, 1]], late=[[0, 1, 0], [0, 1, 0]])
+    result = run_federation(fleet, cfg, fed, participation=late)
+    assert result.records[0].late == (fleet[1].name,) and result.records[0].dropped == (fleet[1].name,)
+    assert result.records[1].imputed == (fleet[1].name,)
+    fedavg = make_aggregator("fedavg")
+    models, initial = init_fleet(fleet, cfg, fed.seed)
+    first, _ = run_round(models, fleet, initial, fed, 1)
+    g1 = fedavg.aggregate([first[0], first[2]])  # the late update of client 1 is not in round 1
+    for model in models:
+        model.load_shared_state(g1)
+    second, _ = run_round(models, fleet, g1, fed, 2)
+    expected = fedavg.aggregate([second[0], second[2], first[1]])  # ...but is its round-2 twin
+    assert all(torch.equal(expected[k], result.shared[k]) for k in expected)
+
+
+def test_participation_matrix_shape_is_checked(fleet) -> None:
+    with pytest.raises(ValueError, match="participation matrix"):
+        run_federation(fleet, small_config("dlinear"), FederationConfig(rounds=3), participation=participation("rcd", 2, 3))
