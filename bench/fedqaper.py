@@ -14,15 +14,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing
 import os
-import sys
 import time
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from common import ROOT, run_parallel
 
 QUICK = {
     "clients": 20, "f_max": 20, "seed": 42, "lookback": 48, "horizon": 24,
@@ -95,22 +91,12 @@ def seasonal_naive(cfg: dict) -> dict:
 
 
 def run_all(cfg: dict, workers: int) -> list[dict]:
-    """Every job over a spawn-based process pool (fork after torch threads can hang)."""
-    jobs = [(b, v) for b in cfg["backbones"] for v in VARIANTS]
-    threads = max(1, (os.cpu_count() or 1) // workers)
-    results = []
-    context = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(workers, mp_context=context) as pool:
-        futures = [pool.submit(run_job, b, v, cfg, threads) for b, v in jobs]
-        for done, future in enumerate(as_completed(futures), 1):
-            res = future.result()
-            results.append(res)
-            print(
-                f"[{done}/{len(jobs)}] {res['backbone']:>12} {res['variant']:<6} "
-                f"test MSE {res['mse']:.4f} MAE {res['mae']:.4f} ({res['seconds']:.0f} s)",
-                flush=True,
-            )
-    return results
+    """Every (backbone, variant) job over the worker pool."""
+    jobs = [(b, v, cfg) for b in cfg["backbones"] for v in VARIANTS]
+    return run_parallel(
+        run_job, jobs, workers,
+        lambda r: f"{r['backbone']:>12} {r['variant']:<6} test MSE {r['mse']:.4f} MAE {r['mae']:.4f} ({r['seconds']:.0f} s)",
+    )
 
 
 def summarize(results: list[dict], cfg: dict, mode: str, seconds: float, naive: dict) -> dict:

@@ -2,7 +2,9 @@
 
 Round state machine: announce round r (retained, global shared parameters as body) -> collect
 updates until every online client has sent one (and at least ``min_clients``) or the deadline
-passes with a quorum -> aggregate -> persist (one transaction) -> announce r + 1. Every message
+passes with a quorum -> impute the registered clients that did not report from their digital
+twins (FedDTW; ``twin = "drop"`` leaves them out) -> aggregate -> persist (one transaction) ->
+announce r + 1. An update for a closed round is kept as late: twin history only. Every message
 is acknowledged to the broker only after its effect is on disk, so after ``kill -9`` the broker
 redelivers what was not yet stored and the store already holds what was. Messages that
 arrive together are validated and committed as one batch (group commit: one folder sync and
@@ -22,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from coordinator.aggregators import AGGREGATORS, ClientUpdate, make_aggregator
 from coordinator.store import RoundRow, Store
+from coordinator.twins import TWIN_FORECASTERS, TwinHistory, impute_missing, make_forecaster
 from edge_agent.data import TIME_FEATURES
 from edge_agent.models import ModelConfig, build_forecaster
 from edge_agent.mqtt import BrokerConfig, Connection, Incoming
@@ -60,6 +63,7 @@ class CoordinatorConfig(BaseModel):
     allowed_clients: list[str] = Field(default_factory=list)
     seed: int = 42
     aggregator: str = "fedavg"
+    twin: str = Field("drop", description=f"how clients missing at close are imputed: {sorted(TWIN_FORECASTERS)}")
     model: ModelConfig = ModelConfig()
     broker: BrokerConfig = BrokerConfig()
 
@@ -67,6 +71,8 @@ class CoordinatorConfig(BaseModel):
     def _check(self) -> "CoordinatorConfig":
         if self.aggregator not in AGGREGATORS:
             raise ValueError(f"aggregator: unknown {self.aggregator!r}; choose one of {sorted(AGGREGATORS)}")
+        if self.twin not in TWIN_FORECASTERS:
+            raise ValueError(f"twin: unknown {self.twin!r}; choose one of {sorted(TWIN_FORECASTERS)}")
         if self.registration == "closed" and not self.allowed_clients:
             raise ValueError("registration is closed but allowed_clients is empty")
         return self
@@ -84,6 +90,8 @@ class Coordinator:
         self.layout = {name: (tuple(t.shape), t.dtype) for name, t in initial.items()}
         self.signature = signature(initial, cfg.model.model_dump_json())
         self.aggregator = make_aggregator(cfg.aggregator)
+        self.forecaster = make_forecaster(cfg.twin)
+        self.twins = TwinHistory(self.forecaster.window, folder=self.store.dir / "twins")
         self.on_event = on_event or (lambda kind, data: None)
         self.connection = Connection(
             cfg.broker,
@@ -160,22 +168,31 @@ class Coordinator:
         return self.store.round(row.round)
 
     def _close(self, row: RoundRow, updates: list, why: str) -> RoundRow:
-        tensors = [
-            self._decoded.pop((row.round, u.client_id), None) or self.store.load_update(u) for u in updates
+        on_time = [
+            ClientUpdate(u.client_id, self._decoded.pop((row.round, u.client_id), None) or self.store.load_update(u),
+                         u.n_samples)
+            for u in updates
         ]
-        result = self.aggregator.aggregate(
-            [ClientUpdate(u.client_id, t, u.n_samples) for u, t in zip(updates, tensors)]
-        )
         self._decoded.clear()
+        submitted = {u.client_id for u in updates}
+        missing = [(c.client_id, c.n_samples) for c in self.store.clients().values() if c.client_id not in submitted]
+        imputation = impute_missing(sorted(missing), self.twins, self.forecaster)
+        result = self.aggregator.aggregate(on_time + imputation.updates)
+        for update in on_time:
+            self.twins.observe(update.client_id, row.round, update.params)
         total = sum(u.n_samples for u in updates)
         loss = sum(u.metrics.get("loss", 0.0) * u.n_samples for u in updates) / total
-        metrics = {"clients": [u.client_id for u in updates], "loss": loss, "closed_by": why}
+        metrics = {
+            "clients": [u.client_id for u in updates], "imputed": imputation.imputed, "dropped": imputation.dropped,
+            "twin": self.forecaster.name, "loss": loss, "closed_by": why,
+        }
         last = row.round >= self.cfg.rounds
         self.store.finish_round(row.round, metrics, result, None if last else time.time() + self.cfg.round_timeout_s)
         rejected = sum(1 for e in self.store.events(accepted=False) if e["round"] == row.round)
         self.on_event("closed", {"round": row.round, "accepted": len(updates), "rejected": rejected,
-                                 "loss": loss, "why": why})
-        log.info("round %d closed (%s): %d updates, loss %.4f", row.round, why, len(updates), loss)
+                                 "imputed": imputation.imputed, "loss": loss, "why": why})
+        log.info("round %d closed (%s): %d updates, %d imputed by %s, loss %.4f", row.round, why, len(updates),
+                 len(imputation.updates), self.forecaster.name, loss)
         following = self.store.round(row.round if last else row.round + 1)
         self._announce(following)
         return following
@@ -259,14 +276,21 @@ class Coordinator:
         client = header.sender
         if client not in self.store.clients():
             raise ProtocolError("unknown_client", f"{client!r} has not registered (send hello first)")
-        if current.closed_at is not None or header.round < current.round:
-            raise ProtocolError("stale_round", f"round {header.round} is closed; current is {current.round}")
         if header.round > current.round:
             raise ProtocolError("future_round", f"round {header.round} has not started; current is {current.round}")
-        if self.store.has_update(current.round, client):
-            raise ProtocolError("duplicate", f"round {current.round} already has an update from {client!r}")
+        if self.store.has_update(header.round, client):
+            raise ProtocolError("duplicate", f"round {header.round} already has an update from {client!r}")
         check_tensors(tensors, self.layout)
-        self.store.save_update(current.round, client, header.n_samples, body, header.body_sha256, header.metrics)
+        late = header.round < current.round or current.closed_at is not None
+        self.store.save_update(
+            header.round, client, header.n_samples, body, header.body_sha256, header.metrics, late=late
+        )
+        if late:
+            self.twins.observe(client, header.round, tensors)
+            self.store.log("update", client, header.round, True, "late", "the round had closed: twin history only")
+            self._reply(client, "update", header.round, True, "late", "the round had closed: kept as twin history")
+            self.on_event("late", {"client": client, "round": header.round})
+            return
         self._decoded[current.round, client] = tensors
         self.store.log("update", client, current.round, True)
         self._reply(client, "update", current.round, True)

@@ -229,7 +229,7 @@ class Agent:
             if not reply.accepted:
                 log.error("coordinator refused our %s: %s", reply.about, reply.reason)
             return
-        if reply.accepted or reply.code in ("duplicate", "stale_round"):
+        if reply.accepted or reply.code == "duplicate":
             self.pending_path.unlink(missing_ok=True)
         if not reply.accepted:
             log.warning("update refused: %s", reply.reason)

@@ -138,7 +138,7 @@ def test_bad_inputs_are_rejected_with_reasons_and_the_run_finishes(tmp_path: Pat
     store = Store(cfg.state_dir)
     rejected = store.events(accepted=False)
     logged = {e["code"] for e in rejected}
-    assert {code for _, code in bad.values()} | {"unknown_client", "duplicate", "stale_round"} <= logged
+    assert {code for _, code in bad.values()} | {"unknown_client", "duplicate"} <= logged
     assert all(e["reason"] for e in rejected)
     for number in (1, 2):
         rows = store.updates(number)

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from coordinator.aggregators import ClientUpdate, make_aggregator
 from coordinator.simulate import FederationConfig, run_federation
 from coordinator.store import Store
 from edge_agent.models import ModelConfig
@@ -182,3 +183,44 @@ def test_a_silent_agent_does_not_hold_the_round_past_its_deadline(tmp_path: Path
     assert sorted(second.metrics["clients"]) == ["client00", "client01"]
     assert store.latest_round().round == ROUNDS
     store.close()
+
+
+def test_a_stopped_agent_is_imputed_by_its_twin_and_its_late_updates_kept_as_history(
+    tmp_path: Path, mosquitto
+) -> None:
+    rounds = 5
+    paths = write_client_csvs(tmp_path, 4)
+    config = coordinator_config(tmp_path, mosquitto.port, rounds, min_clients=2, round_timeout_s=6.0, twin="wsf")
+    coordinator = start(tmp_path, "coordinator", "coordinator", "serve", "-c", str(config))
+    agents = run_agents(tmp_path, mosquitto.port, paths)
+    db = tmp_path / "coordinator"
+
+    wait_for(state(db, lambda s: s.latest_round() and s.has_update(1, "client03")), 120, "client03's update")
+    os.kill(agents[3].pid, signal.SIGSTOP)
+    try:
+        wait_for(state(db, lambda s: len(s.rounds()) >= 3 and s.round(3).closed_at), 60, "round 3 to close")
+    finally:
+        os.kill(agents[3].pid, signal.SIGCONT)
+    finish([coordinator, *agents])
+    assert coordinator.returncode == 0, (tmp_path / "coordinator.log").read_text()
+    store = Store(db)
+    try:
+        assert store.latest_round().round == rounds and store.latest_round().closed_at
+        assert store.round(1).metrics["imputed"] == []
+        assert store.round(2).metrics["closed_by"] == "deadline"
+        first = {u.client_id: u for u in store.updates(1)}["client03"]
+        for number in (2, 3):
+            record = store.round(number).metrics
+            assert record["imputed"] == ["client03"] and record["twin"] == "wsf"
+            assert sorted(record["clients"]) == ["client00", "client01", "client02"]
+            on_time = [ClientUpdate(u.client_id, store.load_update(u), u.n_samples) for u in store.updates(number)]
+            twin = ClientUpdate("client03", store.load_update(first), store.clients()["client03"].n_samples)
+            expected = make_aggregator("fedavg").aggregate(on_time + [twin])  # one observed state: WSF copies it
+            result = store.load_file(store.round(number).result_file)
+            assert all(torch.equal(result[k], expected[k]) for k in expected)
+        late = [e for e in store.events(accepted=True) if e["code"] == "late"]
+        assert {e["round"] for e in late} >= {2, 3} and all(e["client_id"] == "client03" for e in late)
+        assert {u.client_id for u in store.updates(2, include_late=True)} == {f"client0{i}" for i in range(4)}
+        assert len(list((db / "twins" / "client03").glob("*.safetensors"))) == 2  # bounded window
+    finally:
+        store.close()
