@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import multiprocessing
 import os
 import sys
@@ -27,3 +28,16 @@ def run_parallel(
             results.append(future.result())
             print(f"[{done}/{len(futures)}] {describe(results[-1])}", flush=True)
     return results
+
+
+def write_report(
+    out: Path, name: str, summary: dict, markdown: Callable[[dict], str], plot: Callable[[dict, Path], None]
+) -> None:
+    """``<name>.json``, ``.md`` and ``.png`` under ``out``; prints the table and where it went."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{name}.json").write_text(json.dumps(summary, indent=2))
+    table = markdown(summary)
+    (out / f"{name}.md").write_text(table)
+    plot(summary, out / f"{name}.png")
+    print(table)
+    print(f"wrote {out / name}.json, {name}.md, {name}.png in {summary['config']['wall_seconds']} s")

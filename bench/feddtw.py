@@ -17,13 +17,12 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import math
 import os
 import time
 from pathlib import Path
 
-from common import ROOT, run_parallel
+from common import ROOT, run_parallel, write_report
 
 QUICK = {
     "lookback": 10, "horizon": 5, "stride": 8, "val_stride": 8, "d_qap": 32, "qap_heads": 4, "hidden": 32,
@@ -200,14 +199,7 @@ def main() -> None:
         f"RMSE {r['rmse']:.4f} MAE {r['mae']:.4f} ({r['seconds']:.0f} s)",
     )
     summary = summarize(runs, cfg, "quick" if args.quick else "full", time.perf_counter() - started)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "feddtw.json").write_text(json.dumps(summary, indent=2))
-    table = markdown(summary)
-    (args.out / "feddtw.md").write_text(table)
-    plot(summary, args.out / "feddtw.png")
-    print(table)
-    print(f"wrote {args.out / 'feddtw.json'}, feddtw.md, feddtw.png in {summary['config']['wall_seconds']} s")
-
+    write_report(args.out, "feddtw", summary, markdown, plot)
 
 if __name__ == "__main__":
     main()

@@ -13,12 +13,11 @@ early stopping on each client's validation MSE. Usage:
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import time
 from pathlib import Path
 
-from common import ROOT, run_parallel
+from common import ROOT, run_parallel, write_report
 
 QUICK = {
     "clients": 20, "f_max": 20, "seed": 42, "lookback": 48, "horizon": 24,
@@ -174,14 +173,7 @@ def main() -> None:
     results = run_all(cfg, args.workers)
     naive = seasonal_naive(cfg)
     summary = summarize(results, cfg, "quick" if args.quick else "full", time.perf_counter() - started, naive)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "fedqaper.json").write_text(json.dumps(summary, indent=2))
-    table = markdown(summary)
-    (args.out / "fedqaper.md").write_text(table)
-    plot(summary, args.out / "fedqaper.png")
-    print(table)
-    print(f"wrote {args.out / 'fedqaper.json'}, fedqaper.md, fedqaper.png in {summary['config']['wall_seconds']} s")
-
+    write_report(args.out, "fedqaper", summary, markdown, plot)
 
 if __name__ == "__main__":
     main()
