@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import multiprocessing
 import os
@@ -41,3 +42,17 @@ def write_report(
     plot(summary, out / f"{name}.png")
     print(table)
     print(f"wrote {out / name}.json, {name}.md, {name}.png in {summary['config']['wall_seconds']} s")
+
+
+def bench_parser(doc: str, quick_help: str) -> argparse.ArgumentParser:
+    """The options every benchmark takes: --quick, --workers and --out."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help=quick_help)
+    parser.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1))
+    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
+    return parser
+
+
+def save_figure(fig, path: Path) -> None:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)

@@ -15,18 +15,18 @@ standardized targets). Usage:
 
 from __future__ import annotations
 
-import argparse
 import functools
+import json
 import math
 import os
 import time
 from pathlib import Path
 
-from common import ROOT, run_parallel, write_report
+from common import bench_parser, run_parallel, save_figure, write_report
 
 QUICK = {
-    "lookback": 10, "horizon": 5, "stride": 8, "val_stride": 8, "d_qap": 32, "qap_heads": 4, "hidden": 32,
-    "batch_size": 64, "lr": 3e-3, "rounds": 12, "local_epochs": 1, "absence": 0.5, "clusters": 3, "stretch": 2,
+    "lookback": 10, "horizon": 5, "stride": 7, "val_stride": 8, "d_qap": 32, "qap_heads": 4, "hidden": 32,
+    "batch_size": 64, "lr": 3e-3, "rounds": 10, "local_epochs": 1, "absence": 0.5, "clusters": 3, "stretch": 2,
     "seeds": [1, 2], "models": ["lstm", "gru", "dlinear"],
 }
 FULL = {
@@ -124,16 +124,40 @@ def summarize(runs: list[dict], cfg: dict, mode: str, seconds: float) -> dict:
                     "seeds": len(cfg["seeds"]),
                 })
     return {
-        "rows": rows, "comparison": comparison,
+        "rows": rows, "comparison": comparison, "verdicts": verdicts(comparison),
         "config": {**cfg, "mode": mode, "wall_seconds": round(seconds, 1), "cpu_count": os.cpu_count()},
         "runs": sorted(runs, key=lambda r: (r["model"], r["scenario"], r["method"], r["seed"])),
     }
+
+
+def verdicts(comparison: list[dict]) -> list[dict]:
+    """Per scenario: mean RMSE gap to FPR of drop and of each twin over the models, and in how
+    many (model, twin) pairs the twin's gap is the smaller one."""
+    out = []
+    for scenario in SCENARIOS:
+        rows = [c for c in comparison if c["scenario"] == scenario]
+        models = {c["model"]: c["drop_gap_to_fpr"] for c in rows}
+        gaps = {"drop": sum(models.values()) / len(models)}
+        for method in TWINS[1:]:
+            mine = [c["gap_to_fpr"] for c in rows if c["method"] == method]
+            gaps[method] = sum(mine) / len(mine)
+        closer = sum(abs(c["gap_to_fpr"]) < abs(c["drop_gap_to_fpr"]) for c in rows)
+        out.append({"scenario": scenario, "mean_gap_to_fpr": gaps, "twin_closer_pairs": closer, "pairs": len(rows)})
+    return out
 
 
 def markdown(summary: dict) -> str:
     """Table 1 layout (RMSE and MAE mean +- spread), then the closer-to-FPR verdicts."""
     seeds = len(summary["config"]["seeds"])
     lines = [
+        "Mean RMSE gap to full participation (FPR), over models; smaller is closer to FPR:",
+        "", "| scenario | drop | stale | maf | wsf | twin closer than drop |", "|---|---|---|---|---|---|",
+    ]
+    for v in summary["verdicts"]:
+        gaps = " | ".join(f"{v['mean_gap_to_fpr'][m]:+.4f}" for m in TWINS)
+        lines.append(f"| {v['scenario'].upper()} | {gaps} | {v['twin_closer_pairs']}/{v['pairs']} (model, twin) pairs |")
+    lines += [
+        "",
         f"RMSE / MAE of the global model after the last round, mean +- half-range over {seeds} seeds.",
         "", "| scenario | model | method | RMSE | MAE |", "|---|---|---|---|---|",
     ]
@@ -177,21 +201,24 @@ def plot(summary: dict, path: Path) -> None:
                 ax.plot(range(1, len(mean) + 1), mean, label=label, linestyle="--" if label == "FPR" else "-")
             ax.set(title=f"{model} / {scenario.upper()}", xlabel="round", ylabel="global NRMSE")
     axes[0][0].legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    save_figure(fig, path)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="short runs (under 10 minutes on 2 cores)")
+    parser = bench_parser(__doc__, "short runs (under 10 minutes on 2 cores)")
     parser.add_argument("--models", nargs="+", help="subset of backbones to run")
     parser.add_argument("--rounds", type=int, help="override the number of rounds")
     parser.add_argument("--seeds", type=int, nargs="+", help="override the seeds")
-    parser.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1))
-    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
+    parser.add_argument("--report-only", action="store_true", help="re-render the report from --out/feddtw.json")
     args = parser.parse_args()
     cfg = dict(QUICK if args.quick else FULL)
     cfg.update({k: v for k, v in {"models": args.models, "rounds": args.rounds, "seeds": args.seeds}.items() if v})
+    if args.report_only:
+        previous = json.loads((args.out / "feddtw.json").read_text())
+        config = previous["config"]
+        summary = summarize(previous["runs"], config, config["mode"], config["wall_seconds"])
+        write_report(args.out, "feddtw", summary, markdown, plot)
+        return
     started = time.perf_counter()
     runs = run_parallel(
         run_job, jobs(cfg), args.workers,

@@ -12,12 +12,11 @@ early stopping on each client's validation MSE. Usage:
 
 from __future__ import annotations
 
-import argparse
 import os
 import time
 from pathlib import Path
 
-from common import ROOT, run_parallel, write_report
+from common import bench_parser, run_parallel, save_figure, write_report
 
 QUICK = {
     "clients": 20, "f_max": 20, "seed": 42, "lookback": 48, "horizon": 24,
@@ -94,7 +93,8 @@ def run_all(cfg: dict, workers: int) -> list[dict]:
     jobs = [(b, v, cfg) for b in cfg["backbones"] for v in VARIANTS]
     return run_parallel(
         run_job, jobs, workers,
-        lambda r: f"{r['backbone']:>12} {r['variant']:<6} test MSE {r['mse']:.4f} MAE {r['mae']:.4f} ({r['seconds']:.0f} s)",
+        lambda r: f"{r['backbone']:>12} {r['variant']:<6} test MSE {r['mse']:.4f} MAE {r['mae']:.4f} "
+        f"({r['seconds']:.0f} s)",
     )
 
 
@@ -155,16 +155,12 @@ def plot(summary: dict, path: Path) -> None:
             ax.plot(range(1, len(curve) + 1), curve, marker="o", label=label)
         ax.set(title=b, xlabel="round", ylabel="global val MSE")
         ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="small widths and budgets (minutes on 2 cores)")
+    parser = bench_parser(__doc__, "small widths and budgets (minutes on 2 cores)")
     parser.add_argument("--backbones", nargs="+", help="subset of backbones to run")
-    parser.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1))
-    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     args = parser.parse_args()
     cfg = dict(QUICK if args.quick else FULL)
     if args.backbones:

@@ -56,8 +56,9 @@ class RoundRecord:
     """Global metrics after one round's aggregation (dataset-size-weighted over clients).
 
     ``test`` is None when the federation was told not to evaluate the test split every round.
-    ``imputed`` clients entered aggregation as twin forecasts; ``dropped`` ones were missing and
-    had no history; ``late`` ones trained but arrived after the round closed (twin history only).
+    ``imputed`` clients entered aggregation as forecasts of the ``twin`` forecaster; ``dropped``
+    ones were missing and had no history; ``late`` ones trained but arrived after the round
+    closed (twin history only).
     """
 
     round: int
@@ -69,13 +70,15 @@ class RoundRecord:
     imputed: tuple[str, ...] = ()
     dropped: tuple[str, ...] = ()
     late: tuple[str, ...] = ()
+    twin: str = "drop"
 
 
 @dataclass
 class FederationResult:
     """Per-round history; ``test`` is taken at the round with the best global validation MSE.
 
-    ``shared`` is the global shared state after the last round.
+    ``shared`` is the global shared state after the last round; ``models`` are the clients'
+    models as of the best round.
     """
 
     records: list[RoundRecord]
@@ -83,6 +86,7 @@ class FederationResult:
     test: Metrics
     client_test: dict[str, Metrics]
     shared: TensorDict
+    models: list[Forecaster]
 
 
 def init_fleet(
@@ -170,6 +174,7 @@ def run_federation(
             present=tuple(u.client_id for u in on_time), imputed=tuple(imputation.imputed),
             dropped=tuple(imputation.dropped),
             late=tuple(u.client_id for i, u in zip(training, updates) if not present[r - 1, i]),
+            twin=forecaster.name,
         ))
         if val.mse < best_val:
             best_val, best_round = val.mse, r
@@ -179,7 +184,7 @@ def run_federation(
     for model, state in zip(models, best_states or []):
         model.load_state_dict(state)
     test, client_test = evaluate_fleet(models, clients)
-    return FederationResult(records, best_round, test, client_test, global_shared)
+    return FederationResult(records, best_round, test, client_test, global_shared, list(models))
 
 
 def _participation_matrices(

@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from safetensors.torch import load_file
@@ -249,18 +250,42 @@ def load_local_model(cfg: AgentConfig, n_features: int, state_dir: Path) -> Fore
 
 
 @torch.no_grad()
-def forecast(cfg: AgentConfig) -> tuple[list[str], list[str], torch.Tensor]:
-    """Forecast the horizon after the latest window of local data, in the data's own units.
+def forecast(cfg: AgentConfig, onnx_model: Path | None = None) -> tuple[list[str], list[str], torch.Tensor]:
+    """Forecast the horizon after the latest window of local data, in the data's own units,
+    with the torch model or, given ``onnx_model`` (an ``edgefl export onnx`` model.onnx), ONNX Runtime.
 
     Returns (timestamps, column names, values of shape (H, F)).
     """
     table = cfg.data.load()
     data = prepare_client(table, cfg.model.lookback, cfg.model.horizon)
-    model = load_local_model(cfg, data.n_features, Path(cfg.state_dir)).eval()
-    series = torch.from_numpy(data.scaler.transform(table.values[-cfg.model.lookback :]).astype("float32"))
-    marks = torch.from_numpy(time_features(table.index[-cfg.model.lookback :]))
-    scaled = model(series.unsqueeze(0), marks.unsqueeze(0))[0]
-    values = torch.as_tensor(data.scaler.inverse_transform(scaled.numpy()))
+    series = data.scaler.transform(table.values[-cfg.model.lookback :]).astype("float32")[None]
+    marks = time_features(table.index[-cfg.model.lookback :])[None]
+    if onnx_model is None:
+        model = load_local_model(cfg, data.n_features, Path(cfg.state_dir)).eval()
+        scaled = model(torch.from_numpy(series), torch.from_numpy(marks))[0].numpy()
+    else:
+        scaled = run_onnx_forecast(Path(onnx_model), series, marks)[0]
+    values = torch.as_tensor(data.scaler.inverse_transform(scaled))
     step = table.index[-1] - table.index[-2]
     stamps = [str(table.index[-1] + step * (h + 1)) for h in range(cfg.model.horizon)]
     return stamps, list(data.columns), values
+
+
+def run_onnx_forecast(path: Path, series: np.ndarray, marks: np.ndarray) -> np.ndarray:
+    """The ``forecast`` output of an exported model; a model for other shapes is refused by name."""
+    import onnxruntime
+
+    if not path.is_file():
+        raise ValueError(f"{path}: ONNX model not found")
+    try:
+        session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    except Exception as err:  # onnxruntime raises its own exception types for unreadable files
+        raise ValueError(f"{path}: not a readable ONNX model ({err})") from None
+    inputs = {i.name: i.shape for i in session.get_inputs()}
+    for name, array in (("x", series), ("marks", marks)):
+        if name not in inputs:
+            raise ValueError(f"{path}: the model has no input {name!r} (inputs: {sorted(inputs)})")
+        fixed = list(inputs[name][1:])
+        if list(array.shape[1:]) != fixed:
+            raise ValueError(f"{path}: input {name!r} expects (batch, {fixed}), this agent's data gives {array.shape}")
+    return session.run(["forecast"], {"x": series, "marks": marks.astype(np.float32)})[0]

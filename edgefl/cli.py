@@ -13,6 +13,7 @@ from rich.live import Live
 from rich.table import Table
 
 from edge_agent.data import DataError
+from edgefl.export_cli import energy_command, export_app
 from edgefl.services import agent_app, coordinator_app
 
 app = typer.Typer(
@@ -23,6 +24,8 @@ app = typer.Typer(
 console = Console()
 app.add_typer(coordinator_app, name="coordinator")
 app.add_typer(agent_app, name="agent")
+app.add_typer(export_app, name="export")
+app.command("energy")(energy_command)
 
 
 def fail(message: str) -> None:
@@ -98,7 +101,10 @@ def broker_config(
 
 
 def round_table() -> Table:
-    return Table("round", "train loss", "val MSE", "test MSE", "test MAE", "seconds", title="FedPer rounds")
+    return Table(
+        "round", "train loss", "val MSE", "test MSE", "test MAE", "on time", "imputed", "seconds",
+        title="FedPer rounds",
+    )
 
 
 @app.command()
@@ -119,10 +125,15 @@ def simulate(
     lr: float = 1e-3,
     data: Annotated[Optional[Path], typer.Option(help="your own CSV (date column + numeric columns); default: bundled weather sites")] = None,
     date_column: Annotated[Optional[str], typer.Option(help="name of the date column in --data")] = None,
+    dropout: Annotated[str, typer.Option(help="participation scenario: fpr (everyone) | rcd | vcpr | np | du")] = "fpr",
+    absence: Annotated[float, typer.Option(help="share of missing updates under --dropout")] = 0.5,
+    twin: Annotated[str, typer.Option(help="impute missing clients: drop | stale | maf | wsf (FedDTW)")] = "drop",
     baselines: Annotated[bool, typer.Option(help="also train local-only and centralized baselines")] = False,
     json_out: Annotated[Optional[Path], typer.Option("--json", help="write the results here")] = None,
+    save_models: Annotated[Optional[Path], typer.Option(help="folder: one checkpoint per client (best round)")] = None,
 ) -> None:
     """Run an in-process FedPer federation over feature-level non-IID clients and print each round."""
+    from coordinator.dropout import participation
     from coordinator.simulate import FederationConfig, run_federation
     from edge_agent.data import build_pool, feature_clients, load_csv, load_sites
     from edge_agent.models import ModelConfig
@@ -132,7 +143,10 @@ def simulate(
             backbone=backbone, lookback=lookback, horizon=horizon, d_qap=d_qap, hidden=hidden,
             projection=projection,
         )
-        fed = FederationConfig(rounds=rounds, local_epochs=local_epochs, batch_size=batch_size, lr=lr, seed=seed)
+        fed = FederationConfig(
+            rounds=rounds, local_epochs=local_epochs, batch_size=batch_size, lr=lr, seed=seed, twin=twin
+        )
+        matrix = participation(dropout, rounds, clients, absence, seed)
         sites = [] if data else load_sites()
         pool = load_csv(data, date_column) if data else build_pool(sites)
         fleet = feature_clients(pool, clients, f_max, seed, lookback, horizon, stride)
@@ -148,11 +162,11 @@ def simulate(
     table = round_table()
     with Live(table, console=console, refresh_per_second=4):
         result = run_federation(
-            fleet, cfg, fed,
+            fleet, cfg, fed, participation=matrix,
             on_round=lambda r: table.add_row(
                 str(r.round), f"{r.train_loss:.4f}", f"{r.val.mse:.4f}",
                 f"{r.test.mse:.4f}" if r.test else "-", f"{r.test.mae:.4f}" if r.test else "-",
-                f"{r.seconds:.1f}",
+                str(len(r.present)), str(len(r.imputed)), f"{r.seconds:.1f}",
             ),
         )
     console.print()
@@ -160,15 +174,23 @@ def simulate(
         f"best round {result.best_round} (by validation): test MSE {result.test.mse:.4f}, MAE {result.test.mae:.4f}"
     )
     summary = {
-        "config": {"model": cfg.model_dump(), "federation": fed.model_dump(), "clients": clients, "f_max": f_max},
+        "config": {"model": cfg.model_dump(), "federation": fed.model_dump(), "clients": clients, "f_max": f_max,
+                   "dropout": dropout, "absence": matrix.absence_rate},
         "rounds": [
             {"round": r.round, "train_loss": r.train_loss, "val_mse": r.val.mse,
              "test_mse": r.test.mse if r.test else None, "test_mae": r.test.mae if r.test else None,
-             "seconds": r.seconds}
+             "present": list(r.present), "imputed": list(r.imputed), "dropped": list(r.dropped),
+             "late": list(r.late), "seconds": r.seconds}
             for r in result.records
         ],
         "fed": {"mse": result.test.mse, "mae": result.test.mae, "best_round": result.best_round},
     }
+    if save_models:
+        from edge_agent.models import save_checkpoint
+
+        for model, client in zip(result.models, fleet):
+            save_checkpoint(model, save_models / f"{client.name}.safetensors", list(client.columns))
+        console.print(f"wrote {len(fleet)} checkpoints to {save_models}")
     if baselines:
         summary.update(run_baselines(fleet, cfg, fed, max_epochs=rounds * local_epochs))
     if json_out:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import signal
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
@@ -128,14 +128,16 @@ def agent_run(config: ConfigPath, verbose: bool = False) -> None:
 
 @agent_app.command("forecast")
 def agent_forecast(
-    config: ConfigPath, csv: Annotated[bool, typer.Option("--csv", help="print CSV instead of a table")] = False
+    config: ConfigPath,
+    csv: Annotated[bool, typer.Option("--csv", help="print CSV instead of a table")] = False,
+    onnx: Annotated[Optional[Path], typer.Option(help="run this exported model.onnx in ONNX Runtime")] = None,
 ) -> None:
     """Print the forecast of the local model for the horizon after the latest window."""
     from edge_agent.agent import forecast
 
     cfg = _agent_config(config)
     try:
-        stamps, columns, values = forecast(cfg)
+        stamps, columns, values = forecast(cfg, onnx)
     except (DataError, ValueError) as err:
         _fail(str(err))
     if csv:
@@ -150,3 +152,21 @@ def agent_forecast(
     for stamp, row in zip(stamps, values.tolist()):
         table.add_row(stamp, *(f"{v:.3f}" for v in row))
     Console().print(table)
+
+
+@agent_app.command("checkpoint")
+def agent_checkpoint(
+    config: ConfigPath, out: Annotated[Path, typer.Option("--out", "-o", help="checkpoint file to write")]
+) -> None:
+    """Save the agent's current model (global shared + personal parts) as one checkpoint file."""
+    from edge_agent.agent import load_local_model
+    from edge_agent.models import save_checkpoint
+
+    cfg = _agent_config(config)
+    try:
+        table = cfg.data.load()
+        model = load_local_model(cfg, table.n_features, Path(cfg.state_dir))
+    except (DataError, ValueError) as err:
+        _fail(str(err))
+    save_checkpoint(model, out, list(table.columns))
+    Console().print(f"wrote {out} ({cfg.model.backbone}, {table.n_features} features)")

@@ -17,6 +17,23 @@ def small_config(backbone: str, **overrides: object) -> ModelConfig:
     return ModelConfig(backbone=backbone, **sizes)
 
 
+def trained(backbone: str, data, steps: int = 25, **overrides: object) -> torch.nn.Module:
+    """A small model after ``steps`` real training steps, so BatchNorm running statistics (which
+    eval mode uses), weights and firing rates are not those of initialisation."""
+    from edge_agent.models import build_forecaster
+
+    model = build_forecaster(small_config(backbone, **overrides), data.n_features, 4, seed=3)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    batches = list(data.train.batches(64, shuffle=False))
+    torch.manual_seed(0)  # dropout draws from the global generator
+    for step in range(steps):
+        x, marks, y = batches[step % len(batches)]
+        optimizer.zero_grad()
+        torch.nn.functional.mse_loss(model(x, marks), y).backward()
+        optimizer.step()
+    return model.eval()
+
+
 @pytest.fixture
 def make_config():
     return small_config

@@ -25,7 +25,7 @@ from edge_agent.protocol import (
     decode,
     encode,
 )
-from tests.fleet import agent_config, coordinator_config, wait_for, write_client_csvs
+from tests.fleet import agent_config, coordinator_config, write_client_csvs
 
 LIMIT = 100_000
 TOPICS = Topics("test")

@@ -27,14 +27,18 @@ def write_csv(path: Path, n_rows: int = 400) -> Path:
     return path
 
 
-def test_simulate_on_a_user_csv_prints_every_round_and_writes_json(tmp_path: Path) -> None:
-    csv = write_csv(tmp_path / "ETTh1.csv")
-    out = tmp_path / "result.json"
+def simulate_small(tmp_path: Path, rounds: int, *extra: str) -> tuple[subprocess.CompletedProcess[str], Path]:
+    """``edgefl simulate`` of 3 clients on a synthetic CSV; returns the run and its JSON path."""
+    csv, out = write_csv(tmp_path / "ETTh1.csv"), tmp_path / "result.json"
     proc = edgefl(
-        "simulate", "--data", str(csv), "--clients", "3", "--f-max", "2", "--rounds", "2",
-        "--lookback", "24", "--horizon", "12", "--d-qap", "16", "--batch-size", "32",
-        "--baselines", "--json", str(out),
+        "simulate", "--data", str(csv), "--clients", "3", "--f-max", "2", "--rounds", str(rounds),
+        "--lookback", "24", "--horizon", "12", "--d-qap", "16", "--batch-size", "32", "--json", str(out), *extra,
     )
+    return proc, out
+
+
+def test_simulate_on_a_user_csv_prints_every_round_and_writes_json(tmp_path: Path) -> None:
+    proc, out = simulate_small(tmp_path, 2, "--baselines")
     assert proc.returncode == 0, proc.stderr
     assert "3 clients" in proc.stdout and "best round" in proc.stdout
     assert "local" in proc.stdout and "centralized" in proc.stdout
@@ -42,6 +46,20 @@ def test_simulate_on_a_user_csv_prints_every_round_and_writes_json(tmp_path: Pat
     assert [r["round"] for r in summary["rounds"]] == [1, 2]
     assert all(np.isfinite(r["val_mse"]) for r in summary["rounds"])
     assert {"fed", "local", "centralized"} <= summary.keys()
+
+
+def test_simulate_under_dropout_imputes_with_the_chosen_twin(tmp_path: Path) -> None:
+    proc, out = simulate_small(tmp_path, 4, "--dropout", "rcd", "--absence", "0.5", "--twin", "stale")
+    csv = tmp_path / "ETTh1.csv"
+    assert proc.returncode == 0, proc.stderr
+    rounds = json.loads(out.read_text())["rounds"]
+    assert sum(len(r["present"]) for r in rounds) == 6  # 50% of 4 rounds x 3 clients
+    assert sum(len(r["imputed"]) + len(r["dropped"]) for r in rounds) == 6
+    assert any(r["imputed"] for r in rounds)
+    proc = edgefl("simulate", "--data", str(csv), "--twin", "kalman")
+    assert proc.returncode == 2 and "kalman" in proc.stdout and "wsf" in proc.stdout
+    proc = edgefl("simulate", "--data", str(csv), "--dropout", "storm")
+    assert proc.returncode == 2 and "storm" in proc.stdout and "rcd" in proc.stdout
 
 
 def test_simulate_reports_bad_input_clearly(tmp_path: Path) -> None:

@@ -10,7 +10,6 @@ import signal
 from collections.abc import Callable
 from pathlib import Path
 
-import pytest
 import torch
 
 from coordinator.aggregators import ClientUpdate, make_aggregator

@@ -132,13 +132,15 @@ def test_full_participation_with_any_twin_equals_plain_fedavg(fleet, twin: str) 
 
 
 def test_missing_client_is_imputed_with_its_weight_and_recorded(fleet) -> None:
-    cfg, fed = small_config("spikernn"), FederationConfig(rounds=2, batch_size=32, seed=4, twin="stale", test_every_round=False)
+    cfg = small_config("spikernn")
+    fed = FederationConfig(rounds=2, batch_size=32, seed=4, twin="stale", test_every_round=False)
     result = run_federation(fleet, cfg, fed, participation=custom([[0, 1, 1], [0, 1, 1]]))
     assert result.records[0].dropped == (fleet[0].name,) and result.records[0].imputed == ()
     assert result.records[1].imputed == () and result.records[1].dropped == (fleet[0].name,)
 
     result = run_federation(fleet, cfg, fed, participation=custom([[1, 1, 1], [0, 1, 1]]))
-    assert result.records[1].imputed == (fleet[0].name,) and result.records[1].present == (fleet[1].name, fleet[2].name)
+    assert result.records[1].imputed == (fleet[0].name,) and result.records[1].twin == "stale"
+    assert result.records[1].present == (fleet[1].name, fleet[2].name)
     fedavg = make_aggregator("fedavg")
     models, initial = init_fleet(fleet, cfg, fed.seed)
     first, _ = run_round(models, fleet, initial, fed, 1)
@@ -169,4 +171,6 @@ def test_late_updates_are_discarded_from_aggregation_but_feed_the_twin(fleet) ->
 
 def test_participation_matrix_shape_is_checked(fleet) -> None:
     with pytest.raises(ValueError, match="participation matrix"):
-        run_federation(fleet, small_config("dlinear"), FederationConfig(rounds=3), participation=participation("rcd", 2, 3))
+        run_federation(
+            fleet, small_config("dlinear"), FederationConfig(rounds=3), participation=participation("rcd", 2, 3)
+        )

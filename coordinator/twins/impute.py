@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import torch
 
 from coordinator.aggregators.base import ClientUpdate
 from coordinator.twins.base import TensorDict, TwinForecaster
@@ -47,5 +46,6 @@ def _cast_like(state: TensorDict, template: TensorDict) -> TensorDict:
     out = {}
     for name, tensor in state.items():
         dtype = template[name].dtype
-        out[name] = tensor.round().to(dtype) if not dtype.is_floating_point and tensor.is_floating_point() else tensor.to(dtype)
+        rounded = tensor.round() if tensor.is_floating_point() and not dtype.is_floating_point else tensor
+        out[name] = rounded.to(dtype)
     return out

@@ -27,7 +27,7 @@ class Forecaster(nn.Module):
 
     def __init__(self, cfg: ModelConfig, n_features: int, time_features: int):
         super().__init__()
-        self.cfg, self.n_features = cfg, n_features
+        self.cfg, self.n_features, self.time_features = cfg, n_features, time_features
         backbone = BACKBONES[cfg.backbone](cfg)
         self.shared = nn.ModuleDict(
             {"time": TimeFusion(time_features, cfg.d_qap), "backbone": backbone}
@@ -62,9 +62,13 @@ class Forecaster(nn.Module):
         """
         if not self.cfg.instance_norm:
             return self.predict(x, marks)
-        mean = x.mean(1, keepdim=True)
-        std = (x.var(1, keepdim=True, unbiased=False) + 1e-5).sqrt()
+        mean, std = self.window_stats(x)
         return self.predict((x - mean) / std, marks) * std + mean
+
+    @staticmethod
+    def window_stats(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-window, per-feature mean and std (B, 1, F) used by ``instance_norm``."""
+        return x.mean(1, keepdim=True), (x.var(1, keepdim=True, unbiased=False) + 1e-5).sqrt()
 
     def predict(self, x: torch.Tensor, marks: torch.Tensor) -> torch.Tensor:
         """The network proper: alignment, time fusion, backbone, personal head."""

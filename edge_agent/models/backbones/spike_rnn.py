@@ -5,18 +5,15 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from edge_agent.models.backbones.base import Backbone
-from edge_agent.models.backbones.spiking import ConvSpikeEncoder, SpikingLinear
+from edge_agent.models.backbones.spiking import ConvSpikeEncoder, SpikingBackbone, SpikingLinear
 from edge_agent.models.config import ModelConfig
 
 
-class SpikeRNN(Backbone):
+class SpikeRNN(SpikingBackbone):
     """Encoder spikes -> Linear(d, D)+LIF -> ``layers`` x (Linear(D, D)+LIF); mean rate over T.
 
     Every layer is a plain Linear + LIF stack, which is what Lava netx and NIR can express.
     """
-
-    kind = "snn"
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -28,5 +25,5 @@ class SpikeRNN(Backbone):
         )
         self.out_shape = (cfg.lookback, hidden)
 
-    def forward(self, z: torch.Tensor) -> torch.Tensor:
-        return self.stack(self.encoder(z)).mean(0)
+    def spike_steps(self, spikes: torch.Tensor) -> torch.Tensor:
+        return self.stack(spikes)

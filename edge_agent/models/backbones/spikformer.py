@@ -7,9 +7,9 @@ from typing import ClassVar
 import torch
 from torch import nn
 
-from edge_agent.models.backbones.base import Backbone
 from edge_agent.models.backbones.spiking import (
     ConvSpikeEncoder,
+    SpikingBackbone,
     SpikingBlock,
     SpikingLinear,
     init_transformer_weights,
@@ -17,10 +17,8 @@ from edge_agent.models.backbones.spiking import (
 from edge_agent.models.config import ModelConfig
 
 
-class _SpikingTransformer(Backbone):
+class _SpikingTransformer(SpikingBackbone):
     """Conv spike encoder, a spiking Linear embedding, then spiking self-attention blocks."""
-
-    kind = "snn"
     default_hidden: ClassVar[int]
     default_d_ff: ClassVar[int]
 
@@ -47,8 +45,8 @@ class Spikformer(_SpikingTransformer):
         super().__init__(cfg, embed_from=cfg.d_qap)
         self.out_shape = (cfg.lookback, self.hidden)
 
-    def forward(self, z: torch.Tensor) -> torch.Tensor:
-        return self.blocks(self.embed(self.encoder(z))).mean(0)
+    def spike_steps(self, spikes: torch.Tensor) -> torch.Tensor:
+        return self.blocks(self.embed(spikes))
 
 
 class ISpikformer(_SpikingTransformer):
@@ -63,6 +61,8 @@ class ISpikformer(_SpikingTransformer):
         super().__init__(cfg, embed_from=cfg.lookback)
         self.out_shape = (self.hidden, cfg.d_qap)
 
-    def forward(self, z: torch.Tensor) -> torch.Tensor:
-        tokens = self.embed(self.encoder(z).transpose(-2, -1))
-        return self.blocks(tokens).mean(0).transpose(1, 2)
+    def spike_steps(self, spikes: torch.Tensor) -> torch.Tensor:
+        return self.blocks(self.embed(spikes.transpose(-2, -1)))
+
+    def readout(self, rate: torch.Tensor) -> torch.Tensor:
+        return rate.transpose(1, 2)

@@ -13,10 +13,31 @@ import torch
 from snntorch import surrogate
 from torch import nn
 
+from edge_agent.models.backbones.base import Backbone
+
 TAU = 2.0
 BETA = 1.0 - 1.0 / TAU
 THRESHOLD = 1.0
 ALPHA = 2.0  # arctan surrogate slope (snntorch's default)
+
+
+def lif_step(
+    current: torch.Tensor, mem: torch.Tensor, spike: torch.Tensor, beta: float, threshold: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One LIF update: h_t = beta * h_{t-1} * (1 - s_{t-1}) + x_t, s_t = [h_t > threshold]."""
+    mem = current + beta * mem * (1 - spike)
+    return mem, (mem > threshold).to(current.dtype)
+
+
+def lif_steps(current: torch.Tensor, beta: float, threshold: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Membranes and spikes of T steps from rest, plain tensor ops (what ONNX export records)."""
+    mem, spike = torch.zeros_like(current[0]), torch.zeros_like(current[0])
+    membranes, spikes = [], []
+    for t in range(current.shape[0]):
+        mem, spike = lif_step(current[t], mem, spike, beta, threshold)
+        membranes.append(mem)
+        spikes.append(spike)
+    return torch.stack(membranes), torch.stack(spikes)
 
 
 class MultiStepLIF(torch.autograd.Function):
@@ -30,13 +51,7 @@ class MultiStepLIF(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, current: torch.Tensor, beta: float, threshold: float, alpha: float) -> torch.Tensor:
-        membrane = torch.empty_like(current)
-        spikes = torch.empty_like(current)
-        mem, spike = torch.zeros_like(current[0]), torch.zeros_like(current[0])
-        for t in range(current.shape[0]):
-            mem = torch.addcmul(current[t], mem, 1 - spike, value=beta)
-            spike = (mem > threshold).to(current.dtype)
-            membrane[t], spikes[t] = mem, spike
+        membrane, spikes = lif_steps(current, beta, threshold)
         ctx.save_for_backward(membrane, spikes)
         ctx.beta, ctx.threshold, ctx.alpha = beta, threshold, alpha
         return spikes
@@ -69,9 +84,17 @@ class LIF(nn.Module):
         self.neuron = snn.Leaky(
             beta=BETA, threshold=threshold, spike_grad=surrogate.atan(ALPHA), reset_mechanism="zero"
         )
+        self.state: tuple[torch.Tensor, torch.Tensor] | None = None  # set for streaming
 
     def forward(self, current: torch.Tensor) -> torch.Tensor:
-        return MultiStepLIF.apply(current, BETA, self.threshold, ALPHA)
+        """Currents (T, ...) -> spikes (T, ...); in streaming mode (``state`` set) one step:
+        currents (...) -> spikes (...), advancing ``state`` = (membrane, last spikes)."""
+        if self.state is not None:
+            self.state = lif_step(current, *self.state, BETA, self.threshold)
+            return self.state[1]
+        if torch.is_grad_enabled() and current.requires_grad:
+            return MultiStepLIF.apply(current, BETA, self.threshold, ALPHA)
+        return lif_steps(current, BETA, self.threshold)[1]
 
     def step_by_step(self, current: torch.Tensor) -> torch.Tensor:
         """The same layer run through snntorch's ``Leaky`` one step at a time (the reference)."""
@@ -115,9 +138,34 @@ class ConvSpikeEncoder(nn.Module):
         self.norm = nn.BatchNorm2d(steps)
         self.lif = LIF()
 
+    def currents(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, L, C) real values -> (T, B, L, C) input currents of the encoder's LIF."""
+        return self.norm(self.conv(x.transpose(1, 2).unsqueeze(1))).permute(1, 0, 3, 2)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        current = self.norm(self.conv(x.transpose(1, 2).unsqueeze(1)))
-        return self.lif(current.permute(1, 0, 3, 2))
+        return self.lif(self.currents(x))
+
+
+class SpikingBackbone(Backbone):
+    """A conv spike encoder, then spiking layers run for T steps, rates averaged over T.
+
+    Split so a gateway can stream it (``export.onnx``): ``encoder.currents`` once, then per step
+    the encoder LIF and ``spike_steps``, then ``readout`` of the mean rate.
+    """
+
+    kind = "snn"
+    encoder: ConvSpikeEncoder
+
+    def spike_steps(self, spikes: torch.Tensor) -> torch.Tensor:
+        """Encoder spikes (T, B, L, d_qap) -> the last layer's spikes (T, B, ...)."""
+        raise NotImplementedError
+
+    def readout(self, rate: torch.Tensor) -> torch.Tensor:
+        """Mean spikes over T -> the (B, A, C) representation for the head."""
+        return rate
+
+    def forward(self, z: torch.Tensor) -> torch.Tensor:
+        return self.readout(self.spike_steps(self.encoder(z)).mean(0))
 
 
 class SpikingSelfAttention(nn.Module):
@@ -131,12 +179,16 @@ class SpikingSelfAttention(nn.Module):
         self.q, self.k, self.v = (SpikingLinear(dim, dim) for _ in range(3))
         self.attn_lif = LIF(THRESHOLD / 2)
         self.out = SpikingLinear(dim, dim)
+        self.record_qkv = False  # operation counting (export.opcount) reads the spike matrices
+        self.last_qkv: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
 
     def split(self, x: torch.Tensor) -> torch.Tensor:
         return x.unflatten(-1, (self.heads, -1)).transpose(-3, -2)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         q, k, v = (self.split(proj(x)) for proj in (self.q, self.k, self.v))
+        if self.record_qkv:
+            self.last_qkv = (q, k, v)
         mixed = (q @ k.transpose(-2, -1)) * self.scale @ v
         return self.out(self.attn_lif(mixed.transpose(-3, -2).flatten(-2)))
 

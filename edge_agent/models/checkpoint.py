@@ -1,0 +1,71 @@
+"""One trained client model in one file: a safetensors state dict whose metadata holds what is
+needed to rebuild it (model config, feature count and names). Nothing in it is ever unpickled."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from pydantic import ValidationError
+from safetensors import SafetensorError
+from safetensors.torch import load_file, safe_open, save
+
+from edge_agent.models.config import ModelConfig
+from edge_agent.models.forecaster import Forecaster
+from edge_agent.storage import write_bytes_atomically
+
+FORMAT = "edgefl-forecaster/1"
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be used; the message names the file and the reason."""
+
+
+def save_checkpoint(model: Forecaster, path: Path, columns: list[str] | None = None) -> None:
+    """Write ``model`` (every parameter and buffer) with its config, atomically."""
+    metadata = {
+        "format": FORMAT, "model": model.cfg.model_dump_json(), "n_features": str(model.n_features),
+        "time_features": str(model.time_features), "columns": json.dumps(columns or []),
+    }
+    state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
+    write_bytes_atomically(Path(path), save(state, metadata=metadata))
+
+
+def load_checkpoint(path: Path) -> tuple[Forecaster, list[str]]:
+    """Rebuild the model in eval mode and return it with its feature names (possibly empty)."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"{path}: checkpoint not found")
+    try:
+        with safe_open(str(path), framework="pt") as handle:
+            metadata = handle.metadata() or {}
+        state = load_file(str(path))
+    except (SafetensorError, OSError) as err:
+        raise CheckpointError(f"{path}: not a safetensors checkpoint ({err})") from None
+    if metadata.get("format") != FORMAT:
+        raise CheckpointError(f"{path}: format is {metadata.get('format')!r}, expected {FORMAT!r}")
+    try:
+        cfg = ModelConfig.model_validate_json(metadata["model"])
+        n_features, time_features = int(metadata["n_features"]), int(metadata["time_features"])
+        columns = json.loads(metadata.get("columns", "[]"))
+    except (KeyError, ValueError, ValidationError) as err:
+        raise CheckpointError(f"{path}: bad metadata: {err}") from None
+    model = Forecaster(cfg, n_features, time_features)
+    _check_state(path, model, state)
+    model.load_state_dict(state)
+    return model.eval(), [str(c) for c in columns]
+
+
+def _check_state(path: Path, model: Forecaster, state: dict) -> None:
+    expected = model.state_dict()
+    missing, unknown = expected.keys() - state.keys(), state.keys() - expected.keys()
+    if missing or unknown:
+        raise CheckpointError(f"{path}: tensors missing {sorted(missing)[:5]}, unknown {sorted(unknown)[:5]}")
+    for name, tensor in state.items():
+        if tensor.shape != expected[name].shape or tensor.dtype != expected[name].dtype:
+            raise CheckpointError(
+                f"{path}: tensor {name!r} is {tuple(tensor.shape)} {tensor.dtype}, "
+                f"the model needs {tuple(expected[name].shape)} {expected[name].dtype}"
+            )
+        if tensor.is_floating_point() and not bool(tensor.isfinite().all()):
+            raise CheckpointError(f"{path}: tensor {name!r} holds NaN or infinite values")

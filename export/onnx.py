@@ -1,0 +1,272 @@
+"""A client's whole forecaster (alignment, backbone, personal head) to ONNX, verified in ONNX Runtime.
+
+Two layouts:
+- ``model.onnx``: the unrolled graph, ``x`` (B, L, F) and ``marks`` (B, L, t) -> ``forecast``
+  (B, H, F); spiking backbones also output ``spikes``, the last layer's spikes over the T steps.
+- streaming (spiking backbones): ``encode.onnx`` (x, marks -> encoder currents (T, ...), window
+  mean and std), ``step.onnx`` (one step's current + every LIF's membrane and last spike ->
+  that step's spikes + the new state) and ``readout.onnx`` (mean rate, mean, std -> forecast).
+  A gateway runs encode once, step T times and readout once; state lives in its memory.
+Every export is run in ONNX Runtime on real windows and compared with torch: spikes must be
+identical and forecasts within ``tolerance``, or ``ExportMismatch`` is raised.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import torch
+from torch import nn
+
+from edge_agent.data import WindowSet
+from edge_agent.models import Forecaster
+from edge_agent.models.backbones.spiking import LIF, SpikingBackbone
+
+TOLERANCE = 1e-5
+OPSET = 17
+
+
+class ExportMismatch(RuntimeError):
+    """ONNX Runtime disagrees with torch on real windows; the message says where and by how much."""
+
+
+@dataclass
+class OnnxReport:
+    """What was written and how closely ONNX Runtime reproduced torch on ``windows`` windows."""
+
+    files: list[str]
+    windows: int
+    max_abs_error: float
+    spikes_checked: int = 0
+    stream_max_abs_error: float | None = None
+    timings_ms: dict[str, float] = field(default_factory=dict)
+
+
+class Unrolled(nn.Module):
+    """The forecaster as one graph; spiking backbones also expose their output spikes."""
+
+    def __init__(self, model: Forecaster):
+        super().__init__()
+        self.model = model
+
+    def forward(self, x: torch.Tensor, marks: torch.Tensor):
+        backbone = self.model.shared["backbone"]
+        if not isinstance(backbone, SpikingBackbone):
+            return self.model(x, marks)
+        z, mean, std = encode_input(self.model, x, marks)
+        spikes = backbone.spike_steps(backbone.encoder(z))
+        return head(self.model, spikes.mean(0), mean, std), spikes
+
+
+class Encode(nn.Module):
+    """Streaming part 1: normalization, QAP, time fusion and the encoder's currents."""
+
+    def __init__(self, model: Forecaster):
+        super().__init__()
+        self.model = model
+
+    def forward(self, x: torch.Tensor, marks: torch.Tensor):
+        z, mean, std = encode_input(self.model, x, marks)
+        return self.model.shared["backbone"].encoder.currents(z), mean, std
+
+
+class Step(nn.Module):
+    """Streaming part 2: one time step of every LIF layer, state in and out as tensors."""
+
+    def __init__(self, backbone: SpikingBackbone):
+        super().__init__()
+        self.backbone = backbone
+        self.lifs = [m for m in backbone.modules() if isinstance(m, LIF)]
+
+    def forward(self, current: torch.Tensor, *state: torch.Tensor):
+        for index, lif in enumerate(self.lifs):
+            lif.state = (state[2 * index], state[2 * index + 1])
+        try:
+            spikes = self.backbone.spike_steps(self.backbone.encoder.lif(current))
+            new_state = [tensor for lif in self.lifs for tensor in lif.state]
+        finally:
+            for lif in self.lifs:
+                lif.state = None
+        return (spikes, *new_state)
+
+
+class Readout(nn.Module):
+    """Streaming part 3: mean rate -> backbone read-out -> personal head -> original scale."""
+
+    def __init__(self, model: Forecaster):
+        super().__init__()
+        self.model = model
+
+    def forward(self, rate: torch.Tensor, mean: torch.Tensor, std: torch.Tensor):
+        return head(self.model, rate, mean, std)
+
+
+def encode_input(model: Forecaster, x: torch.Tensor, marks: torch.Tensor):
+    """(x, marks) -> aligned, time-fused sequence z and the window stats used to undo the norm."""
+    if model.cfg.instance_norm:
+        mean, std = model.window_stats(x)
+    else:
+        mean, std = torch.zeros_like(x[:, :1]), torch.ones_like(x[:, :1])
+    return model.shared["time"](model.align((x - mean) / std), marks), mean, std
+
+
+def head(model: Forecaster, rate: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) -> torch.Tensor:
+    representation = model.shared["backbone"].readout(rate)
+    return model.personal["head"](representation) * std + mean
+
+
+def export_onnx(model: Forecaster, folder: Path, windows: WindowSet, n_windows: int = 64,
+                tolerance: float = TOLERANCE) -> OnnxReport:
+    """Write the unrolled graph (and the streaming graphs for spiking backbones) and verify them."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    model = model.eval()
+    x, marks = sample(windows, n_windows)
+    spiking = isinstance(model.shared["backbone"], SpikingBackbone)
+    outputs = ["forecast", "spikes"] if spiking else ["forecast"]
+    _export(Unrolled(model), (x, marks), folder / "model.onnx", ["x", "marks"], outputs)
+    with torch.no_grad():
+        expected = Unrolled(model)(x, marks)
+    expected = expected if spiking else (expected,)
+    got = run_session(folder / "model.onnx", {"x": x.numpy(), "marks": marks.numpy()})
+    report = OnnxReport(["model.onnx"], len(x), compare(expected, got, tolerance, "model.onnx"))
+    if spiking:
+        report.spikes_checked = int(expected[1].numel())
+        report.stream_max_abs_error = _export_streaming(model, folder, x, marks, expected, tolerance)
+        report.files += ["encode.onnx", "step.onnx", "readout.onnx"]
+    report.timings_ms = time_inference(model, folder / "model.onnx", x, marks)
+    return report
+
+
+def _export_streaming(model: Forecaster, folder: Path, x: torch.Tensor, marks: torch.Tensor,
+                      expected: tuple, tolerance: float) -> float:
+    backbone = model.shared["backbone"]
+    step = Step(backbone)
+    with torch.no_grad():
+        currents, mean, std = Encode(model)(x, marks)
+    state = [torch.zeros(shape) for shape in state_shapes(backbone, currents) for _ in (0, 1)]
+    names = [f"{kind}_{i}" for i in range(len(step.lifs)) for kind in ("membrane", "spike")]
+    _export(Encode(model), (x, marks), folder / "encode.onnx", ["x", "marks"], ["currents", "mean", "std"])
+    _export(step, (currents[0], *state), folder / "step.onnx", ["current", *names],
+            ["spikes", *[f"next_{n}" for n in names]])
+    _export(Readout(model), (expected[1].mean(0), mean, std), folder / "readout.onnx", ["rate", "mean", "std"],
+            ["forecast"])
+    forecast, spikes = stream(folder, x.numpy(), marks.numpy())
+    compare(expected[1:], (spikes,), 0.0, "step.onnx")
+    return compare(expected[:1], (forecast,), tolerance, "readout.onnx")
+
+
+def stream(folder: Path, x: np.ndarray, marks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Run the three streaming graphs as a gateway would: encode, T steps, readout."""
+    encode, step, readout = (ort_session(folder / f"{n}.onnx") for n in ("encode", "step", "readout"))
+    currents, mean, std = encode.run(None, {"x": x, "marks": marks})
+    batch = currents.shape[1]
+    state = {
+        i.name: np.zeros([d if isinstance(d, int) else batch for d in i.shape], np.float32)
+        for i in step.get_inputs()[1:]
+    }
+    spikes = []
+    for current in currents:
+        out = step.run(None, {"current": current, **state})
+        spikes.append(out[0])
+        state = dict(zip(state, out[1:]))
+    rate = np.stack(spikes).mean(0)
+    return readout.run(None, {"rate": rate, "mean": mean, "std": std})[0], np.stack(spikes)
+
+
+def state_shapes(backbone: SpikingBackbone, currents: torch.Tensor) -> list[tuple[int, ...]]:
+    """Every LIF layer's per-step input shape (module order), found by one unrolled pass with hooks."""
+    lifs = [m for m in backbone.modules() if isinstance(m, LIF)]
+    shapes: dict[int, tuple[int, ...]] = {}
+
+    def record(module: nn.Module, args: tuple) -> None:
+        shapes[id(module)] = tuple(args[0].shape[1:])
+
+    hooks = [lif.register_forward_pre_hook(record) for lif in lifs]
+    try:
+        with torch.no_grad():
+            backbone.spike_steps(backbone.encoder.lif(currents))
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return [shapes[id(lif)] for lif in lifs]
+
+
+def _export(module: nn.Module, args: tuple, path: Path, inputs: list[str], outputs: list[str]) -> None:
+    """Legacy (tracing) exporter: it records the Python-side state handling of ``Step`` as plain
+    graph inputs/outputs; every axis but the batch is fixed."""
+    axes = {name: {0: "batch"} for name in inputs + outputs}
+    if "currents" in axes:
+        axes["currents"] = {1: "batch"}
+    if "spikes" in outputs and isinstance(module, Unrolled):
+        axes["spikes"] = {1: "batch"}
+    module.eval()  # the exporter restores the wrapper's mode afterwards, and with it its children's
+    fastpath = torch.backends.mha.get_fastpath_enabled()
+    torch.backends.mha.set_fastpath_enabled(False)  # the fused encoder-layer kernel has no ONNX op
+    try:
+        with warnings.catch_warnings(), torch.no_grad():
+            warnings.simplefilter("ignore")
+            torch.onnx.export(module, args, str(path), input_names=inputs, output_names=outputs,
+                              dynamic_axes=axes, opset_version=OPSET, dynamo=False)
+    finally:
+        torch.backends.mha.set_fastpath_enabled(fastpath)
+
+
+def ort_session(path: Path) -> ort.InferenceSession:
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+
+def run_session(path: Path, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+    return ort_session(path).run(None, feeds)
+
+
+def compare(expected: tuple, got: list | tuple, tolerance: float, what: str) -> float:
+    """Largest absolute difference; raises when it exceeds ``tolerance`` (0 means exact, for spikes)."""
+    worst = 0.0
+    for index, (want, have) in enumerate(zip(expected, got)):
+        want = want.detach().numpy() if isinstance(want, torch.Tensor) else want
+        if want.shape != have.shape:
+            raise ExportMismatch(f"{what}: output {index} has shape {have.shape}, torch gives {want.shape}")
+        error = float(np.abs(want - have).max()) if want.size else 0.0
+        if error > tolerance:
+            differ = int((np.abs(want - have) > tolerance).sum())
+            raise ExportMismatch(
+                f"{what}: output {index} differs from torch by up to {error:.3g} "
+                f"({differ} of {want.size} values beyond {tolerance:g})"
+            )
+        worst = max(worst, error)
+    return worst
+
+
+def sample(windows: WindowSet, n_windows: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x, marks) of up to ``n_windows`` windows spread evenly over the split, float32."""
+    positions = torch.linspace(0, len(windows) - 1, min(n_windows, len(windows))).round().long().unique()
+    x, marks, _ = windows.batch(positions)
+    return x.float(), marks.float()
+
+
+def time_inference(model: Forecaster, path: Path, x: torch.Tensor, marks: torch.Tensor, repeats: int = 20) -> dict:
+    """Median milliseconds per batch: torch eager vs ONNX Runtime on the same windows."""
+    session = ort_session(path)
+    feeds = {"x": x.numpy(), "marks": marks.numpy()}
+
+    def median(run) -> float:
+        run()
+        times = []
+        for _ in range(repeats):
+            started = time.perf_counter()
+            run()
+            times.append((time.perf_counter() - started) * 1000)
+        return float(np.median(times))
+
+    with torch.no_grad():
+        torch_ms = median(lambda: model(x, marks))
+    onnx_ms = median(lambda: session.run(None, feeds))
+    return {"torch_ms": torch_ms, "onnx_ms": onnx_ms, "batch": len(x)}

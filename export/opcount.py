@@ -1,0 +1,211 @@
+"""Operation counts of a forecaster on real windows: MACs, ACs and neuron updates per layer.
+
+FedQAPer section 4.2: real-valued inputs cost multiply-accumulates (MACs); a layer fed spikes
+only accumulates (ACs) where a spike arrived, so its cost scales with the firing rate. Counts
+are exact over the given windows, not rate x estimate: a binary input contributes one AC per
+non-zero input x fan-out; an integer-valued input (a residual sum of spike tensors, values
+0, 1, 2, ...) contributes value x fan-out ACs (a 2 is two spikes arriving together).
+
+Every module with parameters must be counted by a rule in ``RULES`` (whole modules, never their
+functional insides, so fused or functional code paths cannot be silently skipped); a model with
+an unknown parameterized module is refused. Parameter-free elementwise work (residual adds,
+instance norm, mean over T) is not counted. Data movement is not counted either.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+
+import torch
+from torch import nn
+
+from edge_agent.data import WindowSet
+from edge_agent.models import Forecaster
+from edge_agent.models.backbones.spiking import LIF, SpikingSelfAttention
+from edge_agent.models.backbones.dlinear import DLinear
+from edge_agent.models.qap import QueryAttentionPooling, QueryPooling, SlotEmbedding
+
+
+@dataclass
+class LayerOps:
+    """Totals over every counted window; ``input_rate`` is the share of non-zero inputs of a
+    spike-fed layer, ``firing_rate`` the share of spiking neuron steps of a LIF layer."""
+
+    name: str
+    kind: str
+    stage: str
+    macs: float = 0.0
+    acs: float = 0.0
+    neuron_updates: float = 0.0
+    input_rate: float | None = None
+    firing_rate: float | None = None
+    calls: int = 0
+    dense_macs: float = 0.0  # what the spike-driven ACs cost as dense MACs (an SNN on a GPU)
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def _input_kind(x: torch.Tensor) -> str:
+    if bool(((x == 0) | (x == 1)).all()):
+        return "spikes"
+    if bool((x == x.round()).all()) and bool((x >= 0).all()):
+        return "counts"
+    return "real"
+
+
+def _dense(ops: LayerOps, x: torch.Tensor, fan_out: int, fan_in: int) -> None:
+    """A dense map applied to every row of ``x`` (last axis = fan_in)."""
+    rows = x.numel() // fan_in
+    if _input_kind(x) == "real":
+        ops.macs += rows * fan_in * fan_out
+    else:
+        ops.acs += float(x.sum()) * fan_out
+        ops.dense_macs += rows * fan_in * fan_out
+        ops.input_rate = float((x != 0).float().mean())
+
+
+def _linear(ops: LayerOps, module: nn.Linear, args: tuple, out: torch.Tensor) -> None:
+    _dense(ops, args[0], module.out_features, module.in_features)
+
+
+def _conv(ops: LayerOps, module: nn.Conv2d, args: tuple, out: torch.Tensor) -> None:
+    per_output = module.in_channels // module.groups * module.kernel_size[0] * module.kernel_size[1]
+    if _input_kind(args[0]) != "real":
+        raise NotImplementedError(f"{ops.name}: counting a convolution over spikes is not implemented")
+    ops.macs += out.numel() * per_output
+
+
+def _lif(ops: LayerOps, module: LIF, args: tuple, out: torch.Tensor) -> None:
+    ops.neuron_updates += out.numel()
+    ops.firing_rate = float(out.mean())
+
+
+def _recurrent(ops: LayerOps, module: nn.LSTM | nn.GRU, args: tuple, out: tuple) -> None:
+    """Gates x (input + hidden) x hidden MACs per step per layer (4 gates LSTM, 3 GRU)."""
+    batch, steps = args[0].shape[:2]
+    gates = 4 if isinstance(module, nn.LSTM) else 3
+    width = module.input_size
+    for _ in range(module.num_layers):
+        ops.macs += batch * steps * gates * (width + module.hidden_size) * module.hidden_size
+        width = module.hidden_size
+
+
+def _encoder_layer(ops: LayerOps, module: nn.TransformerEncoderLayer, args: tuple, out: torch.Tensor) -> None:
+    """Q/K/V/out projections, QK^T and attn V over N tokens of width d, and the two FFN layers."""
+    batch, tokens, d = args[0].shape
+    ffn = module.linear1.out_features
+    ops.macs += batch * (4 * tokens * d * d + 2 * tokens * tokens * d + 2 * tokens * d * ffn)
+
+
+def _query_pooling(ops: LayerOps, module: QueryPooling, args: tuple, out: torch.Tensor) -> None:
+    """Q queries over N sets of F vectors of width d with h heads (see ``QueryPooling``): the
+    query projection and its fold into the key weights (2 Q d^2, once), then per set the scores
+    and the pooling (2 F d Q h) and the value and output projections of the pooled vectors
+    (2 Q d^2)."""
+    queries, x = args
+    n_sets, n_vectors, d = x.shape
+    q = queries.shape[0]
+    ops.macs += 2 * q * d * d + n_sets * (2 * n_vectors * d * q * module.heads + 2 * q * d * d)
+
+
+def _dlinear(ops: LayerOps, module: DLinear, args: tuple, out: torch.Tensor) -> None:
+    """The moving average (k MACs per value, as the equivalent convolution) and the seasonal
+    and trend maps L -> H over every channel."""
+    batch, length, channels = args[0].shape
+    horizon = module.seasonal.out_features
+    ops.macs += batch * channels * (length * module.kernel + 2 * length * horizon)
+
+
+def _spiking_attention(ops: LayerOps, module: SpikingSelfAttention, args: tuple, out: torch.Tensor) -> None:
+    """Only the spike-spike matmuls: the q/k/v/out projections and LIFs are counted as their own
+    layers. QK^T costs one AC per pair of co-active query and key bits; attn x V one AC per
+    (query row, spiking value) pair, the value being binary."""
+    q, k, v = module.last_qkv
+    ops.acs += float((q @ k.transpose(-2, -1)).sum()) + float(v.sum()) * q.shape[-2]
+    ops.dense_macs += 2 * q.numel() * k.shape[-2]
+    ops.input_rate = float(torch.cat([q.flatten(), k.flatten(), v.flatten()]).mean())
+
+
+Rule = Callable[[LayerOps, nn.Module, tuple, object], None]
+RULES: dict[type[nn.Module], Rule] = {
+    nn.Linear: _linear,
+    nn.Conv2d: _conv,
+    LIF: _lif,
+    nn.LSTM: _recurrent,
+    nn.GRU: _recurrent,
+    nn.TransformerEncoderLayer: _encoder_layer,
+    QueryPooling: _query_pooling,
+    DLinear: _dlinear,
+}
+FOLDED = (nn.BatchNorm1d, nn.BatchNorm2d, nn.LayerNorm)  # folded or elementwise: not counted
+DATA_ONLY = (QueryAttentionPooling, SlotEmbedding)  # own parameters only feed counted ops or adds
+
+
+def stage_of(name: str) -> str:
+    if name.startswith("shared.backbone"):
+        return "backbone"
+    return "head" if name.startswith("personal.head") else "pre-backbone"
+
+
+def count_ops(model: Forecaster, windows: WindowSet, batch_size: int = 256) -> tuple[list[LayerOps], int]:
+    """Per-layer totals over every window of ``windows`` (divide by the count for per-window)."""
+    model = model.eval()
+
+    def run() -> None:
+        for x, marks, _ in windows.batches(batch_size, shuffle=False):
+            model(x, marks)
+
+    return measure(model, run), len(windows)
+
+
+def measure(model: nn.Module, run: Callable[[], object]) -> list[LayerOps]:
+    """Count every operation of ``model`` while ``run`` uses it (in eval mode, without grad)."""
+    counted = _counted_modules(model)
+    layers = {name: LayerOps(name, type(m).__name__, stage_of(name)) for name, m in counted.items()}
+    hooks = [m.register_forward_hook(_hook(layers[name], RULES.get(type(m), _spiking_attention)))
+             for name, m in counted.items()]
+    attention = [m for m in model.modules() if isinstance(m, SpikingSelfAttention)]
+    for module in attention:
+        module.record_qkv = True
+    try:
+        with torch.no_grad():
+            run()
+    finally:
+        for hook in hooks:
+            hook.remove()
+        for module in attention:
+            module.record_qkv, module.last_qkv = False, None
+    silent = [name for name, ops in layers.items() if not ops.calls]
+    if silent:
+        raise RuntimeError(f"layers that never ran, so their operations could not be counted: {silent[:5]}")
+    return list(layers.values())
+
+
+def _hook(ops: LayerOps, rule: Rule):
+    def record(module: nn.Module, args: tuple, out: object) -> None:
+        ops.calls += 1
+        rule(ops, module, args, out)
+
+    return record
+
+
+def _counted_modules(model: nn.Module) -> dict[str, nn.Module]:
+    """The modules that carry a rule; refuses a parameterized module no rule covers."""
+    counted: dict[str, nn.Module] = {}
+    covered: set[str] = set()
+    for name, module in model.named_modules():
+        if any(name.startswith(prefix + ".") for prefix in covered):
+            continue
+        if type(module) in RULES or isinstance(module, SpikingSelfAttention):
+            counted[name] = module
+            if type(module) in RULES:
+                covered.add(name)
+        elif isinstance(module, FOLDED):
+            covered.add(name)
+        elif isinstance(module, DATA_ONLY):
+            continue
+        elif any(True for _ in module.parameters(recurse=False)):
+            raise NotImplementedError(f"{name}: no operation-count rule for {type(module).__name__}")
+    return counted

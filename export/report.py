@@ -1,0 +1,69 @@
+"""Energy reports as a user reads them: markdown tables, JSON and a bar chart per stage."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from export.energy import STAGES, EnergyReport
+
+
+def _count(value: float) -> str:
+    return f"{value:.3g}" if value else "0"
+
+
+def markdown(model: str, reports: list[EnergyReport]) -> str:
+    """Per profile: stages (ops and pJ per forecast), then the ten most expensive layers."""
+    lines = [f"# Energy per forecast: {model}", ""]
+    for report in reports:
+        rate = f"{report.firing_rate:.3f}" if report.firing_rate is not None else "-"
+        lines += [
+            f"## {report.profile} ({report.precision}), mean over {report.windows} real windows, firing rate {rate}",
+            "", "| stage | MACs | ACs | neuron updates | energy (pJ) | not priced on this target |",
+            "|---|---|---|---|---|---|",
+        ]
+        for name in STAGES:
+            stage = report.stages[name]
+            off = ", ".join(f"{_count(n)} {op}" for op, n in stage.off_chip.items()) or "-"
+            lines.append(f"| {name} | {_count(stage.macs)} | {_count(stage.acs)} | {_count(stage.neuron_updates)} | "
+                         f"{stage.pj:.4g} | {off} |")
+        lines += [f"| **total** | | | | **{report.total_pj:.4g}** | |", "",
+                  "| layer | MACs | ACs | energy (pJ) |", "|---|---|---|---|"]
+        for name, row in sorted(report.layers.items(), key=lambda item: -item[1].pj)[:10]:
+            lines.append(f"| {name} | {_count(row.macs)} | {_count(row.acs)} | {row.pj:.4g} |")
+        lines.append("")
+    lines.append("Caveats: memory traffic is not counted; elementwise work without parameters (residual adds, "
+                 "normalisation of the input window, the mean over T) is not counted; ops a target cannot run "
+                 "are listed, not priced.")
+    return "\n".join(lines) + "\n"
+
+
+def plot(model: str, reports: list[EnergyReport], path: Path) -> None:
+    """Energy per stage and profile, log scale (targets differ by orders of magnitude)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(1.8 + 1.6 * len(reports), 3.4))
+    width = 0.8 / len(STAGES)
+    for offset, stage in enumerate(STAGES):
+        values = [max(report.stages[stage].pj, 1e-3) for report in reports]
+        positions = [i + (offset - 1) * width for i in range(len(reports))]
+        ax.bar(positions, values, width, label=stage)
+    ax.set_xticks(range(len(reports)), [f"{r.profile}\n{r.precision}" for r in reports])
+    ax.set(yscale="log", ylabel="pJ per forecast", title=model)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def write(folder: Path, model: str, reports: list[EnergyReport]) -> list[Path]:
+    """energy.md, energy.json and energy.png in ``folder``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = [folder / "energy.md", folder / "energy.json", folder / "energy.png"]
+    paths[0].write_text(markdown(model, reports))
+    paths[1].write_text(json.dumps({"model": model, "reports": [r.as_dict() for r in reports]}, indent=2))
+    plot(model, reports, paths[2])
+    return paths

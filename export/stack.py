@@ -1,0 +1,95 @@
+"""The part of a spiking backbone a neuromorphic chip can run: Dense + LIF layers, BatchNorm folded.
+
+SpikeRNN splits in two: the conv spike encoder reads real values (a MAC workload, kept off-chip
+on the gateway's CPU) and emits spikes (T, B, L, d_qap); the stack of Linear + BatchNorm + LIF
+layers is applied to every one of the L positions with the same weights, so the on-chip network
+is one copy of that stack with d_qap input neurons, run once per position for T steps. Its last
+layer's spikes, averaged over T, feed the personal head (again off-chip).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+from torch import nn
+
+from edge_agent.models.backbones.spike_rnn import SpikeRNN
+from edge_agent.models.backbones.spiking import BETA, SpikingLinear
+
+
+class UnsupportedLayerError(ValueError):
+    """A layer the target format cannot express; the message names the layer and why."""
+
+
+@dataclass(frozen=True)
+class DenseLIF:
+    """``current = weight @ spikes + bias`` then a LIF neuron (reset to zero):
+    ``v_t = beta * v_{t-1} * (1 - s_{t-1}) + current_t``, ``s_t = [v_t > threshold]``."""
+
+    name: str
+    weight: np.ndarray  # (out, in), float64, BatchNorm folded in
+    bias: np.ndarray  # (out,)
+    beta: float
+    threshold: float
+
+
+@dataclass(frozen=True)
+class SpikingStack:
+    """The on-chip layers in order, plus what stays off-chip around them."""
+
+    input_size: int
+    layers: list[DenseLIF]
+    off_chip: list[str] = field(default_factory=list)
+
+    def run(self, spikes: np.ndarray) -> list[np.ndarray]:
+        """Float reference simulation: input spikes (T, N, input_size) -> every layer's spikes."""
+        outputs, x = [], spikes.astype(np.float64)
+        for layer in self.layers:
+            current = x @ layer.weight.T + layer.bias
+            v, s, out = np.zeros(current.shape[1:]), np.zeros(current.shape[1:]), np.empty_like(current)
+            for t in range(current.shape[0]):
+                v = layer.beta * v * (1 - s) + current[t]
+                s = (v > layer.threshold).astype(np.float64)
+                out[t] = s
+            outputs.append(out)
+            x = out
+        return outputs
+
+
+def fold_batchnorm(linear: nn.Linear, norm: nn.BatchNorm1d) -> tuple[np.ndarray, np.ndarray]:
+    """Eval-mode BatchNorm after a Linear, folded into its weight and bias (float64)."""
+    weight = linear.weight.detach().double()
+    bias = linear.bias.detach().double() if linear.bias is not None else weight.new_zeros(weight.shape[0])
+    scale = norm.weight.detach().double() / (norm.running_var.double() + norm.eps).sqrt()
+    shift = norm.bias.detach().double() - scale * norm.running_mean.double()
+    return (scale[:, None] * weight).numpy(), (scale * bias + shift).numpy()
+
+
+def spiking_stack(backbone: nn.Module, prefix: str = "shared.backbone") -> SpikingStack:
+    """Extract the Dense + LIF stack of ``backbone``, or fail naming the first layer that is not one."""
+    if not isinstance(backbone, SpikeRNN):
+        raise UnsupportedLayerError(_why_not(backbone, prefix))
+    layers = []
+    for index, block in enumerate(backbone.stack):
+        if not isinstance(block, SpikingLinear):
+            raise UnsupportedLayerError(f"{prefix}.stack.{index}: {type(block).__name__} is not Linear + LIF")
+        weight, bias = fold_batchnorm(block.linear, block.norm)
+        layers.append(DenseLIF(f"{prefix}.stack.{index}", weight, bias, BETA, float(block.lif.threshold)))
+    return SpikingStack(
+        input_size=layers[0].weight.shape[1], layers=layers,
+        off_chip=[f"{prefix}.encoder (conv on real values)", "mean over T and the personal head"],
+    )
+
+
+def _why_not(backbone: nn.Module, prefix: str) -> str:
+    kind = getattr(backbone, "kind", "ann")
+    if kind != "snn":
+        return f"{prefix}: {type(backbone).__name__} is an ANN backbone; only spiking stacks export to this format"
+    for name, module in backbone.named_modules():
+        if type(module).__name__ == "SpikingSelfAttention":
+            return (
+                f"{prefix}.{name}: spiking self-attention multiplies two spike tensors (Q K^T, attn V); "
+                "no Dense/Conv + LIF layer expresses that. Export it to ONNX instead"
+            )
+    return f"{prefix}: {type(backbone).__name__} has no Dense + LIF stack this exporter knows"

@@ -1,0 +1,95 @@
+"""ONNX export of every backbone, verified in ONNX Runtime on real weather windows."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from edge_agent.data import load_site, prepare_client
+from edge_agent.models import BACKBONES, CheckpointError, build_forecaster, load_checkpoint, save_checkpoint
+from export.onnx import ExportMismatch, compare, export_onnx, run_session, stream
+from tests.conftest import small_config, trained
+
+
+@pytest.fixture(scope="module")
+def site():
+    return prepare_client(load_site("amsterdam"), 24, 12, stride=24)
+
+
+@pytest.mark.parametrize("backbone", sorted(BACKBONES))
+def test_every_backbone_exports_and_onnx_runtime_reproduces_it(backbone: str, site, tmp_path: Path) -> None:
+    model = trained(backbone, site)
+    report = export_onnx(model, tmp_path, site.test, n_windows=32)
+    assert report.windows == 32 and report.max_abs_error <= 1e-5
+    if BACKBONES[backbone].kind == "snn":
+        assert set(report.files) == {"model.onnx", "encode.onnx", "step.onnx", "readout.onnx"}
+        assert report.spikes_checked > 0 and report.stream_max_abs_error <= 1e-5
+        x, marks, _ = site.test.batch(torch.arange(8))
+        forecast, spikes = stream(tmp_path, x.numpy(), marks.numpy())
+        assert 0.0 < spikes.mean() < 1.0 and set(np.unique(spikes)) <= {0.0, 1.0}
+        torch.testing.assert_close(torch.from_numpy(forecast), model(x, marks).detach(), atol=1e-5, rtol=0)
+    else:
+        assert report.files == ["model.onnx"]
+
+
+def test_a_model_that_onnx_cannot_reproduce_is_refused(site, tmp_path: Path) -> None:
+    model = trained("dlinear", site)
+    export_onnx(model, tmp_path, site.test, n_windows=8)
+    x, marks, _ = site.test.batch(torch.arange(8))
+    with torch.no_grad():
+        expected = model(x, marks) + 1e-3  # what a broken export would be compared against
+    with pytest.raises(ExportMismatch, match="differs from torch"):
+        compare((expected,), run_session(tmp_path / "model.onnx", {"x": x.numpy(), "marks": marks.numpy()}), 1e-5, "x")
+
+
+def test_checkpoint_round_trip_and_bad_files_name_the_reason(site, tmp_path: Path) -> None:
+    model = trained("spikernn", site)
+    path = tmp_path / "m.safetensors"
+    save_checkpoint(model, path, list(site.columns))
+    again, columns = load_checkpoint(path)
+    assert columns == list(site.columns)
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), again.state_dict().values()))
+    (tmp_path / "cut.safetensors").write_bytes(path.read_bytes()[:100])
+    with pytest.raises(CheckpointError, match="cut.safetensors.*not a safetensors"):
+        load_checkpoint(tmp_path / "cut.safetensors")
+    with pytest.raises(CheckpointError, match="not found"):
+        load_checkpoint(tmp_path / "none.safetensors")
+    broken = build_forecaster(small_config("spikernn"), site.n_features, 4, seed=1)
+    with torch.no_grad():
+        next(broken.parameters()).fill_(float("nan"))
+    save_checkpoint(broken, tmp_path / "nan.safetensors")
+    with pytest.raises(CheckpointError, match="NaN"):
+        load_checkpoint(tmp_path / "nan.safetensors")
+
+
+def test_export_command_on_a_checkpoint_and_the_agent_forecasts_with_onnx(site, tmp_path: Path) -> None:
+    path = tmp_path / "m.safetensors"
+    save_checkpoint(trained("spikernn", site), path, list(site.columns))
+    run = [sys.executable, "-m", "edgefl.cli", "export", "onnx", "--checkpoint", str(path)]
+    proc = subprocess.run([*run, "--site", "amsterdam", "--out", str(tmp_path / "onnx")], capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "spikes identical" in proc.stdout and (tmp_path / "onnx" / "step.onnx").is_file()
+    proc = subprocess.run([*run, "--site", "burlington", "--out", str(tmp_path / "x")], capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 2 and "burlington" in proc.stdout and "Traceback" not in proc.stdout + proc.stderr
+
+
+def test_the_agent_forecasts_with_the_exported_model(site, tmp_path: Path) -> None:
+    from edge_agent.agent import run_onnx_forecast
+
+    model = trained("itransformer", site)
+    export_onnx(model, tmp_path, site.test, n_windows=8)
+    x, marks, _ = site.test.batch(torch.arange(3))
+    got = run_onnx_forecast(tmp_path / "model.onnx", x.numpy(), marks.numpy())
+    torch.testing.assert_close(torch.from_numpy(got), model(x, marks).detach(), atol=1e-5, rtol=0)
+    with pytest.raises(ValueError, match="expects"):
+        run_onnx_forecast(tmp_path / "model.onnx", x[:, :, :2].numpy(), marks.numpy())
+    (tmp_path / "junk.onnx").write_bytes(b"junk")
+    with pytest.raises(ValueError, match="junk.onnx"):
+        run_onnx_forecast(tmp_path / "junk.onnx", x.numpy(), marks.numpy())

@@ -1,0 +1,92 @@
+"""Operation counts against hand counts, and on every backbone with real data."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from edge_agent.data import load_site, prepare_client
+from edge_agent.models import BACKBONES
+from edge_agent.models.backbones.spiking import SpikingSelfAttention
+from export.opcount import count_ops, measure
+from tests.conftest import trained
+
+
+def by_name(layers) -> dict:
+    return {layer.name: layer for layer in layers}
+
+
+def test_linear_on_real_values_costs_every_mac() -> None:
+    net = nn.Sequential(nn.Linear(4, 3))
+    layers = by_name(measure(net, lambda: net(torch.randn(2, 5, 4))))
+    assert layers["0"].macs == 2 * 5 * 4 * 3 and layers["0"].acs == 0
+
+
+def test_linear_on_spikes_costs_one_ac_per_spike_and_fan_out() -> None:
+    net = nn.Sequential(nn.Linear(6, 2))
+    spikes = torch.zeros(60)
+    spikes[torch.randperm(60, generator=torch.Generator().manual_seed(0))[:17]] = 1
+    layers = by_name(measure(net, lambda: net(spikes.reshape(10, 6))))
+    assert layers["0"].acs == 17 * 2 and layers["0"].macs == 0
+    assert layers["0"].input_rate == pytest.approx(17 / 60)
+    counts = torch.tensor([[0.0, 2.0, 1.0, 0.0, 3.0, 0.0]])  # a residual sum of spike tensors
+    layers = by_name(measure(net, lambda: net(counts)))
+    assert layers["0"].acs == 6 * 2
+
+
+def test_one_spiking_attention_block_matches_a_loop_count() -> None:
+    torch.manual_seed(4)
+    block = SpikingSelfAttention(dim=8, heads=2).eval()
+    for linear in (block.q.linear, block.k.linear, block.v.linear, block.out.linear):
+        nn.init.uniform_(linear.weight, -0.2, 0.6)
+    x = (torch.rand(3, 2, 5, 8) < 0.4).float()  # (T, B, N, D) spikes
+    layers = by_name(measure(block, lambda: block(x)))
+    with torch.no_grad():
+        q, k, v = (block.split(proj(x)) for proj in (block.q, block.k, block.v))
+        attn_spikes = block.attn_lif(((q @ k.transpose(-2, -1)) * block.scale @ v).transpose(-3, -2).flatten(-2))
+    qk = av = 0
+    for t in range(3):
+        for b in range(2):
+            for h in range(2):
+                for i in range(5):
+                    for j in range(5):
+                        qk += int(sum(q[t, b, h, i, d] * k[t, b, h, j, d] for d in range(4)))
+                        av += int(sum(v[t, b, h, j, e] for e in range(4)))
+    assert qk > 0 and av > 0
+    assert layers[""].acs == qk + av
+    for name in ("q.linear", "k.linear", "v.linear"):
+        assert layers[name].acs == x.sum() * 8 and layers[name].macs == 0
+    assert layers["out.linear"].acs == attn_spikes.sum() * 8
+    for name in ("q.lif", "k.lif", "v.lif", "attn_lif", "out.lif"):
+        assert layers[name].neuron_updates == 3 * 2 * 5 * 8
+    total = sum(layer.acs for layer in layers.values())
+    assert total == qk + av + 3 * x.sum() * 8 + attn_spikes.sum() * 8
+
+
+def test_a_module_without_a_counting_rule_is_refused() -> None:
+    net = nn.Sequential(nn.Linear(3, 3), nn.Bilinear(3, 3, 2))
+    with pytest.raises(NotImplementedError, match="1: no operation-count rule for Bilinear"):
+        measure(net, lambda: None)
+
+
+@pytest.fixture(scope="module")
+def site():
+    return prepare_client(load_site("amsterdam"), 24, 12, stride=24)
+
+
+@pytest.mark.parametrize("backbone", sorted(BACKBONES))
+def test_every_backbone_is_counted_on_real_windows(backbone: str, site) -> None:
+    layers, windows = count_ops(trained(backbone, site), site.test)
+    assert windows == len(site.test)
+    stages = {layer.stage for layer in layers}
+    assert stages == {"pre-backbone", "backbone", "head"}
+    backbone_layers = [layer for layer in layers if layer.stage == "backbone"]
+    if BACKBONES[backbone].kind == "snn":
+        assert sum(layer.acs for layer in backbone_layers) > 0
+        assert [layer.name for layer in backbone_layers if layer.macs] == ["shared.backbone.encoder.conv"]
+        rates = [layer.firing_rate for layer in layers if layer.firing_rate is not None]
+        assert rates and all(0.0 <= rate <= 1.0 for rate in rates)
+    else:
+        assert all(layer.acs == 0 for layer in layers)
+        assert sum(layer.macs for layer in backbone_layers) > 0
