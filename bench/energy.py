@@ -5,7 +5,8 @@ FedQAPer section 4.2: pre-backbone and head are MACs for every backbone; an ANN 
 MACs, a spiking one ACs in proportion to its firing rate (plus the real-valued encoder's MACs).
 The paper reports iSpikformer's backbone at 8.51e8 pJ vs iTransformer's 9.64e10 pJ (about 113x)
 on 45 nm. Each backbone here is trained briefly on one site so its firing rates are those of a
-trained model, then counted on that site's held-out test windows. Usage:
+trained model (BatchNorm statistics recomputed on the training windows, see
+``calibrate_batchnorm``), then counted on that site's held-out test windows. Usage:
 
     python bench/energy.py --quick      # a few minutes on 2 cores
     python bench/energy.py              # longer training of the same paper-size models
@@ -37,7 +38,7 @@ def run_job(backbone: str, cfg: dict, threads: int) -> dict:
     from edge_agent.data import load_site, prepare_client
     from edge_agent.models import BACKBONES as REGISTRY
     from edge_agent.models import ModelConfig, build_forecaster
-    from edge_agent.train import make_optimizer, train_epochs
+    from edge_agent.train import calibrate_batchnorm, make_optimizer, train_epochs
     from export.energy import energy_report
     from export.onnx import export_onnx
     from export.opcount import count_ops
@@ -49,6 +50,7 @@ def run_job(backbone: str, cfg: dict, threads: int) -> dict:
     model = build_forecaster(ModelConfig(backbone=backbone, lookback=cfg["lookback"], horizon=cfg["horizon"]),
                              data.n_features, 4, cfg["seed"])
     train_epochs(model, data.train, cfg["epochs"], cfg["batch_size"], make_optimizer(model, cfg["lr"]), cfg["seed"])
+    calibrate_batchnorm(model, data.train)  # after a short training the running stats are still at init
     positions = torch.linspace(0, len(data.test) - 1, cfg["test_windows"]).round().long().unique()
     test = dataclasses.replace(data.test, starts=data.test.starts[positions])  # evenly spread test windows
     layers, windows = count_ops(model, test)

@@ -61,6 +61,31 @@ def train_epochs(
 
 
 @torch.no_grad()
+def calibrate_batchnorm(model: nn.Module, windows: WindowSet, batch_size: int = 256) -> nn.Module:
+    """Recompute every BatchNorm's running statistics as plain averages over ``windows``.
+
+    Eval mode normalizes with running statistics, which after a short training still sit near
+    their initial values (mean 0, variance 1); a spiking model then sees tiny currents and stays
+    silent. One pass without gradients over the training windows fixes that without changing any
+    weight. Dropout stays off during the pass. Returns the model in eval mode.
+    """
+    norms = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+    momenta = [m.momentum for m in norms]
+    model.eval()
+    for norm in norms:
+        norm.reset_running_stats()
+        norm.momentum = None  # cumulative average
+        norm.train()
+    try:
+        for x, marks, _ in windows.batches(batch_size, shuffle=False):
+            model(x, marks)
+    finally:
+        for norm, momentum in zip(norms, momenta):
+            norm.momentum = momentum
+    return model.eval()
+
+
+@torch.no_grad()
 def evaluate(model: nn.Module, windows: WindowSet, batch_size: int = 256) -> Metrics:
     """MSE and MAE on the normalized scale over all windows of a split."""
     model.eval()

@@ -74,6 +74,8 @@ def export_onnx_command(
         f"verified on {report.windows} real test windows: forecast max |error| {report.max_abs_error:.2e}"
         + (f", {report.spikes_checked} spikes identical, streaming max |error| {report.stream_max_abs_error:.2e}"
            if report.spikes_checked else "")
+        + (f" ({report.tie_windows} windows with a membrane within 1e-4 of a threshold left out)"
+           if report.tie_windows else "")
     )
     timing = report.timings_ms
     console.print(f"batch of {timing['batch']}: torch {timing['torch_ms']:.2f} ms, ONNX Runtime {timing['onnx_ms']:.2f} ms")

@@ -233,16 +233,23 @@ def export_lava(
     positions = torch.linspace(0, len(windows) - 1, min(n_windows, len(windows))).round().long().unique()
     x, marks, _ = windows.batch(positions)
     spikes = encoder_spikes(model, x, marks)
-    quantized = write_netx(stack, path, steps=spikes.shape[0])
-    chip = simulate_cuba(read_netx(path), spikes)
-    agree_q = [float((a == b).mean()) for a, b in zip(chip, quantized_stack(stack).run(spikes))]
-    agree_f = [float((a == b).mean()) for a, b in zip(chip, stack.run(spikes))]
-    for layer, agreement in zip(stack.layers, agree_q):
-        if agreement < min_agreement:
-            raise LavaMismatchError(
-                f"{layer.name}: the netx file's fixed-point spikes agree with the quantized model in only "
-                f"{agreement:.4%} of entries (min_agreement {min_agreement:.2%}); {path} does not reproduce it"
-            )
+    path = Path(path)
+    partial = path.with_name(path.name + ".partial")  # ``path`` only ever holds a checked file
+    try:
+        quantized = write_netx(stack, partial, steps=spikes.shape[0])
+        chip = simulate_cuba(read_netx(partial), spikes)
+        agree_q = [float((a == b).mean()) for a, b in zip(chip, quantized_stack(stack).run(spikes))]
+        agree_f = [float((a == b).mean()) for a, b in zip(chip, stack.run(spikes))]
+        for layer, agreement in zip(stack.layers, agree_q):
+            if agreement < min_agreement:
+                raise LavaMismatchError(
+                    f"{layer.name}: the netx file's fixed-point spikes agree with the quantized model in only "
+                    f"{agreement:.4%} of entries (min_agreement {min_agreement:.2%}); {path} not written"
+                )
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
+    partial.replace(path)
     names = [layer.name for layer in stack.layers]
     report = {
         "layers": [

@@ -25,9 +25,10 @@ from torch import nn
 
 from edge_agent.data import WindowSet
 from edge_agent.models import Forecaster
-from edge_agent.models.backbones.spiking import LIF, SpikingBackbone
+from edge_agent.models.backbones.spiking import BETA, LIF, SpikingBackbone, lif_steps
 
 TOLERANCE = 1e-5
+TIE_MARGIN = 1e-4  # membranes closer than this to a threshold may spike differently in float32
 OPSET = 17
 
 
@@ -44,6 +45,7 @@ class OnnxReport:
     max_abs_error: float
     spikes_checked: int = 0
     stream_max_abs_error: float | None = None
+    tie_windows: int = 0
     timings_ms: dict[str, float] = field(default_factory=dict)
 
 
@@ -122,7 +124,14 @@ def head(model: Forecaster, rate: torch.Tensor, mean: torch.Tensor, std: torch.T
 
 def export_onnx(model: Forecaster, folder: Path, windows: WindowSet, n_windows: int = 64,
                 tolerance: float = TOLERANCE) -> OnnxReport:
-    """Write the unrolled graph (and the streaming graphs for spiking backbones) and verify them."""
+    """Write the unrolled graph (and the streaming graphs for spiking backbones) and verify them.
+
+    A spike is a threshold test, so a membrane within float32 rounding of the threshold may fire
+    in one runtime and not the other, and everything downstream then differs legitimately. Windows
+    where torch sees any membrane within ``TIE_MARGIN`` of a threshold are therefore left out of
+    the exact comparison and counted in the report (``tie_windows``); every other window must give
+    identical spikes and forecasts within ``tolerance``.
+    """
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     model = model.eval()
@@ -133,18 +142,49 @@ def export_onnx(model: Forecaster, folder: Path, windows: WindowSet, n_windows: 
     with torch.no_grad():
         expected = Unrolled(model)(x, marks)
     expected = expected if spiking else (expected,)
+    clear = threshold_margins(model, x, marks) > TIE_MARGIN
+    if int(clear.sum()) < len(x) / 2:
+        raise ExportMismatch(f"cannot verify: {int((~clear).sum())} of {len(x)} windows have a membrane within "
+                             f"{TIE_MARGIN:g} of a threshold")
     got = run_session(folder / "model.onnx", {"x": x.numpy(), "marks": marks.numpy()})
-    report = OnnxReport(["model.onnx"], len(x), compare(expected, got, tolerance, "model.onnx"))
+    error = compare(_windows(expected, clear), _windows(got, clear), tolerance, "model.onnx")
+    report = OnnxReport(["model.onnx"], len(x), error, tie_windows=int((~clear).sum()))
     if spiking:
-        report.spikes_checked = int(expected[1].numel())
-        report.stream_max_abs_error = _export_streaming(model, folder, x, marks, expected, tolerance)
+        report.spikes_checked = int(_windows(expected, clear)[1].size)
+        report.stream_max_abs_error = _export_streaming(model, folder, x, marks, expected, clear, tolerance)
         report.files += ["encode.onnx", "step.onnx", "readout.onnx"]
     report.timings_ms = time_inference(model, folder / "model.onnx", x, marks)
     return report
 
 
+def threshold_margins(model: Forecaster, x: torch.Tensor, marks: torch.Tensor) -> torch.Tensor:
+    """Per window, the smallest distance of any LIF membrane to its threshold (inf for an ANN)."""
+    margins = torch.full((len(x),), float("inf"))
+
+    def record(module: LIF, args: tuple) -> None:
+        membranes, _ = lif_steps(args[0], BETA, module.threshold)
+        distance = (membranes - module.threshold).abs().transpose(0, 1).flatten(1).amin(1)
+        margins.copy_(torch.minimum(margins, distance))
+
+    hooks = [m.register_forward_pre_hook(record) for m in model.modules() if isinstance(m, LIF)]
+    try:
+        with torch.no_grad():
+            model(x, marks)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return margins
+
+
+def _windows(outputs: tuple | list, keep: torch.Tensor) -> tuple:
+    """The kept windows of (forecast (B, ...), spikes (T, B, ...)) as numpy arrays."""
+    arrays = [o.detach().numpy() if isinstance(o, torch.Tensor) else o for o in outputs]
+    mask = keep.numpy()
+    return tuple(a[mask] if i == 0 else a[:, mask] for i, a in enumerate(arrays))
+
+
 def _export_streaming(model: Forecaster, folder: Path, x: torch.Tensor, marks: torch.Tensor,
-                      expected: tuple, tolerance: float) -> float:
+                      expected: tuple, clear: torch.Tensor, tolerance: float) -> float:
     backbone = model.shared["backbone"]
     step = Step(backbone)
     with torch.no_grad():
@@ -157,8 +197,9 @@ def _export_streaming(model: Forecaster, folder: Path, x: torch.Tensor, marks: t
     _export(Readout(model), (expected[1].mean(0), mean, std), folder / "readout.onnx", ["rate", "mean", "std"],
             ["forecast"])
     forecast, spikes = stream(folder, x.numpy(), marks.numpy())
-    compare(expected[1:], (spikes,), 0.0, "step.onnx")
-    return compare(expected[:1], (forecast,), tolerance, "readout.onnx")
+    want, have = _windows(expected, clear), _windows((forecast, spikes), clear)
+    compare(want[1:], have[1:], 0.0, "step.onnx")
+    return compare(want[:1], have[:1], tolerance, "readout.onnx")
 
 
 def stream(folder: Path, x: np.ndarray, marks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

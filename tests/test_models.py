@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from edge_agent.data import TIME_FEATURES, prepare_client, synthetic_table
+from edge_agent.data import TIME_FEATURES, load_site, prepare_client, synthetic_table
 from edge_agent.models import BACKBONES, ModelConfig, build_forecaster
 from edge_agent.models.backbones.spiking import LIF
-from edge_agent.train import derive_seed, make_optimizer, train_epochs
+from edge_agent.train import calibrate_batchnorm, derive_seed, make_optimizer, train_epochs
 from tests.conftest import small_config
 
 ALL = sorted(BACKBONES)
@@ -162,3 +162,25 @@ def test_unknown_backbone_is_rejected_with_the_valid_names() -> None:
 def test_derive_seed_is_stable_and_mixes() -> None:
     assert derive_seed(1, 2) == derive_seed(1, 2)
     assert derive_seed(1, 2) != derive_seed(2, 1)
+
+
+def test_batchnorm_calibration_wakes_a_briefly_trained_spiking_model() -> None:
+    data = prepare_client(load_site("miami"), 24, 12, stride=24)
+    model = build_forecaster(small_config("spikernn"), data.n_features, 4, seed=1).eval()
+    weights = {k: v.clone() for k, v in model.state_dict().items() if "running" not in k and "num_batches" not in k}
+    x, marks, _ = data.test.batch(torch.arange(16))
+
+    def rate() -> float:
+        spikes = []
+        hooks = [m.register_forward_hook(lambda _m, _a, out: spikes.append(out.mean())) for m in model.modules()
+                 if isinstance(m, LIF)]
+        with torch.no_grad():
+            model(x, marks)
+        for hook in hooks:
+            hook.remove()
+        return float(torch.stack(spikes).mean())
+
+    before = rate()
+    calibrate_batchnorm(model, data.train)
+    assert not model.training and rate() > max(before, 0.01)
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in weights.items())  # only statistics changed
