@@ -7,8 +7,8 @@ Two layouts:
   mean and std), ``step.onnx`` (one step's current + every LIF's membrane and last spike ->
   that step's spikes + the new state) and ``readout.onnx`` (mean rate, mean, std -> forecast).
   A gateway runs encode once, step T times and readout once; state lives in its memory.
-Every export is run in ONNX Runtime on real windows and compared with torch: spikes must be
-identical and forecasts within ``tolerance``, or ``ExportMismatch`` is raised.
+Every export is run in ONNX Runtime on real windows and compared with torch (see ``export_onnx``
+for the exact criteria), or ``ExportMismatch`` is raised.
 """
 
 from __future__ import annotations
@@ -25,10 +25,10 @@ from torch import nn
 
 from edge_agent.data import WindowSet
 from edge_agent.models import Forecaster
-from edge_agent.models.backbones.spiking import BETA, LIF, SpikingBackbone, lif_steps
+from edge_agent.models.backbones.spiking import LIF, SpikingBackbone
 
 TOLERANCE = 1e-5
-TIE_MARGIN = 1e-4  # membranes closer than this to a threshold may spike differently in float32
+MIN_SPIKE_AGREEMENT = 0.999  # float32 rounding at threshold ties may flip a few spikes
 OPSET = 17
 
 
@@ -45,7 +45,8 @@ class OnnxReport:
     max_abs_error: float
     spikes_checked: int = 0
     stream_max_abs_error: float | None = None
-    tie_windows: int = 0
+    spike_agreement: float | None = None
+    flipped_windows: int = 0
     timings_ms: dict[str, float] = field(default_factory=dict)
 
 
@@ -123,14 +124,15 @@ def head(model: Forecaster, rate: torch.Tensor, mean: torch.Tensor, std: torch.T
 
 
 def export_onnx(model: Forecaster, folder: Path, windows: WindowSet, n_windows: int = 64,
-                tolerance: float = TOLERANCE) -> OnnxReport:
+                tolerance: float = TOLERANCE, min_spike_agreement: float = MIN_SPIKE_AGREEMENT) -> OnnxReport:
     """Write the unrolled graph (and the streaming graphs for spiking backbones) and verify them.
 
-    A spike is a threshold test, so a membrane within float32 rounding of the threshold may fire
-    in one runtime and not the other, and everything downstream then differs legitimately. Windows
-    where torch sees any membrane within ``TIE_MARGIN`` of a threshold are therefore left out of
-    the exact comparison and counted in the report (``tie_windows``); every other window must give
-    identical spikes and forecasts within ``tolerance``.
+    A spike is a threshold test: a membrane within float32 rounding of its threshold may fire in
+    one runtime and not in the other (summation order differs), and what follows then differs
+    legitimately. So spikes must agree in at least ``min_spike_agreement`` of all entries (the
+    report says exactly how many differ), and on every window whose output spikes are identical
+    the forecast must be within ``tolerance`` (the forecast depends on the output spikes only).
+    ANN forecasts must be within ``tolerance`` everywhere.
     """
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
@@ -140,51 +142,41 @@ def export_onnx(model: Forecaster, folder: Path, windows: WindowSet, n_windows: 
     outputs = ["forecast", "spikes"] if spiking else ["forecast"]
     _export(Unrolled(model), (x, marks), folder / "model.onnx", ["x", "marks"], outputs)
     with torch.no_grad():
-        expected = Unrolled(model)(x, marks)
-    expected = expected if spiking else (expected,)
-    clear = threshold_margins(model, x, marks) > TIE_MARGIN
-    if int(clear.sum()) < len(x) / 2:
-        raise ExportMismatch(f"cannot verify: {int((~clear).sum())} of {len(x)} windows have a membrane within "
-                             f"{TIE_MARGIN:g} of a threshold")
+        expected = tuple(o.numpy() for o in (Unrolled(model)(x, marks) if spiking else (model(x, marks),)))
     got = run_session(folder / "model.onnx", {"x": x.numpy(), "marks": marks.numpy()})
-    error = compare(_windows(expected, clear), _windows(got, clear), tolerance, "model.onnx")
-    report = OnnxReport(["model.onnx"], len(x), error, tie_windows=int((~clear).sum()))
+    report = OnnxReport(["model.onnx"], len(x), 0.0)
+    report.max_abs_error, report.spike_agreement, report.flipped_windows = verify(
+        expected, got, tolerance, min_spike_agreement, "model.onnx")
     if spiking:
-        report.spikes_checked = int(_windows(expected, clear)[1].size)
-        report.stream_max_abs_error = _export_streaming(model, folder, x, marks, expected, clear, tolerance)
+        report.spikes_checked = int(expected[1].size)
+        report.stream_max_abs_error = _export_streaming(
+            model, folder, x, marks, expected, tolerance, min_spike_agreement)
         report.files += ["encode.onnx", "step.onnx", "readout.onnx"]
     report.timings_ms = time_inference(model, folder / "model.onnx", x, marks)
     return report
 
 
-def threshold_margins(model: Forecaster, x: torch.Tensor, marks: torch.Tensor) -> torch.Tensor:
-    """Per window, the smallest distance of any LIF membrane to its threshold (inf for an ANN)."""
-    margins = torch.full((len(x),), float("inf"))
-
-    def record(module: LIF, args: tuple) -> None:
-        membranes, _ = lif_steps(args[0], BETA, module.threshold)
-        distance = (membranes - module.threshold).abs().transpose(0, 1).flatten(1).amin(1)
-        margins.copy_(torch.minimum(margins, distance))
-
-    hooks = [m.register_forward_pre_hook(record) for m in model.modules() if isinstance(m, LIF)]
-    try:
-        with torch.no_grad():
-            model(x, marks)
-    finally:
-        for hook in hooks:
-            hook.remove()
-    return margins
-
-
-def _windows(outputs: tuple | list, keep: torch.Tensor) -> tuple:
-    """The kept windows of (forecast (B, ...), spikes (T, B, ...)) as numpy arrays."""
-    arrays = [o.detach().numpy() if isinstance(o, torch.Tensor) else o for o in outputs]
-    mask = keep.numpy()
-    return tuple(a[mask] if i == 0 else a[:, mask] for i, a in enumerate(arrays))
+def verify(expected: tuple, got: list | tuple, tolerance: float, min_agreement: float,
+           what: str) -> tuple[float, float | None, int]:
+    """(max forecast error on windows with identical spikes, spike agreement, windows with a
+    flipped spike); raises ``ExportMismatch`` when either bound is broken."""
+    if len(expected) == 1:
+        return compare(expected, got, tolerance, what), None, 0
+    want, have = expected[1], got[1]
+    if want.shape != have.shape:
+        raise ExportMismatch(f"{what}: spikes have shape {have.shape}, torch gives {want.shape}")
+    differ = want != have
+    agreement = 1.0 - float(differ.mean())
+    if agreement < min_agreement:
+        raise ExportMismatch(f"{what}: {int(differ.sum())} of {differ.size} spikes differ from torch "
+                             f"(agreement {agreement:.5f} < {min_agreement})")
+    same = ~differ.reshape(differ.shape[0], differ.shape[1], -1).any(axis=(0, 2))
+    error = compare((expected[0][same],), (got[0][same],), tolerance, what)
+    return error, agreement, int((~same).sum())
 
 
 def _export_streaming(model: Forecaster, folder: Path, x: torch.Tensor, marks: torch.Tensor,
-                      expected: tuple, clear: torch.Tensor, tolerance: float) -> float:
+                      expected: tuple, tolerance: float, min_agreement: float) -> float:
     backbone = model.shared["backbone"]
     step = Step(backbone)
     with torch.no_grad():
@@ -194,12 +186,9 @@ def _export_streaming(model: Forecaster, folder: Path, x: torch.Tensor, marks: t
     _export(Encode(model), (x, marks), folder / "encode.onnx", ["x", "marks"], ["currents", "mean", "std"])
     _export(step, (currents[0], *state), folder / "step.onnx", ["current", *names],
             ["spikes", *[f"next_{n}" for n in names]])
-    _export(Readout(model), (expected[1].mean(0), mean, std), folder / "readout.onnx", ["rate", "mean", "std"],
-            ["forecast"])
-    forecast, spikes = stream(folder, x.numpy(), marks.numpy())
-    want, have = _windows(expected, clear), _windows((forecast, spikes), clear)
-    compare(want[1:], have[1:], 0.0, "step.onnx")
-    return compare(want[:1], have[:1], tolerance, "readout.onnx")
+    rate = torch.from_numpy(expected[1]).mean(0)
+    _export(Readout(model), (rate, mean, std), folder / "readout.onnx", ["rate", "mean", "std"], ["forecast"])
+    return verify(expected, stream(folder, x.numpy(), marks.numpy()), tolerance, min_agreement, "streaming graphs")[0]
 
 
 def stream(folder: Path, x: np.ndarray, marks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -12,7 +12,7 @@ import torch
 
 from edge_agent.data import load_site, prepare_client
 from edge_agent.models import BACKBONES, CheckpointError, build_forecaster, load_checkpoint, save_checkpoint
-from export.onnx import ExportMismatch, compare, export_onnx, run_session, stream
+from export.onnx import ExportMismatch, compare, export_onnx, run_session, stream, verify
 from tests.conftest import small_config, trained
 
 
@@ -29,12 +29,13 @@ def test_every_backbone_exports_and_onnx_runtime_reproduces_it(backbone: str, si
     if BACKBONES[backbone].kind == "snn":
         assert set(report.files) == {"model.onnx", "encode.onnx", "step.onnx", "readout.onnx"}
         assert report.spikes_checked > 0 and report.stream_max_abs_error <= 1e-5
+        assert report.spike_agreement >= 0.999 and report.flipped_windows < report.windows / 4
         x, marks, _ = site.test.batch(torch.arange(8))
         forecast, spikes = stream(tmp_path, x.numpy(), marks.numpy())
         assert 0.0 < spikes.mean() < 1.0 and set(np.unique(spikes)) <= {0.0, 1.0}
         torch.testing.assert_close(torch.from_numpy(forecast), model(x, marks).detach(), atol=1e-5, rtol=0)
     else:
-        assert report.files == ["model.onnx"]
+        assert report.spike_agreement is None and report.files == ["model.onnx"]
 
 
 def test_a_model_that_onnx_cannot_reproduce_is_refused(site, tmp_path: Path) -> None:
@@ -74,7 +75,7 @@ def test_export_command_on_a_checkpoint_and_the_agent_forecasts_with_onnx(site, 
     proc = subprocess.run([*run, "--site", "amsterdam", "--out", str(tmp_path / "onnx")], capture_output=True,
                           text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "spikes identical" in proc.stdout and (tmp_path / "onnx" / "step.onnx").is_file()
+    assert "identical of" in proc.stdout and (tmp_path / "onnx" / "step.onnx").is_file()
     proc = subprocess.run([*run, "--site", "burlington", "--out", str(tmp_path / "x")], capture_output=True,
                           text=True, timeout=300)
     assert proc.returncode == 2 and "burlington" in proc.stdout and "Traceback" not in proc.stdout + proc.stderr
@@ -93,3 +94,18 @@ def test_the_agent_forecasts_with_the_exported_model(site, tmp_path: Path) -> No
     (tmp_path / "junk.onnx").write_bytes(b"junk")
     with pytest.raises(ValueError, match="junk.onnx"):
         run_onnx_forecast(tmp_path / "junk.onnx", x.numpy(), marks.numpy())
+
+
+def test_spike_flips_are_counted_and_bounded() -> None:
+    spikes = (np.arange(4 * 6 * 5).reshape(4, 6, 5) % 3 == 0).astype(np.float32)  # (T, B, N)
+    forecast = np.linspace(0, 1, 6 * 2).reshape(6, 2).astype(np.float32)
+    flipped, shifted = spikes.copy(), forecast.copy()
+    flipped[2, 4, 1] = 1 - flipped[2, 4, 1]  # one spike of window 4 flips, so its forecast may move
+    shifted[4] += 0.5
+    error, agreement, windows = verify((forecast, spikes), (shifted, flipped), 1e-5, 0.99, "test")
+    assert error == 0.0 and agreement == pytest.approx(1 - 1 / spikes.size) and windows == 1
+    with pytest.raises(ExportMismatch, match="1 of 120 spikes differ"):
+        verify((forecast, spikes), (shifted, flipped), 1e-5, 0.999, "test")
+    shifted[0] += 1e-3  # a window with identical spikes must still match
+    with pytest.raises(ExportMismatch, match="differs from torch"):
+        verify((forecast, spikes), (shifted, flipped), 1e-5, 0.99, "test")
