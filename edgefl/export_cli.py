@@ -72,9 +72,9 @@ def export_onnx_command(
         console.print(f"wrote {out / name}")
     line = f"verified on {report.windows} real test windows: forecast max |error| {report.max_abs_error:.2e}"
     if report.spikes_checked:
-        line += (f", spikes {report.spike_agreement:.4%} identical of {report.spikes_checked} "
-                 f"({report.flipped_windows} windows with a spike flipped at a float32 threshold tie are left out "
-                 f"of the forecast check), streaming max |error| {report.stream_max_abs_error:.2e}")
+        line += (f"; {report.spikes_checked} spikes, {report.spike_agreement:.4%} identical "
+                 f"({report.flipped_windows} windows with a spike flipped at a float32 threshold tie left out "
+                 f"of the forecast check); streaming max |error| {report.stream_max_abs_error:.2e}")
     console.print(line)
     timing = report.timings_ms
     console.print(f"batch of {timing['batch']}: torch {timing['torch_ms']:.2f} ms, ONNX Runtime {timing['onnx_ms']:.2f} ms")
