@@ -199,6 +199,37 @@ def simulate(
         console.print(f"wrote {json_out}")
 
 
+@app.command("pretrain")
+def pretrain_command(
+    out: Annotated[Path, typer.Option(help="foundation checkpoint to write")] = Path("runs/foundation.safetensors"),
+    rounds: Annotated[int, typer.Option(help="federated rounds (paper: 20)")] = 5,
+    local_epochs: Annotated[int, typer.Option(help="local epochs per round (paper: 20)")] = 1,
+    participation: Annotated[float, typer.Option(help="share C of devices per round (paper: 0.5)")] = 0.5,
+    lookback: int = 12,
+    stride: Annotated[int, typer.Option(help="step between training windows")] = 3,
+    paper_sizes: Annotated[bool, typer.Option(help="d_model 256, 4 layers, 8 heads (Table 9)")] = False,
+    seed: int = 42,
+) -> None:
+    """Pretrain FedPoD's foundation model by masked reconstruction, federated over the weather sites."""
+    from coordinator.pretrain import PretrainConfig, device_series, pretrain
+    from edge_agent.data import load_sites
+    from edge_agent.models.foundation import FoundationConfig, save_foundation
+
+    try:
+        fm = FoundationConfig.paper(lookback=lookback) if paper_sizes else FoundationConfig(lookback=lookback)
+        cfg = PretrainConfig(rounds=rounds, local_epochs=local_epochs, participation=participation, stride=stride,
+                             seed=seed)
+        devices = [device_series(table, fm, stride) for table in load_sites()]
+    except (DataError, ValidationError, ValueError) as exc:
+        fail(str(exc))
+    table = Table("round", "devices", "train masked MSE", "val masked MSE", "seconds", title="foundation pretraining")
+    with Live(table, console=console, refresh_per_second=4):
+        model, _ = pretrain(devices, fm, cfg, lambda r: table.add_row(
+            str(r.round), ", ".join(r.devices), f"{r.train_loss:.4f}", f"{r.val_loss:.4f}", f"{r.seconds:.1f}"))
+    digest = save_foundation(model, out)
+    console.print(f"\nwrote {out} (sha256 {digest})")
+
+
 def run_baselines(fleet, cfg, fed, max_epochs: int) -> dict[str, dict[str, float]]:
     """Local-only and centralized baselines with the same epoch budget as the federation."""
     from coordinator.baselines import TrainingBudget, run_centralized, run_local_only

@@ -94,3 +94,15 @@ def test_service_configs_are_validated_with_the_field_named(tmp_path: Path) -> N
     assert "client_id" in proc.stderr and "exactly one of csv or site" in proc.stderr
     proc = edgefl("agent", "run", "--config", str(tmp_path / "nope.toml"))
     assert proc.returncode == 2 and "file not found" in proc.stderr
+
+
+def test_pretrain_writes_a_hashed_foundation_checkpoint(tmp_path: Path) -> None:
+    from edge_agent.models.foundation import content_hash, load_foundation
+
+    out = tmp_path / "fm.safetensors"
+    proc = edgefl("pretrain", "--rounds", "1", "--stride", "48", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    digest = proc.stdout.split("sha256")[-1].strip(" )\n").replace("\n", "")
+    assert content_hash(load_foundation(out, expected_hash=digest)) == digest
+    proc = edgefl("pretrain", "--participation", "1.5", "--out", str(out))
+    assert proc.returncode == 2 and "participation" in proc.stdout

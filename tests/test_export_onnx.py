@@ -56,7 +56,7 @@ def test_checkpoint_round_trip_and_bad_files_name_the_reason(site, tmp_path: Pat
     assert columns == list(site.columns)
     assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), again.state_dict().values()))
     (tmp_path / "cut.safetensors").write_bytes(path.read_bytes()[:100])
-    with pytest.raises(CheckpointError, match="cut.safetensors.*not a safetensors"):
+    with pytest.raises(CheckpointError, match="cut.safetensors.*not a readable safetensors"):
         load_checkpoint(tmp_path / "cut.safetensors")
     with pytest.raises(CheckpointError, match="not found"):
         load_checkpoint(tmp_path / "none.safetensors")

@@ -7,12 +7,11 @@ import json
 from pathlib import Path
 
 from pydantic import ValidationError
-from safetensors import SafetensorError
-from safetensors.torch import load_file, safe_open, save
+from safetensors.torch import save
 
 from edge_agent.models.config import ModelConfig
 from edge_agent.models.forecaster import Forecaster
-from edge_agent.storage import write_bytes_atomically
+from edge_agent.storage import read_tagged_tensors, write_bytes_atomically
 
 FORMAT = "edgefl-forecaster/1"
 
@@ -34,16 +33,10 @@ def save_checkpoint(model: Forecaster, path: Path, columns: list[str] | None = N
 def load_checkpoint(path: Path) -> tuple[Forecaster, list[str]]:
     """Rebuild the model in eval mode and return it with its feature names (possibly empty)."""
     path = Path(path)
-    if not path.is_file():
-        raise CheckpointError(f"{path}: checkpoint not found")
     try:
-        with safe_open(str(path), framework="pt") as handle:
-            metadata = handle.metadata() or {}
-        state = load_file(str(path))
-    except (SafetensorError, OSError) as err:
-        raise CheckpointError(f"{path}: not a safetensors checkpoint ({err})") from None
-    if metadata.get("format") != FORMAT:
-        raise CheckpointError(f"{path}: format is {metadata.get('format')!r}, expected {FORMAT!r}")
+        state, metadata = read_tagged_tensors(path, FORMAT)
+    except ValueError as err:
+        raise CheckpointError(str(err)) from None
     try:
         cfg = ModelConfig.model_validate_json(metadata["model"])
         n_features, time_features = int(metadata["n_features"]), int(metadata["time_features"])

@@ -1,0 +1,134 @@
+"""FedPoD's weather foundation model (appendix B.1, Table 9): an encoder-only Transformer over the
+canonical weather variables, pretrained by masked reconstruction, frozen afterwards.
+
+Every gateway maps its own variables onto the canonical layout; a variable a station does not
+measure is zero and never enters the loss. The checkpoint carries a content hash so that an agent
+can refuse a backbone that differs from the coordinator's.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from safetensors.torch import save
+from torch import nn
+
+from edge_agent.data.weather import WEATHER_VARIABLES
+from edge_agent.storage import read_tagged_tensors, write_bytes_atomically
+
+FORMAT = "edgefl-foundation/1"
+
+
+class FoundationError(ValueError):
+    """A foundation checkpoint that cannot be used; the message names the file and the reason."""
+
+
+class FoundationConfig(BaseModel):
+    """Sizes default to what pretrains in minutes on a 2-core CPU; ``paper()`` gives Table 9's."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    variables: tuple[str, ...] = WEATHER_VARIABLES
+    lookback: int = Field(12, ge=2)
+    d_model: int = Field(64, ge=4)
+    heads: int = Field(4, ge=1)
+    layers: int = Field(2, ge=1)
+    d_ff: int = Field(128, ge=1)
+    dropout: float = Field(0.3, ge=0.0, lt=1.0)
+    mask_rate: float = Field(0.15, gt=0.0, lt=1.0, description="share of masked positions r")
+    mean_masked: float = Field(3.0, ge=1.0, description="mean masked segment length l_m")
+
+    @classmethod
+    def paper(cls, **overrides: object) -> "FoundationConfig":
+        return cls(**{"d_model": 256, "heads": 8, "layers": 4, "d_ff": 256, **overrides})
+
+
+class FoundationModel(nn.Module):
+    """(B, L, V) values, masked positions zeroed -> (B, L, V) reconstruction; ``encode`` gives
+    the (B, L, d_model) hidden sequence that prompts steer."""
+
+    def __init__(self, cfg: FoundationConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.embed = nn.Linear(len(cfg.variables), cfg.d_model)
+        self.position = nn.Parameter(torch.randn(cfg.lookback, cfg.d_model) * 0.02)  # learnable (Table 9)
+        layer = nn.TransformerEncoderLayer(
+            cfg.d_model, cfg.heads, cfg.d_ff, cfg.dropout, activation="relu", batch_first=True
+        )
+        self.encoder = nn.TransformerEncoder(layer, cfg.layers, enable_nested_tensor=False)
+        self.reconstruct = nn.Linear(cfg.d_model, len(cfg.variables))
+
+    def encode(self, x: torch.Tensor) -> torch.Tensor:
+        return self.encoder(self.embed(x) + self.position[: x.shape[1]])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.reconstruct(self.encode(x))
+
+
+def geometric_mask(length: int, variables: int, rate: float, mean_masked: float,
+                   rng: np.random.Generator) -> np.ndarray:
+    """(length, variables) bool, True = masked. Per variable an independent two-state Markov
+    chain whose masked runs have geometric lengths of mean ``mean_masked`` and unmasked runs of
+    mean ``mean_masked * (1 - rate) / rate`` (appendix B.1, after Zerveas et al. 2021)."""
+    leave_masked = 1.0 / mean_masked
+    leave_unmasked = leave_masked * rate / (1.0 - rate)
+    masked = np.empty((length, variables), dtype=bool)
+    state = rng.random(variables) < rate
+    draws = rng.random((length, variables))
+    for t in range(length):
+        masked[t] = state
+        flip = draws[t] < np.where(state, leave_masked, leave_unmasked)
+        state = state ^ flip
+    return masked
+
+
+def masked_mse(reconstruction: torch.Tensor, target: torch.Tensor, masked: torch.Tensor,
+               present: torch.Tensor) -> torch.Tensor:
+    """Eq. 12 on masked positions of measured variables only (``present`` is (V,) or (B, V))."""
+    keep = masked & present.reshape(*present.shape[:-1], 1, present.shape[-1]).expand_as(masked)
+    if not bool(keep.any()):
+        return reconstruction.sum() * 0.0
+    return (reconstruction - target)[keep].pow(2).mean()
+
+
+def content_hash(model: FoundationModel) -> str:
+    """SHA-256 over the config and every tensor's name, dtype, shape and bytes, in name order."""
+    digest = hashlib.sha256(model.cfg.model_dump_json().encode())
+    for name, tensor in sorted(model.state_dict().items()):
+        digest.update(f"{name}|{tensor.dtype}|{tuple(tensor.shape)}".encode())
+        digest.update(tensor.detach().contiguous().cpu().numpy().tobytes())
+    return digest.hexdigest()
+
+
+def save_foundation(model: FoundationModel, path: Path) -> str:
+    """Write the checkpoint atomically; returns its content hash."""
+    digest = content_hash(model)
+    metadata = {"format": FORMAT, "config": model.cfg.model_dump_json(), "sha256": digest}
+    state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
+    write_bytes_atomically(Path(path), save(state, metadata=metadata))
+    return digest
+
+
+def load_foundation(path: Path, expected_hash: str | None = None) -> FoundationModel:
+    """Load, check the stored hash against the tensors, and against ``expected_hash`` if given."""
+    path = Path(path)
+    try:
+        state, metadata = read_tagged_tensors(path, FORMAT)
+    except ValueError as err:
+        raise FoundationError(str(err)) from None
+    try:
+        model = FoundationModel(FoundationConfig.model_validate(json.loads(metadata["config"])))
+        model.load_state_dict(state)
+    except (KeyError, ValueError, ValidationError, RuntimeError) as err:
+        raise FoundationError(f"{path}: config and tensors do not fit: {err}") from None
+    digest = content_hash(model)
+    if digest != metadata.get("sha256"):
+        raise FoundationError(f"{path}: tensors hash to {digest[:12]}, the file claims {metadata.get('sha256', '')[:12]}")
+    if expected_hash is not None and digest != expected_hash:
+        raise FoundationError(f"{path}: backbone {digest[:12]} differs from the coordinator's {expected_hash[:12]}")
+    return model.eval()
