@@ -227,7 +227,7 @@ def pretrain_command(
         model, _ = pretrain(devices, fm, cfg, lambda r: table.add_row(
             str(r.round), ", ".join(r.devices), f"{r.train_loss:.4f}", f"{r.val_loss:.4f}", f"{r.seconds:.1f}"))
     digest = save_foundation(model, out)
-    console.print(f"\nwrote {out} (sha256 {digest})")
+    console.print(f"\nwrote {out} (sha256 {digest})", soft_wrap=True)
 
 
 def run_baselines(fleet, cfg, fed, max_epochs: int) -> dict[str, dict[str, float]]:
