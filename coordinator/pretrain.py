@@ -14,7 +14,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from coordinator.aggregators import ClientUpdate, make_aggregator
-from edge_agent.data import SeriesTable, prepare_client
+from edge_agent.data.canonical import DeviceSeries
 from edge_agent.models.foundation import FoundationConfig, FoundationModel, geometric_mask, masked_mse
 from edge_agent.train import derive_seed
 
@@ -34,41 +34,12 @@ class PretrainConfig(BaseModel):
 
 
 @dataclass(frozen=True)
-class DeviceSeries:
-    """One device's windows on the canonical variable layout and which variables it measures."""
-
-    name: str
-    train: torch.Tensor  # (N, L, V), standardized, unmeasured variables zero
-    val: torch.Tensor
-    present: torch.Tensor  # (V,) bool
-
-
-@dataclass(frozen=True)
 class PretrainRound:
     round: int
     devices: tuple[str, ...]
     train_loss: float
     val_loss: float
     seconds: float
-
-
-def device_series(table: SeriesTable, cfg: FoundationConfig, stride: int) -> DeviceSeries:
-    """Window ``table`` (its own scaler) and place its columns on ``cfg.variables``."""
-    unknown = [c for c in table.columns if c not in cfg.variables]
-    if unknown:
-        raise ValueError(f"{table.name}: variables {unknown} are not in the foundation model's {list(cfg.variables)}")
-    data = prepare_client(table, cfg.lookback, 1, stride, val_stride=stride)
-    index = torch.tensor([cfg.variables.index(c) for c in table.columns])
-    present = torch.zeros(len(cfg.variables), dtype=torch.bool)
-    present[index] = True
-
-    def canonical(windows) -> torch.Tensor:
-        x, _, _ = windows.batch(torch.arange(len(windows)))
-        out = torch.zeros(*x.shape[:2], len(cfg.variables))
-        out[..., index] = x.float()
-        return out
-
-    return DeviceSeries(table.name, canonical(data.train), canonical(data.val), present)
 
 
 def masked_batch(x: torch.Tensor, cfg: FoundationConfig, seed: int) -> tuple[torch.Tensor, torch.Tensor]:

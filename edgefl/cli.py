@@ -205,21 +205,22 @@ def pretrain_command(
     rounds: Annotated[int, typer.Option(help="federated rounds (paper: 20)")] = 5,
     local_epochs: Annotated[int, typer.Option(help="local epochs per round (paper: 20)")] = 1,
     participation: Annotated[float, typer.Option(help="share C of devices per round (paper: 0.5)")] = 0.5,
-    lookback: int = 12,
+    window: Annotated[int, typer.Option(help="hours the model sees: past + forecast horizon")] = 24,
     stride: Annotated[int, typer.Option(help="step between training windows")] = 3,
     paper_sizes: Annotated[bool, typer.Option(help="d_model 256, 4 layers, 8 heads (Table 9)")] = False,
     seed: int = 42,
 ) -> None:
     """Pretrain FedPoD's foundation model by masked reconstruction, federated over the weather sites."""
-    from coordinator.pretrain import PretrainConfig, device_series, pretrain
+    from coordinator.pretrain import PretrainConfig, pretrain
     from edge_agent.data import load_sites
+    from edge_agent.data.canonical import device_series
     from edge_agent.models.foundation import FoundationConfig, save_foundation
 
     try:
-        fm = FoundationConfig.paper(lookback=lookback) if paper_sizes else FoundationConfig(lookback=lookback)
+        fm = FoundationConfig.paper(window=window) if paper_sizes else FoundationConfig(window=window)
         cfg = PretrainConfig(rounds=rounds, local_epochs=local_epochs, participation=participation, stride=stride,
                              seed=seed)
-        devices = [device_series(table, fm, stride) for table in load_sites()]
+        devices = [device_series(table, fm.variables, fm.window, stride) for table in load_sites()]
     except (DataError, ValidationError, ValueError) as exc:
         fail(str(exc))
     table = Table("round", "devices", "train masked MSE", "val masked MSE", "seconds", title="foundation pretraining")

@@ -7,7 +7,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, safe_open, save
 
-from coordinator.pretrain import PretrainConfig, device_series, pretrain, reconstruction_loss
+from coordinator.pretrain import PretrainConfig, pretrain, reconstruction_loss
+from edge_agent.data.canonical import device_series
 from edge_agent.data import load_sites
 from edge_agent.models.foundation import (
     FoundationConfig,
@@ -20,7 +21,7 @@ from edge_agent.models.foundation import (
     save_foundation,
 )
 
-SMALL = FoundationConfig(lookback=12, d_model=16, heads=2, layers=1, d_ff=32, dropout=0.0)
+SMALL = FoundationConfig(window=12, d_model=16, heads=2, layers=1, d_ff=32, dropout=0.0)
 
 
 def runs(column: np.ndarray) -> list[int]:
@@ -56,7 +57,7 @@ def test_masked_loss_counts_only_masked_positions_of_measured_variables() -> Non
 
 @pytest.fixture(scope="module")
 def devices():
-    return [device_series(t, SMALL, stride=24) for t in load_sites()]
+    return [device_series(t, SMALL.variables, SMALL.window, stride=24) for t in load_sites()]
 
 
 def test_unmeasured_variables_are_zero_and_flagged(devices) -> None:

@@ -34,7 +34,7 @@ class FoundationConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     variables: tuple[str, ...] = WEATHER_VARIABLES
-    lookback: int = Field(12, ge=2)
+    window: int = Field(24, ge=2, description="positions the model sees: past + forecast horizon (12 h + 12 h)")
     d_model: int = Field(64, ge=4)
     heads: int = Field(4, ge=1)
     layers: int = Field(2, ge=1)
@@ -56,7 +56,7 @@ class FoundationModel(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.embed = nn.Linear(len(cfg.variables), cfg.d_model)
-        self.position = nn.Parameter(torch.randn(cfg.lookback, cfg.d_model) * 0.02)  # learnable (Table 9)
+        self.position = nn.Parameter(torch.randn(cfg.window, cfg.d_model) * 0.02)  # learnable (Table 9)
         layer = nn.TransformerEncoderLayer(
             cfg.d_model, cfg.heads, cfg.d_ff, cfg.dropout, activation="relu", batch_first=True
         )
@@ -128,7 +128,8 @@ def load_foundation(path: Path, expected_hash: str | None = None) -> FoundationM
         raise FoundationError(f"{path}: config and tensors do not fit: {err}") from None
     digest = content_hash(model)
     if digest != metadata.get("sha256"):
-        raise FoundationError(f"{path}: tensors hash to {digest[:12]}, the file claims {metadata.get('sha256', '')[:12]}")
+        claimed = metadata.get("sha256", "")[:12]
+        raise FoundationError(f"{path}: tensors hash to {digest[:12]}, the file claims {claimed}")
     if expected_hash is not None and digest != expected_hash:
         raise FoundationError(f"{path}: backbone {digest[:12]} differs from the coordinator's {expected_hash[:12]}")
     return model.eval()

@@ -1,0 +1,41 @@
+"""A station's windows on a fixed layout of variables (the foundation model's), for FedPoD."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from edge_agent.data.table import DataError, SeriesTable
+from edge_agent.data.windows import prepare_client
+
+
+@dataclass(frozen=True)
+class DeviceSeries:
+    """One device's windows on the canonical variable layout and which variables it measures."""
+
+    name: str
+    train: torch.Tensor  # (N, window, V), standardized, unmeasured variables zero
+    val: torch.Tensor
+    test: torch.Tensor
+    present: torch.Tensor  # (V,) bool
+
+
+def device_series(table: SeriesTable, variables: tuple[str, ...], window: int, stride: int) -> DeviceSeries:
+    """Window ``table`` (its own scaler, fitted on training rows) into ``window``-long windows
+    placed on ``variables``; unmeasured variables are zero and flagged absent in ``present``."""
+    unknown = [c for c in table.columns if c not in variables]
+    if unknown:
+        raise DataError(f"{table.name}: variables {unknown} are not in the foundation model's {list(variables)}")
+    data = prepare_client(table, window, 1, stride, val_stride=stride)
+    index = torch.tensor([variables.index(c) for c in table.columns])
+    present = torch.zeros(len(variables), dtype=torch.bool)
+    present[index] = True
+
+    def canonical(windows) -> torch.Tensor:
+        x, _, _ = windows.batch(torch.arange(len(windows)))
+        out = torch.zeros(*x.shape[:2], len(variables))
+        out[..., index] = x.float()
+        return out
+
+    return DeviceSeries(table.name, canonical(data.train), canonical(data.val), canonical(data.test), present)

@@ -1,0 +1,83 @@
+"""FedPoD prompt mode: frozen backbone, prompt-only wire payload, every term of the local loss."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from coordinator.pretrain import PretrainConfig, pretrain
+from edge_agent.data import load_site, load_sites
+from edge_agent.data.canonical import device_series
+from edge_agent.models.foundation import FoundationConfig, content_hash
+from edge_agent.models.prompts import (
+    PromptConfig,
+    PromptedForecaster,
+    PromptLoss,
+    evaluate_prompts,
+    train_prompts,
+)
+
+FM = FoundationConfig(window=24, d_model=32, heads=2, layers=1, d_ff=64, dropout=0.1)
+PROMPTS = PromptConfig(lookback=12, horizon=12)
+
+
+@pytest.fixture(scope="module")
+def foundation():
+    devices = [device_series(t, FM.variables, FM.window, stride=24) for t in load_sites()]
+    model, _ = pretrain(devices, FM, PretrainConfig(rounds=2, participation=1.0, batch_size=32, lr=3e-3, stride=24))
+    return model
+
+
+@pytest.fixture(scope="module")
+def station():
+    return device_series(load_site("amsterdam"), FM.variables, FM.window, stride=6)
+
+
+def test_local_training_leaves_the_foundation_bit_identical_and_improves_the_forecast(foundation, station) -> None:
+    before = content_hash(foundation)
+    model = PromptedForecaster(foundation, PROMPTS, 52.3, 4.8)
+    untrained = evaluate_prompts(model, station.val, station.present)
+    train_prompts(model, PromptLoss(), station.train, station.present, epochs=3, batch_size=64, lr=1e-2, seed=1)
+    assert content_hash(model.foundation) == before
+    assert not any(p.requires_grad for p in model.foundation.parameters())
+    mae, rmse = evaluate_prompts(model, station.val, station.present)
+    assert rmse < 0.9 * untrained[1]
+
+
+def test_only_prompts_and_small_shared_layers_go_on_the_wire(foundation) -> None:
+    model = PromptedForecaster(foundation, PROMPTS, 52.3, 4.8)
+    wire = model.wire_state()
+    assert {"prompts.temporal", "prompts.variable", "prompts.spatial"} <= wire.keys()
+    assert all(k.startswith(("prompts.", "shared.")) for k in wire)  # no foundation., no weights.
+    wire_bytes = sum(t.numel() * t.element_size() for t in wire.values())
+    fm_bytes = sum(t.numel() * t.element_size() for t in foundation.state_dict().values())
+    assert wire_bytes < 0.25 * fm_bytes
+    assert wire["prompts.temporal"].shape == (12, len(FM.variables))
+
+
+def test_every_term_of_the_local_loss_is_computed_and_trains_xi_and_tau() -> None:
+    loss = PromptLoss(xi=0.7, tau=0.3)
+    prompts = torch.tensor([1.0, 2.0, 3.0], requires_grad=True)
+    forecast, target = torch.zeros(2, 3), torch.ones(2, 3)
+    terms = loss(forecast, target, prompts, global_prompts=torch.zeros(3), personalized=torch.ones(3),
+                 neighbours=[torch.zeros(3), torch.full((3,), 2.0)])
+    assert set(terms) == {"mse", "global", "personalized", "neighbours", "uncertainty", "total"}
+    assert terms["mse"].item() == pytest.approx(1.0)
+    assert terms["global"].item() == pytest.approx((1 + 4 + 9) / 3 / 0.49, rel=1e-5)
+    assert terms["personalized"].item() == pytest.approx((0 + 1 + 4) / 3 / 0.49, rel=1e-5)
+    assert terms["neighbours"].item() == pytest.approx(((14 / 3) + (2 / 3)) / 2 / 0.09, rel=1e-5)
+    expected = 4 * (torch.log2(torch.tensor(0.7)) + torch.log2(torch.tensor(0.3)))
+    assert terms["uncertainty"].item() == pytest.approx(expected.item(), rel=1e-5)
+    terms["total"].backward()
+    assert loss.xi_logit.grad != 0 and loss.tau_logit.grad != 0 and prompts.grad is not None
+    plain = loss(forecast, target, prompts)
+    assert set(plain) == {"mse", "total"}  # first round: no references yet
+
+
+def test_task_one_forecasts_one_target_and_bad_configs_are_refused(foundation, station) -> None:
+    model = PromptedForecaster(foundation, PromptConfig(task="single", target="temp_air"), 52.3, 4.8)
+    assert model(station.val[:4, :12]).shape == (4, 12, 1)
+    with pytest.raises(ValueError, match="target"):
+        PromptedForecaster(foundation, PromptConfig(task="single", target="snow"), 0.0, 0.0)
+    with pytest.raises(ValueError, match="foundation window"):
+        PromptedForecaster(foundation, PromptConfig(lookback=12, horizon=24), 0.0, 0.0)
