@@ -33,6 +33,7 @@ class FedPodConfig(BaseModel):
     graph_epochs: int = Field(40, ge=1)
     graph_lr: float = Field(1e-3, gt=0)
     sparsity: float = Field(1.0, ge=0.0)
+    dp_sigma: float = Field(0.0, ge=0.0, description="std of Gaussian noise added to uploaded prompts (Table 5)")
     seed: int = 42
 
 
@@ -95,9 +96,22 @@ def standardized(view: torch.Tensor) -> torch.Tensor:
     return (view - view.mean(0)) / (view.std(0, unbiased=False) + 1e-6)
 
 
-def server_round(clients: list[Client], graphs: DynamicGraphs, a_geo: torch.Tensor, cfg: FedPodConfig) -> dict:
+def with_privacy_noise(views: dict[str, torch.Tensor], sigma: float, seed: int) -> dict[str, torch.Tensor]:
+    """What the server sees when every client adds N(0, sigma^2) noise to its uploaded prompts
+    (FedPoD's differential-privacy variant, Table 5). The views are slices of the same prompts,
+    so one noise draw per client is applied consistently to all three."""
+    if sigma == 0.0:
+        return views
+    generator = torch.Generator().manual_seed(seed)
+    noise = torch.randn(views["all"].shape, generator=generator) * sigma
+    n_tv = views["tv"].shape[1]
+    return {"all": views["all"] + noise, "tv": views["tv"] + noise[:, :n_tv], "spatial": views["spatial"] + noise[:, n_tv:]}
+
+
+def server_round(clients: list[Client], graphs: DynamicGraphs, a_geo: torch.Tensor, cfg: FedPodConfig,
+                 round_index: int = 0) -> dict:
     """Train the graphs, personalize prompts, FedAvg the shared layers, send each client its part."""
-    views = prompt_views(clients)
+    views = with_privacy_noise(prompt_views(clients), cfg.dp_sigma, cfg.seed * 7919 + round_index)
     graph_losses = graphs.fit(views, a_geo, cfg)
     with torch.no_grad():
         a, a_fused = graphs.matrices(views, a_geo)
@@ -135,8 +149,8 @@ def run_fedpod(clients: list[Client], coordinates: torch.Tensor, cfg: FedPodConf
         for i, client in enumerate(clients):
             train_prompts(client.model, client.loss, client.data.train, client.data.present, cfg.local_epochs,
                           cfg.batch_size, cfg.lr, seed=cfg.seed * 1000 + r * 100 + i, references=client.references)
-        summary = server_round(clients, graphs, a_geo, cfg)
+        summary = server_round(clients, graphs, a_geo, cfg, r)
         scores = [evaluate_prompts(c.model, c.data.val, c.data.present) for c in clients]
-        records.append({"round": r, "graph_loss": summary["graph_loss"],
-                        "mae": sum(s[0] for s in scores) / len(scores), "rmse": sum(s[1] for s in scores) / len(scores)})
+        records.append({"round": r, "graph_loss": summary["graph_loss"], "mae": sum(s[0] for s in scores) / len(scores),
+                        "rmse": sum(s[1] for s in scores) / len(scores)})
     return records

@@ -50,3 +50,17 @@ def test_graph_training_lowers_its_objective(fleet) -> None:
     assert losses[-1] < losses[0]
     a, fused = graphs.matrices(views, geo_graph(coordinates.float()))
     torch.testing.assert_close(fused.sum(1), torch.ones(len(clients)))
+
+
+def test_privacy_noise_has_the_configured_scale_and_is_consistent_across_views(fleet) -> None:
+    from coordinator.fedpod import with_privacy_noise
+
+    _, clients, _ = fleet
+    clean = prompt_views(clients)
+    noisy = with_privacy_noise(clean, sigma=0.5, seed=3)
+    noise = noisy["all"] - clean["all"]
+    assert noise.std().item() == pytest.approx(0.5, rel=0.1)
+    n_tv = clean["tv"].shape[1]
+    torch.testing.assert_close(noisy["tv"] - clean["tv"], noise[:, :n_tv])
+    torch.testing.assert_close(noisy["spatial"] - clean["spatial"], noise[:, n_tv:])
+    assert with_privacy_noise(clean, sigma=0.0, seed=3) is clean
