@@ -140,6 +140,35 @@ def load_prompts(model: PromptedForecaster, flat: torch.Tensor) -> None:
             offset += prompt.numel()
 
 
+def sent_state(model: PromptedForecaster) -> dict[str, torch.Tensor]:
+    """The trainable tensors a client uploads when the baseline averages them all: its wire
+    state (prompts and shared layers) plus, when the foundation is being fine-tuned, the
+    foundation; W_t and W_v stay personal."""
+    return {name: p.detach().clone() for name, p in model.named_parameters()
+            if p.requires_grad and not name.startswith("weights.")}
+
+
+def run_fedavg(clients: list[Client], cfg: FedPodConfig) -> list[dict]:
+    """The baselines of Table 1: local training with plain MSE, then FedAvg of every sent
+    trainable tensor to every client (no graphs, no prompt regularization)."""
+    fedavg, records = make_aggregator("fedavg"), []
+    for r in range(1, cfg.rounds + 1):
+        for i, client in enumerate(clients):
+            train_prompts(client.model, client.loss, client.data.train, client.data.present, cfg.local_epochs,
+                          cfg.batch_size, cfg.lr, seed=cfg.seed * 1000 + r * 100 + i)
+        merged = fedavg.aggregate([ClientUpdate(c.data.name, sent_state(c.model), len(c.data.train)) for c in clients])
+        for client in clients:
+            client.model.load_state_dict(merged, strict=False)
+        records.append(_scores(r, clients))
+    return records
+
+
+def _scores(round_index: int, clients: list[Client]) -> dict:
+    scores = [evaluate_prompts(c.model, c.data.val, c.data.present) for c in clients]
+    return {"round": round_index, "mae": sum(s[0] for s in scores) / len(scores),
+            "rmse": sum(s[1] for s in scores) / len(scores)}
+
+
 def run_fedpod(clients: list[Client], coordinates: torch.Tensor, cfg: FedPodConfig) -> list[dict]:
     """``cfg.rounds`` rounds of FedPoD; per round the mean validation MAE/RMSE over clients."""
     sizes = {name: view.shape[1] for name, view in prompt_views(clients).items()}
@@ -150,7 +179,5 @@ def run_fedpod(clients: list[Client], coordinates: torch.Tensor, cfg: FedPodConf
             train_prompts(client.model, client.loss, client.data.train, client.data.present, cfg.local_epochs,
                           cfg.batch_size, cfg.lr, seed=cfg.seed * 1000 + r * 100 + i, references=client.references)
         summary = server_round(clients, graphs, a_geo, cfg, r)
-        scores = [evaluate_prompts(c.model, c.data.val, c.data.present) for c in clients]
-        records.append({"round": r, "graph_loss": summary["graph_loss"], "mae": sum(s[0] for s in scores) / len(scores),
-                        "rmse": sum(s[1] for s in scores) / len(scores)})
+        records.append({**_scores(r, clients), "graph_loss": summary["graph_loss"]})
     return records

@@ -64,3 +64,13 @@ def test_privacy_noise_has_the_configured_scale_and_is_consistent_across_views(f
     torch.testing.assert_close(noisy["tv"] - clean["tv"], noise[:, :n_tv])
     torch.testing.assert_close(noisy["spatial"] - clean["spatial"], noise[:, n_tv:])
     assert with_privacy_noise(clean, sigma=0.0, seed=3) is clean
+
+
+def test_the_fedavg_baseline_gives_every_client_the_same_sent_tensors(fleet) -> None:
+    from coordinator.fedpod import run_fedavg, sent_state
+
+    _, clients, _ = fleet
+    run_fedavg(clients, FedPodConfig(rounds=1, batch_size=128))
+    states = [sent_state(c.model) for c in clients]
+    assert "prompts.temporal" in states[0] and not any(k.startswith(("foundation.", "weights.")) for k in states[0])
+    assert all(torch.equal(states[0][k], s[k]) for s in states[1:] for k in states[0])

@@ -1,0 +1,129 @@
+"""FedPoD on the seven weather stations: 12 hours from 12 hours (paper Table 1 layout).
+
+Variants: (a) the foundation architecture trained from scratch with FedAvg, (b) the pretrained
+foundation model fine-tuned with FedAvg, (c) pretrained + prompts with FedAvg, (d) full FedPoD
+(prompts, eq. 6 loss, dynamic graph personalization). Task 1 forecasts temp_air from all
+variables, task 2 all variables. Reported per variant and task: trainable parameters per
+client, bytes each client uploads per round, and test MAE/RMSE (standardized scale, mean over
+stations). Usage:
+
+    python bench/fedpod.py --quick      # minutes on 2 cores
+    python bench/fedpod.py              # more rounds and denser windows
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import time
+from pathlib import Path
+
+from common import bench_parser, run_parallel, save_figure, write_report
+
+QUICK = {"rounds": 4, "local_epochs": 1, "stride": 6, "pretrain_rounds": 5, "pretrain_stride": 3, "seed": 42}
+FULL = {"rounds": 10, "local_epochs": 5, "stride": 1, "pretrain_rounds": 20, "pretrain_stride": 1, "seed": 42}
+VARIANTS = ("scratch_fedavg", "finetune_fedavg", "prompts_fedavg", "fedpod")
+TASKS = {"task1": "single", "task2": "multivariate"}
+
+
+@functools.lru_cache(maxsize=1)
+def foundation(pretrain_rounds: int, stride: int, seed: int):
+    """The pretrained foundation model, built once per worker (seeded, so identical everywhere)."""
+    from coordinator.pretrain import PretrainConfig, pretrain
+    from edge_agent.data import load_sites
+    from edge_agent.data.canonical import device_series
+    from edge_agent.models.foundation import FoundationConfig
+
+    fm = FoundationConfig()
+    devices = [device_series(t, fm.variables, fm.window, stride) for t in load_sites()]
+    return pretrain(devices, fm, PretrainConfig(rounds=pretrain_rounds, stride=stride, seed=seed))[0]
+
+
+def run_job(variant: str, task: str, cfg: dict, threads: int) -> dict:
+    import copy
+
+    import torch
+
+    from coordinator.fedpod import Client, FedPodConfig, run_fedavg, run_fedpod, sent_state
+    from edge_agent.data import load_sites
+    from edge_agent.data.canonical import device_series
+    from edge_agent.models.foundation import FoundationModel
+    from edge_agent.models.prompts import PromptConfig, PromptedForecaster, PromptLoss, evaluate_prompts
+
+    torch.set_num_threads(threads)
+    started = time.perf_counter()
+    pretrained = foundation(cfg["pretrain_rounds"], cfg["pretrain_stride"], cfg["seed"])
+    if variant == "scratch_fedavg":
+        torch.manual_seed(cfg["seed"])
+        pretrained = FoundationModel(pretrained.cfg)
+    tune_foundation = variant in ("scratch_fedavg", "finetune_fedavg")
+    prompt_cfg = PromptConfig(task=TASKS[task])
+    clients, tables = [], load_sites()
+    for table in tables:
+        backbone = copy.deepcopy(pretrained) if tune_foundation else pretrained
+        model = PromptedForecaster(backbone, prompt_cfg, table.latitude, table.longitude)
+        if tune_foundation:  # no prompts: the whole foundation model learns instead
+            model.foundation.requires_grad_(True)
+            for p in [*model.prompts.parameters(), *model.weights.parameters()]:
+                p.requires_grad_(False)
+        data = device_series(table, pretrained.cfg.variables, pretrained.cfg.window, cfg["stride"])
+        clients.append(Client(model, PromptLoss(), data, {}))
+    fed = FedPodConfig(rounds=cfg["rounds"], local_epochs=cfg["local_epochs"], seed=cfg["seed"])
+    if variant == "fedpod":
+        coordinates = torch.tensor([[t.latitude, t.longitude] for t in tables])
+        curve = run_fedpod(clients, coordinates, fed)
+        upload = clients[0].model.wire_state()
+    else:
+        curve = run_fedavg(clients, fed)
+        upload = sent_state(clients[0].model)
+    scores = [evaluate_prompts(c.model, c.data.test, c.data.present) for c in clients]
+    trainable = sum(p.numel() for p in clients[0].model.parameters() if p.requires_grad)
+    return {
+        "variant": variant, "task": task, "trainable_params": trainable,
+        "bytes_per_round": sum(t.numel() * t.element_size() for t in upload.values()),
+        "mae": sum(s[0] for s in scores) / len(scores), "rmse": sum(s[1] for s in scores) / len(scores),
+        "val_curve": [r["rmse"] for r in curve], "seconds": time.perf_counter() - started,
+    }
+
+
+def markdown(summary: dict) -> str:
+    lines = ["| variant | task | trainable params | bytes / client / round | MAE | RMSE |", "|---|---|---|---|---|---|"]
+    for r in summary["rows"]:
+        lines.append(f"| {r['variant']} | {r['task']} | {r['trainable_params']:,} | {r['bytes_per_round']:,} | "
+                     f"{r['mae']:.4f} | {r['rmse']:.4f} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(summary: dict, path: Path) -> None:
+    """Validation RMSE per round, per task."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(TASKS), figsize=(9, 3.2), squeeze=False)
+    for ax, task in zip(axes[0], TASKS):
+        for r in (r for r in summary["rows"] if r["task"] == task):
+            ax.plot(range(1, len(r["val_curve"]) + 1), r["val_curve"], marker="o", label=r["variant"])
+        ax.set(title=task, xlabel="round", ylabel="validation RMSE (standardized)")
+        ax.legend(fontsize=7)
+    save_figure(fig, path)
+
+
+def main() -> None:
+    parser = bench_parser(__doc__, "few rounds, sparse windows (minutes on 2 cores)")
+    args = parser.parse_args()
+    cfg = dict(QUICK if args.quick else FULL)
+    started = time.perf_counter()
+    rows = run_parallel(run_job, [(v, t, cfg) for t in TASKS for v in VARIANTS], args.workers,
+                        lambda r: f"{r['variant']:>16} {r['task']}: MAE {r['mae']:.4f} RMSE {r['rmse']:.4f} "
+                        f"({r['seconds']:.0f} s)")
+    rows.sort(key=lambda r: (r["task"], VARIANTS.index(r["variant"])))
+    summary = {"rows": rows, "config": {**cfg, "mode": "quick" if args.quick else "full",
+                                        "wall_seconds": round(time.perf_counter() - started, 1),
+                                        "cpu_count": os.cpu_count()}}
+    write_report(args.out, "fedpod", summary, markdown, plot)
+
+
+if __name__ == "__main__":
+    main()
