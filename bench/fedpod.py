@@ -20,8 +20,10 @@ from pathlib import Path
 
 from common import bench_parser, run_parallel, save_figure, write_report
 
-QUICK = {"rounds": 4, "local_epochs": 1, "stride": 6, "pretrain_rounds": 5, "pretrain_stride": 3, "seed": 42}
-FULL = {"rounds": 10, "local_epochs": 5, "stride": 1, "pretrain_rounds": 20, "pretrain_stride": 1, "seed": 42}
+QUICK = {"rounds": 4, "local_epochs": 1, "stride": 6, "pretrain_rounds": 5, "pretrain_stride": 3, "seed": 42,
+         "seeds": [1, 2, 3]}
+FULL = {"rounds": 10, "local_epochs": 5, "stride": 1, "pretrain_rounds": 20, "pretrain_stride": 1, "seed": 42,
+        "seeds": [1, 2, 3]}
 VARIANTS = ("scratch_fedavg", "finetune_fedavg", "prompts_fedavg", "fedpod")
 TASKS = {"task1": "single", "task2": "multivariate"}
 
@@ -39,7 +41,8 @@ def foundation(pretrain_rounds: int, stride: int, seed: int):
     return pretrain(devices, fm, PretrainConfig(rounds=pretrain_rounds, stride=stride, seed=seed))[0]
 
 
-def run_job(variant: str, task: str, cfg: dict, threads: int) -> dict:
+def run_job(variant: str, task: str, seed: int, cfg: dict, threads: int) -> dict:
+    """One variant on one task with one fine-tuning seed (the foundation model is the same)."""
     import copy
 
     import torch
@@ -54,7 +57,7 @@ def run_job(variant: str, task: str, cfg: dict, threads: int) -> dict:
     started = time.perf_counter()
     pretrained = foundation(cfg["pretrain_rounds"], cfg["pretrain_stride"], cfg["seed"])
     if variant == "scratch_fedavg":
-        torch.manual_seed(cfg["seed"])
+        torch.manual_seed(seed)
         pretrained = FoundationModel(pretrained.cfg)
     tune_foundation = variant in ("scratch_fedavg", "finetune_fedavg")
     prompt_cfg = PromptConfig(task=TASKS[task])
@@ -68,7 +71,7 @@ def run_job(variant: str, task: str, cfg: dict, threads: int) -> dict:
                 p.requires_grad_(False)
         data = device_series(table, pretrained.cfg.variables, pretrained.cfg.window, cfg["stride"])
         clients.append(Client(model, PromptLoss(), data, {}))
-    fed = FedPodConfig(rounds=cfg["rounds"], local_epochs=cfg["local_epochs"], seed=cfg["seed"])
+    fed = FedPodConfig(rounds=cfg["rounds"], local_epochs=cfg["local_epochs"], seed=seed)
     if variant == "fedpod":
         coordinates = torch.tensor([[t.latitude, t.longitude] for t in tables])
         curve = run_fedpod(clients, coordinates, fed)
@@ -79,7 +82,7 @@ def run_job(variant: str, task: str, cfg: dict, threads: int) -> dict:
     scores = [evaluate_prompts(c.model, c.data.test, c.data.present) for c in clients]
     trainable = sum(p.numel() for p in clients[0].model.parameters() if p.requires_grad)
     return {
-        "variant": variant, "task": task, "trainable_params": trainable,
+        "variant": variant, "task": task, "seed": seed, "trainable_params": trainable,
         "bytes_per_round": sum(t.numel() * t.element_size() for t in upload.values()),
         "mae": sum(s[0] for s in scores) / len(scores), "rmse": sum(s[1] for s in scores) / len(scores),
         "val_curve": [r["rmse"] for r in curve], "seconds": time.perf_counter() - started,
@@ -87,15 +90,32 @@ def run_job(variant: str, task: str, cfg: dict, threads: int) -> dict:
 
 
 def markdown(summary: dict) -> str:
-    lines = ["| variant | task | trainable params | bytes / client / round | MAE | RMSE |", "|---|---|---|---|---|---|"]
+    seeds = len(summary["config"]["seeds"])
+    lines = [f"Test MAE / RMSE (standardized), mean +- half-range over {seeds} fine-tuning seeds.", "",
+             "| variant | task | trainable params | bytes / client / round | MAE | RMSE |", "|---|---|---|---|---|---|"]
     for r in summary["rows"]:
         lines.append(f"| {r['variant']} | {r['task']} | {r['trainable_params']:,} | {r['bytes_per_round']:,} | "
-                     f"{r['mae']:.4f} | {r['rmse']:.4f} |")
+                     f"{r['mae']:.4f} +- {r['mae_spread']:.4f} | {r['rmse']:.4f} +- {r['rmse_spread']:.4f} |")
     return "\n".join(lines) + "\n"
 
 
+def summarize(runs: list[dict]) -> list[dict]:
+    """One row per (variant, task): means over seeds and half the range."""
+    rows = []
+    for task in TASKS:
+        for variant in VARIANTS:
+            mine = [r for r in runs if r["variant"] == variant and r["task"] == task]
+            row = {k: mine[0][k] for k in ("variant", "task", "trainable_params", "bytes_per_round")}
+            for metric in ("mae", "rmse"):
+                values = [r[metric] for r in mine]
+                row[metric], row[f"{metric}_spread"] = sum(values) / len(values), (max(values) - min(values)) / 2
+            row["val_curve"] = [sum(v) / len(v) for v in zip(*(r["val_curve"] for r in mine))]
+            rows.append(row)
+    return rows
+
+
 def plot(summary: dict, path: Path) -> None:
-    """Validation RMSE per round, per task."""
+    """Validation RMSE per round (mean over seeds), per task."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -115,11 +135,10 @@ def main() -> None:
     args = parser.parse_args()
     cfg = dict(QUICK if args.quick else FULL)
     started = time.perf_counter()
-    rows = run_parallel(run_job, [(v, t, cfg) for t in TASKS for v in VARIANTS], args.workers,
-                        lambda r: f"{r['variant']:>16} {r['task']}: MAE {r['mae']:.4f} RMSE {r['rmse']:.4f} "
-                        f"({r['seconds']:.0f} s)")
-    rows.sort(key=lambda r: (r["task"], VARIANTS.index(r["variant"])))
-    summary = {"rows": rows, "config": {**cfg, "mode": "quick" if args.quick else "full",
+    runs = run_parallel(run_job, [(v, t, s, cfg) for t in TASKS for v in VARIANTS for s in cfg["seeds"]],
+                        args.workers, lambda r: f"{r['variant']:>16} {r['task']} seed {r['seed']}: MAE {r['mae']:.4f} "
+                        f"RMSE {r['rmse']:.4f} ({r['seconds']:.0f} s)")
+    summary = {"rows": summarize(runs), "runs": runs, "config": {**cfg, "mode": "quick" if args.quick else "full",
                                         "wall_seconds": round(time.perf_counter() - started, 1),
                                         "cpu_count": os.cpu_count()}}
     write_report(args.out, "fedpod", summary, markdown, plot)
