@@ -79,15 +79,20 @@ class DynamicGraphs:
         return losses
 
 
+PROMPT_NAMES = ("temporal", "variable", "spatial")  # the order of PromptedForecaster.prompt_vector
+
+
+def views_from_states(states: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """The node features of each graph from uploaded wire states, one row per client: all
+    prompts (the rows that get personalized), temporal + inter-variable, spatial."""
+    def flat(names: tuple[str, ...]) -> torch.Tensor:
+        return torch.stack([torch.cat([s[f"prompts.{n}"].flatten() for n in names]) for s in states]).detach()
+
+    return {"all": flat(PROMPT_NAMES), "tv": flat(PROMPT_NAMES[:2]), "spatial": flat(PROMPT_NAMES[2:])}
+
+
 def prompt_views(clients: list[Client]) -> dict[str, torch.Tensor]:
-    """The node features of each graph, one row per client: all prompts (the rows that get
-    personalized), temporal + inter-variable, spatial."""
-    prompts = [c.model.prompts for c in clients]
-    return {
-        "all": torch.stack([c.model.prompt_vector() for c in clients]).detach(),
-        "tv": torch.stack([torch.cat([p["temporal"].flatten(), p["variable"].flatten()]) for p in prompts]).detach(),
-        "spatial": torch.stack([p["spatial"] for p in prompts]).detach(),
-    }
+    return views_from_states([c.model.wire_state() for c in clients])
 
 
 def standardized(view: torch.Tensor) -> torch.Tensor:
@@ -108,27 +113,49 @@ def with_privacy_noise(views: dict[str, torch.Tensor], sigma: float, seed: int) 
     return {"all": views["all"] + noise, "tv": views["tv"] + noise[:, :n_tv], "spatial": views["spatial"] + noise[:, n_tv:]}
 
 
-def server_round(clients: list[Client], graphs: DynamicGraphs, a_geo: torch.Tensor, cfg: FedPodConfig,
-                 round_index: int = 0) -> dict:
-    """Train the graphs, personalize prompts, FedAvg the shared layers, send each client its part."""
-    views = with_privacy_noise(prompt_views(clients), cfg.dp_sigma, cfg.seed * 7919 + round_index)
-    graph_losses = graphs.fit(views, a_geo, cfg)
-    with torch.no_grad():
-        a, a_fused = graphs.matrices(views, a_geo)
-        personal = personalize(views["all"], a, a_fused, cfg.alpha)
-    overall = global_prompts(views["all"], torch.tensor([len(c.data.train) for c in clients]))
+class Personalizer:
+    """The coordinator's side of a FedPoD round: graphs trained on the uploaded prompts, then
+    each client's personalized prompts and its strongest neighbours' (eq. 9, eq. 6 references)."""
+
+    def __init__(self, cfg: FedPodConfig):
+        self.cfg, self.graphs = cfg, None
+
+    def personalize(self, views: dict[str, torch.Tensor], coordinates: torch.Tensor,
+                    round_index: int) -> tuple[list[dict[str, torch.Tensor]], float]:
+        """Per client {"personalized": (P,), "neighbours": (k, P)}, and the final graph loss."""
+        views = with_privacy_noise(views, self.cfg.dp_sigma, self.cfg.seed * 7919 + round_index)
+        if self.graphs is None:
+            self.graphs = DynamicGraphs({name: view.shape[1] for name, view in views.items()}, self.cfg.seed)
+        a_geo = geo_graph(coordinates.float())
+        graph_loss = self.graphs.fit(views, a_geo, self.cfg)[-1]
+        with torch.no_grad():
+            a, a_fused = self.graphs.matrices(views, a_geo)
+            personal = personalize(views["all"], a, a_fused, self.cfg.alpha)
+        keep = max(1, len(a) // self.cfg.subgraph_step - 1)
+        out = []
+        for i in range(len(a)):
+            ranked = [j for j in a[i].argsort(descending=True).tolist() if j != i][:keep]
+            out.append({"personalized": personal[i], "neighbours": personal[ranked]})
+        return out, graph_loss
+
+
+def server_round(clients: list[Client], personalizer: Personalizer, coordinates: torch.Tensor,
+                 round_index: int = 0) -> float:
+    """Personalize prompts, FedAvg the shared layers and give each client its part; returns the
+    final graph loss."""
+    references, graph_loss = personalizer.personalize(prompt_views(clients), coordinates, round_index)
+    sizes = [len(c.data.train) for c in clients]
+    overall = global_prompts(prompt_views(clients)["all"], torch.tensor(sizes))
     shared = make_aggregator("fedavg").aggregate([
-        ClientUpdate(c.data.name, {k: v for k, v in c.model.wire_state().items() if k.startswith("shared.")},
-                     len(c.data.train)) for c in clients
+        ClientUpdate(c.data.name, {k: v for k, v in c.model.wire_state().items() if k.startswith("shared.")}, n)
+        for c, n in zip(clients, sizes)
     ])
-    keep = max(1, len(clients) // cfg.subgraph_step - 1)
-    for i, client in enumerate(clients):
-        ranked = [j for j in a[i].argsort(descending=True).tolist() if j != i][:keep]
-        client.references = {"global_prompts": overall, "personalized": personal[i],
-                              "neighbours": [personal[j] for j in ranked]}
-        load_prompts(client.model, personal[i])
+    for client, mine in zip(clients, references):
+        client.references = {"global_prompts": overall, "personalized": mine["personalized"],
+                             "neighbours": list(mine["neighbours"])}
+        load_prompts(client.model, mine["personalized"])
         client.model.load_state_dict(shared, strict=False)
-    return {"graph_loss": graph_losses[-1], "adjacency": a, "personalized": personal}
+    return graph_loss
 
 
 def load_prompts(model: PromptedForecaster, flat: torch.Tensor) -> None:
@@ -171,13 +198,11 @@ def _scores(round_index: int, clients: list[Client]) -> dict:
 
 def run_fedpod(clients: list[Client], coordinates: torch.Tensor, cfg: FedPodConfig) -> list[dict]:
     """``cfg.rounds`` rounds of FedPoD; per round the mean validation MAE/RMSE over clients."""
-    sizes = {name: view.shape[1] for name, view in prompt_views(clients).items()}
-    graphs, a_geo = DynamicGraphs(sizes, cfg.seed), geo_graph(coordinates.float())
-    records = []
+    personalizer, records = Personalizer(cfg), []
     for r in range(1, cfg.rounds + 1):
         for i, client in enumerate(clients):
             train_prompts(client.model, client.loss, client.data.train, client.data.present, cfg.local_epochs,
                           cfg.batch_size, cfg.lr, seed=cfg.seed * 1000 + r * 100 + i, references=client.references)
-        summary = server_round(clients, graphs, a_geo, cfg, r)
-        records.append({**_scores(r, clients), "graph_loss": summary["graph_loss"]})
+        graph_loss = server_round(clients, personalizer, coordinates, r)
+        records.append({**_scores(r, clients), "graph_loss": graph_loss})
     return records

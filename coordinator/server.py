@@ -20,17 +20,23 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
 
+import torch
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from coordinator.aggregators import AGGREGATORS, ClientUpdate, make_aggregator
+from coordinator.fedpod import FedPodConfig, Personalizer, views_from_states
 from coordinator.store import RoundRow, Store
 from coordinator.twins import TWIN_FORECASTERS, TwinHistory, impute_missing, make_forecaster
 from edge_agent.data import TIME_FEATURES
+from edge_agent.learners import prompt_signature
 from edge_agent.models import ModelConfig, build_forecaster
+from edge_agent.models.foundation import content_hash, load_foundation
+from edge_agent.models.prompts import PromptConfig, PromptedForecaster
 from edge_agent.mqtt import BrokerConfig, Connection, Incoming
 from edge_agent.protocol import (
     NAME_PATTERN,
     HelloHeader,
+    PersonalHeader,
     ProtocolError,
     ReplyHeader,
     RoundHeader,
@@ -42,6 +48,7 @@ from edge_agent.protocol import (
     encode,
     signature,
 )
+from edge_agent.storage import write_tensors_atomically
 from edge_agent.train import derive_seed
 
 log = logging.getLogger("edgefl.coordinator")
@@ -65,6 +72,11 @@ class CoordinatorConfig(BaseModel):
     aggregator: str = "fedavg"
     twin: str = Field("drop", description=f"how clients missing at close are imputed: {sorted(TWIN_FORECASTERS)}")
     model: ModelConfig = ModelConfig()
+    mode: Literal["head", "prompt"] = Field("head", description="what the agents train (see AgentConfig.mode)")
+    foundation: Path | None = Field(None, description="prompt mode: the pretrained foundation checkpoint")
+    foundation_sha256: str | None = Field(None, pattern=r"^[0-9a-f]{64}$")
+    prompt: PromptConfig = PromptConfig()
+    fedpod: FedPodConfig = Field(FedPodConfig(), description="prompt mode: graph settings (alpha, subgraph_step, graph_*)")
     broker: BrokerConfig = BrokerConfig()
 
     @model_validator(mode="after")
@@ -73,6 +85,8 @@ class CoordinatorConfig(BaseModel):
             raise ValueError(f"aggregator: unknown {self.aggregator!r}; choose one of {sorted(AGGREGATORS)}")
         if self.twin not in TWIN_FORECASTERS:
             raise ValueError(f"twin: unknown {self.twin!r}; choose one of {sorted(TWIN_FORECASTERS)}")
+        if self.mode == "prompt" and self.foundation is None:
+            raise ValueError("mode 'prompt' needs foundation = <pretrained checkpoint> (edgefl pretrain)")
         if self.registration == "closed" and not self.allowed_clients:
             raise ValueError("registration is closed but allowed_clients is empty")
         return self
@@ -85,10 +99,16 @@ class Coordinator:
         self.cfg = cfg
         self.topics = Topics(cfg.fleet)
         self.store = Store(cfg.state_dir)
-        initial = build_forecaster(cfg.model, 1, TIME_FEATURES, derive_seed(cfg.seed, 0)).shared_state()
+        if cfg.mode == "prompt":
+            foundation = load_foundation(cfg.foundation, cfg.foundation_sha256)
+            template = PromptedForecaster(foundation, cfg.prompt, 0.0, 0.0)
+            initial, self.signature = template.wire_state(), prompt_signature(template, content_hash(foundation))
+            self.personalizer = Personalizer(cfg.fedpod)
+        else:
+            initial = build_forecaster(cfg.model, 1, TIME_FEATURES, derive_seed(cfg.seed, 0)).shared_state()
+            self.signature = signature(initial, cfg.model.model_dump_json())
         self.initial = initial
         self.layout = {name: (tuple(t.shape), t.dtype) for name, t in initial.items()}
-        self.signature = signature(initial, cfg.model.model_dump_json())
         self.aggregator = make_aggregator(cfg.aggregator)
         self.forecaster = make_forecaster(cfg.twin)
         self.twins = TwinHistory(self.forecaster.window, folder=self.store.dir / "twins")
@@ -180,6 +200,8 @@ class Coordinator:
         result = self.aggregator.aggregate(on_time + imputation.updates)
         for update in on_time:
             self.twins.observe(update.client_id, row.round, update.params)
+        if self.cfg.mode == "prompt":
+            self._personalize(row.round, on_time)
         total = sum(u.n_samples for u in updates)
         loss = sum(u.metrics.get("loss", 0.0) * u.n_samples for u in updates) / total
         metrics = {
@@ -196,6 +218,20 @@ class Coordinator:
         following = self.store.round(row.round if last else row.round + 1)
         self._announce(following)
         return following
+
+    def _personalize(self, number: int, updates: list[ClientUpdate]) -> None:
+        """FedPoD: graphs over the round's uploaded prompts, then each client's personalized and
+        neighbours' prompts, stored and sent on its own task topic (QoS 1)."""
+        clients = self.store.clients()
+        coordinates = torch.tensor([[clients[u.client_id].latitude or 0.0, clients[u.client_id].longitude or 0.0]
+                                    for u in updates])
+        references, _ = self.personalizer.personalize(views_from_states([u.params for u in updates]), coordinates,
+                                                      number)
+        for update, mine in zip(updates, references):
+            write_tensors_atomically(self.store.dir / f"personal/round_{number:05d}/{update.client_id}.safetensors",
+                                     mine)
+            header = PersonalHeader(fleet=self.cfg.fleet, sender=SENDER, round=number)
+            self.connection.publish(self.topics.agent(update.client_id, "task"), encode(header, mine))
 
     # messages --------------------------------------------------------------------------------
 

@@ -13,6 +13,7 @@ import queue
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 import torch
@@ -21,18 +22,20 @@ from safetensors.torch import load_file
 
 from edge_agent.data import (
     TIME_FEATURES,
-    ClientData,
     SeriesTable,
     load_csv,
     load_site,
     prepare_client,
     time_features,
 )
+from edge_agent.learners import make_learner
 from edge_agent.models import Forecaster, ModelConfig, build_forecaster
+from edge_agent.models.prompts import PromptConfig
 from edge_agent.mqtt import BrokerConfig, Connection, Incoming
 from edge_agent.protocol import (
     NAME_PATTERN,
     HelloHeader,
+    PersonalHeader,
     ProtocolError,
     ReplyHeader,
     RoundHeader,
@@ -40,10 +43,9 @@ from edge_agent.protocol import (
     UpdateHeader,
     decode,
     encode,
-    signature,
 )
 from edge_agent.storage import write_bytes_atomically, write_tensors_atomically
-from edge_agent.train import derive_seed, make_optimizer, train_epochs
+from edge_agent.train import derive_seed
 
 log = logging.getLogger("edgefl.agent")
 
@@ -87,13 +89,25 @@ class AgentConfig(BaseModel):
     client_id: str = Field(pattern=NAME_PATTERN)
     state_dir: Path
     data: DataSource
-    mode: str = Field("head", pattern="^head$", description="what is trained: QAP + FedPer head")
+    mode: Literal["head", "prompt"] = Field(
+        "head", description="what is trained: QAP + FedPer head, or FedPoD prompts around a frozen foundation model"
+    )
     model: ModelConfig = ModelConfig()
+    foundation: Path | None = Field(None, description="prompt mode: the pretrained foundation checkpoint")
+    foundation_sha256: str | None = Field(None, pattern=r"^[0-9a-f]{64}$", description="refuse any other backbone")
+    prompt: PromptConfig = PromptConfig()
+    dp_sigma: float = Field(0.0, ge=0.0, description="prompt mode: std of Gaussian noise on uploaded prompts (privacy)")
     training: LocalTraining = LocalTraining()
     seed: int = 42
     client_index: int = Field(0, ge=0, description="this client's index in the fleet's seed schedule")
     max_payload_bytes: int = Field(64 * 1024 * 1024, ge=1024)
     broker: BrokerConfig = BrokerConfig()
+
+    @model_validator(mode="after")
+    def _foundation_for_prompts(self) -> "AgentConfig":
+        if self.mode == "prompt" and self.foundation is None:
+            raise ValueError("mode 'prompt' needs foundation = <pretrained checkpoint> (edgefl pretrain)")
+        return self
 
 
 class Agent:
@@ -104,13 +118,9 @@ class Agent:
         self.topics = Topics(cfg.fleet)
         self.dir = Path(cfg.state_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
-        table = cfg.data.load()
-        self.data: ClientData = prepare_client(
-            table, cfg.model.lookback, cfg.model.horizon, cfg.training.stride
-        )
-        self.table = table
-        self.model = load_local_model(cfg, self.data.n_features, self.dir)
-        self.signature = signature(self.model.shared_state(), cfg.model.model_dump_json())
+        self.table = cfg.data.load()
+        self.learner = make_learner(cfg, self.table, self.dir)
+        self.signature = self.learner.signature
         self.state = self._read_state()
         self.on_event = on_event or (lambda kind, data: None)
         self.finished = False
@@ -164,7 +174,7 @@ class Agent:
         says it does not know us (resend)."""
         cid = self.cfg.client_id
         hello = HelloHeader(
-            fleet=self.cfg.fleet, sender=cid, n_features=self.data.n_features, n_samples=self.data.n_train,
+            fleet=self.cfg.fleet, sender=cid, n_features=self.learner.n_features, n_samples=self.learner.n_samples,
             latitude=self.table.latitude, longitude=self.table.longitude, model_signature=self.signature,
         )
         self.connection.publish(self.topics.agent(cid, "hello"), encode(hello))
@@ -185,13 +195,15 @@ class Agent:
             self._on_round(header, tensors)
         elif isinstance(header, ReplyHeader):
             self._on_reply(header)
+        elif isinstance(header, PersonalHeader):
+            self._on_personal(header, tensors)
 
     def _on_round(self, header: RoundHeader, global_state: dict) -> None:
         if header.model_signature != self.signature:
             log.error("coordinator runs another model (signature %s, ours %s)", header.model_signature, self.signature)
             self.on_event("signature_mismatch", {"round": header.round})
             return
-        self.model.load_shared_state(global_state)
+        self.learner.load_global(global_state)
         write_tensors_atomically(self.dir / "global.safetensors", global_state)
         if header.finished:
             self.finished = True
@@ -205,21 +217,28 @@ class Agent:
         """Train for one round, make the result durable, then publish the shared part."""
         cfg = self.cfg
         started = time.perf_counter()
-        loss = train_epochs(
-            self.model, self.data.train, cfg.training.local_epochs, cfg.training.batch_size,
-            make_optimizer(self.model, cfg.training.lr), derive_seed(cfg.seed, 2, round_index, cfg.client_index),
-        )
+        loss = self.learner.train(round_index)
         header = UpdateHeader(
-            fleet=cfg.fleet, sender=cfg.client_id, round=round_index, n_samples=self.data.n_train,
+            fleet=cfg.fleet, sender=cfg.client_id, round=round_index, n_samples=self.learner.n_samples,
             metrics={"loss": loss, "seconds": time.perf_counter() - started},
         )
-        payload = encode(header, self.model.shared_state())
-        write_tensors_atomically(self.dir / "personal.safetensors", self.model.personal_state())
+        payload = encode(header, self.learner.wire_state())
+        self.learner.save()
         write_bytes_atomically(self.pending_path, payload)
         self.state["trained_round"] = round_index
         self._write_state()
         self.connection.publish(self.topics.agent(cfg.client_id, "update"), payload)
         self.on_event("sent", {"round": round_index, "loss": loss})
+
+    def _on_personal(self, header: PersonalHeader, tensors: dict) -> None:
+        """Prompt mode: the coordinator's personalized prompts after a round (FedPoD eq. 9)."""
+        try:
+            self.learner.install_personal(tensors)
+        except (KeyError, ValueError, RuntimeError) as err:
+            log.warning("ignoring personalized prompts for round %d: %s", header.round, err)
+            return
+        self.learner.save()
+        self.on_event("personal", {"round": header.round})
 
     def _on_reply(self, reply: ReplyHeader) -> None:
         self.on_event("reply", reply.model_dump())

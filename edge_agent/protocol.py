@@ -97,7 +97,16 @@ class ReplyHeader(_Header):
     reason: str = ""
 
 
-Header = Annotated[Union[HelloHeader, UpdateHeader, RoundHeader, ReplyHeader], Field(discriminator="kind")]
+class PersonalHeader(_Header):
+    """Prompt mode: the coordinator's personalized prompts for one agent after ``round`` closed
+    (body: ``personalized`` and ``neighbours``, FedPoD eq. 9)."""
+
+    kind: Literal["personal"] = "personal"
+
+
+Header = Annotated[
+    Union[HelloHeader, UpdateHeader, RoundHeader, ReplyHeader, PersonalHeader], Field(discriminator="kind")
+]
 _HEADER = TypeAdapter(Header)
 
 

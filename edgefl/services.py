@@ -111,6 +111,13 @@ def _agent_config(config: Path):
         _fail(str(err))
 
 
+def _print_agent_event(kind: str, data: dict) -> None:
+    if kind == "sent":
+        console.print(f"round {data['round']}: trained, loss {data['loss']:.4f}, update sent")
+    elif kind == "personal":
+        console.print(f"round {data['round']}: personalized prompts received")
+
+
 @agent_app.command("run")
 def agent_run(config: ConfigPath, verbose: bool = False) -> None:
     """Train for every announced round and send the shared parameters to the coordinator."""
@@ -119,8 +126,7 @@ def agent_run(config: ConfigPath, verbose: bool = False) -> None:
     _setup(verbose)
     cfg = _agent_config(config)
     try:
-        agent = Agent(cfg, on_event=lambda kind, data: kind == "sent" and console.print(
-            f"round {data['round']}: trained, loss {data['loss']:.4f}, update sent"))
+        agent = Agent(cfg, on_event=_print_agent_event)
     except (DataError, ValueError) as err:
         _fail(str(err))
     agent.run(stop=_Stopper())

@@ -81,3 +81,24 @@ def test_task_one_forecasts_one_target_and_bad_configs_are_refused(foundation, s
         PromptedForecaster(foundation, PromptConfig(task="single", target="snow"), 0.0, 0.0)
     with pytest.raises(ValueError, match="foundation window"):
         PromptedForecaster(foundation, PromptConfig(lookback=12, horizon=24), 0.0, 0.0)
+
+
+def test_the_agent_side_learner_adopts_personal_prompts_and_noises_its_upload(foundation, tmp_path) -> None:
+    from edge_agent.agent import AgentConfig
+    from edge_agent.learners import PromptLearner
+    from edge_agent.models.foundation import save_foundation
+
+    digest = save_foundation(foundation, tmp_path / "fm.safetensors")
+    cfg = AgentConfig(fleet="f", client_id="a", state_dir=tmp_path / "a", data={"site": "miami"}, mode="prompt",
+                      foundation=tmp_path / "fm.safetensors", foundation_sha256=digest, dp_sigma=0.5,
+                      training={"stride": 48})
+    learner = PromptLearner(cfg, load_site("miami"), tmp_path)
+    size = learner.model.prompt_vector().numel()
+    sent = torch.arange(size, dtype=torch.float32)
+    learner.install_personal({"personalized": sent, "neighbours": torch.zeros(2, size)})
+    torch.testing.assert_close(learner.model.prompt_vector().detach(), sent)
+    assert len(learner.references["neighbours"]) == 2
+    noisy = learner.wire_state()["prompts.temporal"] - learner.model.prompts["temporal"].detach()
+    assert 0.3 < noisy.std().item() < 0.7  # the upload is noised, the local prompts are not
+    with pytest.raises(ValueError, match="prompt"):
+        AgentConfig(fleet="f", client_id="a", state_dir=tmp_path, data={"site": "miami"}, mode="prompt")

@@ -223,3 +223,54 @@ def test_a_stopped_agent_is_imputed_by_its_twin_and_its_late_updates_kept_as_his
         assert len(list((db / "twins" / "client03").glob("*.safetensors"))) == 2  # bounded window
     finally:
         store.close()
+
+
+def test_three_prompt_mode_agents_receive_their_own_personalized_prompts(tmp_path: Path, mosquitto) -> None:
+    from safetensors.torch import load_file
+
+    from edge_agent.config import dump_toml
+    from edge_agent.models.foundation import FoundationConfig, FoundationModel, save_foundation
+
+    torch.manual_seed(0)
+    fm_path = tmp_path / "foundation.safetensors"
+    digest = save_foundation(FoundationModel(FoundationConfig(d_model=16, heads=2, layers=1, d_ff=32)), fm_path)
+    common = {"fleet": "test", "mode": "prompt", "foundation": str(fm_path), "foundation_sha256": digest,
+              "prompt": {"lookback": 12, "horizon": 12}}
+    coordinator_toml = tmp_path / "coordinator.toml"
+    coordinator_toml.write_text(dump_toml({
+        **common, "state_dir": str(tmp_path / "coordinator"), "rounds": 2, "min_clients": 3, "round_timeout_s": 60.0,
+        "fedpod": {"graph_epochs": 5}, "broker": {"port": mosquitto.port},
+    }))
+    coordinator = start(tmp_path, "coordinator", "coordinator", "serve", "-c", str(coordinator_toml))
+    agents = []
+    for index, site in enumerate(("amsterdam", "miami", "greensboro")):
+        path = tmp_path / f"agent{index}.toml"
+        path.write_text(dump_toml({
+            **common, "client_id": f"client{index:02d}", "state_dir": str(tmp_path / f"agent{index}"),
+            "client_index": index, "data": {"site": site},
+            "training": {"local_epochs": 1, "batch_size": 64, "lr": 0.01, "stride": 24},
+            "broker": {"port": mosquitto.port, "keepalive_s": 5},
+        }))
+        agents.append(start(tmp_path, f"agent{index}", "agent", "run", "-c", str(path)))
+    finish([coordinator, *agents])
+    assert coordinator.returncode == 0, (tmp_path / "coordinator.log").read_text()
+    db = tmp_path / "coordinator"
+    for number in (1, 2):
+        files = sorted((db / "personal" / f"round_{number:05d}").glob("*.safetensors"))
+        assert [f.stem for f in files] == ["client00", "client01", "client02"]
+        personal = [load_file(str(f))["personalized"] for f in files]
+        assert not torch.equal(personal[0], personal[1]) and not torch.equal(personal[1], personal[2])
+    store = Store(db)
+    try:
+        update = store.load_update(store.updates(1)[0])
+        assert update and all(name.startswith(("prompts.", "shared.")) for name in update)
+    finally:
+        store.close()
+    for index in range(3):
+        assert "round 1: personalized prompts received" in (tmp_path / f"agent{index}.log").read_text()
+
+    wrong = tmp_path / "agent0.toml"
+    wrong.write_text(wrong.read_text().replace(digest, "0" * 64))
+    proc = subprocess.run([sys.executable, "-m", "edgefl.cli", "agent", "run", "-c", str(wrong)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "differs from the coordinator's" in proc.stdout + proc.stderr
