@@ -59,6 +59,13 @@ class DynamicGraphs:
     def parameters(self) -> list[torch.nn.Parameter]:
         return [p for graph in self.graphs.values() for p in graph.parameters()]
 
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return {f"{name}.{k}": v.detach().clone() for name, g in self.graphs.items() for k, v in g.state_dict().items()}
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        for name, graph in self.graphs.items():
+            graph.load_state_dict({k[len(name) + 1 :]: v for k, v in state.items() if k.startswith(name + ".")})
+
     def matrices(self, views: dict[str, torch.Tensor], a_geo: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(A, A') from the clients' prompts (eqs. 8 and 9)."""
         a_all, a_tv, a_s = (self.graphs[name](standardized(views[name])) for name in ("all", "tv", "spatial"))
@@ -117,15 +124,14 @@ class Personalizer:
     """The coordinator's side of a FedPoD round: graphs trained on the uploaded prompts, then
     each client's personalized prompts and its strongest neighbours' (eq. 9, eq. 6 references)."""
 
-    def __init__(self, cfg: FedPodConfig):
-        self.cfg, self.graphs = cfg, None
+    def __init__(self, cfg: FedPodConfig, sizes: dict[str, int]):
+        """``sizes``: the width of each prompt view (see ``views_from_states``)."""
+        self.cfg, self.graphs = cfg, DynamicGraphs(sizes, cfg.seed)
 
     def personalize(self, views: dict[str, torch.Tensor], coordinates: torch.Tensor,
                     round_index: int) -> tuple[list[dict[str, torch.Tensor]], float]:
         """Per client {"personalized": (P,), "neighbours": (k, P)}, and the final graph loss."""
         views = with_privacy_noise(views, self.cfg.dp_sigma, self.cfg.seed * 7919 + round_index)
-        if self.graphs is None:
-            self.graphs = DynamicGraphs({name: view.shape[1] for name, view in views.items()}, self.cfg.seed)
         a_geo = geo_graph(coordinates.float())
         graph_loss = self.graphs.fit(views, a_geo, self.cfg)[-1]
         with torch.no_grad():
@@ -198,7 +204,8 @@ def _scores(round_index: int, clients: list[Client]) -> dict:
 
 def run_fedpod(clients: list[Client], coordinates: torch.Tensor, cfg: FedPodConfig) -> list[dict]:
     """``cfg.rounds`` rounds of FedPoD; per round the mean validation MAE/RMSE over clients."""
-    personalizer, records = Personalizer(cfg), []
+    sizes = {name: view.shape[1] for name, view in prompt_views(clients).items()}
+    personalizer, records = Personalizer(cfg, sizes), []
     for r in range(1, cfg.rounds + 1):
         for i, client in enumerate(clients):
             train_prompts(client.model, client.loss, client.data.train, client.data.present, cfg.local_epochs,

@@ -53,6 +53,7 @@ from edge_agent.train import derive_seed
 
 log = logging.getLogger("edgefl.coordinator")
 SENDER = "coordinator"
+GRAPHS_FILE = "fedpod_graphs.safetensors"  # prompt mode: the trained graph parameters
 
 
 class CoordinatorConfig(BaseModel):
@@ -103,7 +104,10 @@ class Coordinator:
             foundation = load_foundation(cfg.foundation, cfg.foundation_sha256)
             template = PromptedForecaster(foundation, cfg.prompt, 0.0, 0.0)
             initial, self.signature = template.wire_state(), prompt_signature(template, content_hash(foundation))
-            self.personalizer = Personalizer(cfg.fedpod)
+            sizes = {name: view.shape[1] for name, view in views_from_states([initial]).items()}
+            self.personalizer = Personalizer(cfg.fedpod, sizes)
+            if (self.store.dir / GRAPHS_FILE).is_file():  # the graphs survive a restart
+                self.personalizer.graphs.load_state_dict(self.store.load_file(GRAPHS_FILE))
         else:
             initial = build_forecaster(cfg.model, 1, TIME_FEATURES, derive_seed(cfg.seed, 0)).shared_state()
             self.signature = signature(initial, cfg.model.model_dump_json())
@@ -227,6 +231,7 @@ class Coordinator:
                                     for u in updates])
         references, _ = self.personalizer.personalize(views_from_states([u.params for u in updates]), coordinates,
                                                       number)
+        write_tensors_atomically(self.store.dir / GRAPHS_FILE, self.personalizer.graphs.state_dict())
         for update, mine in zip(updates, references):
             write_tensors_atomically(self.store.dir / f"personal/round_{number:05d}/{update.client_id}.safetensors",
                                      mine)

@@ -74,3 +74,11 @@ def test_the_fedavg_baseline_gives_every_client_the_same_sent_tensors(fleet) -> 
     states = [sent_state(c.model) for c in clients]
     assert "prompts.temporal" in states[0] and not any(k.startswith(("foundation.", "weights.")) for k in states[0])
     assert all(torch.equal(states[0][k], s[k]) for s in states[1:] for k in states[0])
+
+
+def test_graph_parameters_round_trip(fleet) -> None:
+    _, clients, _ = fleet
+    sizes = {name: view.shape[1] for name, view in prompt_views(clients).items()}
+    trained, fresh = DynamicGraphs(sizes, seed=1), DynamicGraphs(sizes, seed=2)
+    fresh.load_state_dict(trained.state_dict())
+    assert all(torch.equal(a, b) for a, b in zip(trained.parameters(), fresh.parameters()))

@@ -268,6 +268,7 @@ def test_three_prompt_mode_agents_receive_their_own_personalized_prompts(tmp_pat
         store.close()
     for index in range(3):
         assert "round 1: personalized prompts received" in (tmp_path / f"agent{index}.log").read_text()
+    assert (db / "fedpod_graphs.safetensors").is_file()  # trained graphs persist for a restart
 
     wrong = tmp_path / "agent0.toml"
     wrong.write_text(wrong.read_text().replace(digest, "0" * 64))
