@@ -53,6 +53,14 @@ def bench_parser(doc: str, quick_help: str) -> argparse.ArgumentParser:
     return parser
 
 
+def run_config(cfg: dict, quick: bool, started: float) -> dict:
+    """The ``config`` block of every results file: the settings, the mode and what it took."""
+    import time
+
+    return {**cfg, "mode": "quick" if quick else "full", "wall_seconds": round(time.perf_counter() - started, 1),
+            "cpu_count": os.cpu_count()}
+
+
 def save_figure(fig, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)

@@ -14,11 +14,10 @@ trained model (BatchNorm statistics recomputed on the training windows, see
 
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 
-from common import bench_parser, run_parallel, save_figure, write_report
+from common import bench_parser, run_config, run_parallel, save_figure, write_report
 
 QUICK = {"site": "greensboro", "lookback": 96, "horizon": 48, "stride": 12, "epochs": 1, "batch_size": 64,
          "lr": 1e-3, "test_windows": 128, "seed": 7}
@@ -132,8 +131,7 @@ def main() -> None:
         "rows": rows,
         "snn_vs_ann": {"measured": cmos["itransformer"] / cmos["ispikformer"], "paper": PAPER["itransformer"] /
                        PAPER["ispikformer"], "ispikformer_pj": cmos["ispikformer"], "itransformer_pj": cmos["itransformer"]},
-        "config": {**cfg, "mode": "quick" if args.quick else "full", "wall_seconds": round(time.perf_counter() - started, 1),
-                   "cpu_count": os.cpu_count()},
+        "config": run_config(cfg, args.quick, started),
     }
     write_report(args.out, "energy", summary, markdown, plot)
 

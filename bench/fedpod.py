@@ -14,11 +14,10 @@ stations). Usage:
 from __future__ import annotations
 
 import functools
-import os
 import time
 from pathlib import Path
 
-from common import bench_parser, run_parallel, save_figure, write_report
+from common import bench_parser, run_config, run_parallel, save_figure, write_report
 
 QUICK = {"rounds": 4, "local_epochs": 1, "stride": 6, "pretrain_rounds": 5, "pretrain_stride": 3, "seed": 42,
          "seeds": [1, 2, 3]}
@@ -138,9 +137,7 @@ def main() -> None:
     runs = run_parallel(run_job, [(v, t, s, cfg) for t in TASKS for v in VARIANTS for s in cfg["seeds"]],
                         args.workers, lambda r: f"{r['variant']:>16} {r['task']} seed {r['seed']}: MAE {r['mae']:.4f} "
                         f"RMSE {r['rmse']:.4f} ({r['seconds']:.0f} s)")
-    summary = {"rows": summarize(runs), "runs": runs, "config": {**cfg, "mode": "quick" if args.quick else "full",
-                                        "wall_seconds": round(time.perf_counter() - started, 1),
-                                        "cpu_count": os.cpu_count()}}
+    summary = {"rows": summarize(runs), "runs": runs, "config": run_config(cfg, args.quick, started)}
     write_report(args.out, "fedpod", summary, markdown, plot)
 
 

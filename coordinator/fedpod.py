@@ -149,9 +149,10 @@ def server_round(clients: list[Client], personalizer: Personalizer, coordinates:
                  round_index: int = 0) -> float:
     """Personalize prompts, FedAvg the shared layers and give each client its part; returns the
     final graph loss."""
-    references, graph_loss = personalizer.personalize(prompt_views(clients), coordinates, round_index)
+    views = prompt_views(clients)
+    references, graph_loss = personalizer.personalize(views, coordinates, round_index)
     sizes = [len(c.data.train) for c in clients]
-    overall = global_prompts(prompt_views(clients)["all"], torch.tensor(sizes))
+    overall = global_prompts(views["all"], torch.tensor(sizes))
     shared = make_aggregator("fedavg").aggregate([
         ClientUpdate(c.data.name, {k: v for k, v in c.model.wire_state().items() if k.startswith("shared.")}, n)
         for c, n in zip(clients, sizes)
@@ -159,18 +160,9 @@ def server_round(clients: list[Client], personalizer: Personalizer, coordinates:
     for client, mine in zip(clients, references):
         client.references = {"global_prompts": overall, "personalized": mine["personalized"],
                              "neighbours": list(mine["neighbours"])}
-        load_prompts(client.model, mine["personalized"])
+        client.model.set_prompt_vector(mine["personalized"])
         client.model.load_state_dict(shared, strict=False)
     return graph_loss
-
-
-def load_prompts(model: PromptedForecaster, flat: torch.Tensor) -> None:
-    """Install a flattened prompt vector (the layout of ``prompt_vector``)."""
-    with torch.no_grad():
-        offset = 0
-        for prompt in model.prompts.values():
-            prompt.copy_(flat[offset : offset + prompt.numel()].reshape(prompt.shape))
-            offset += prompt.numel()
 
 
 def sent_state(model: PromptedForecaster) -> dict[str, torch.Tensor]:

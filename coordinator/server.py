@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
 
 from coordinator.aggregators import AGGREGATORS, ClientUpdate, make_aggregator
 from coordinator.fedpod import FedPodConfig, Personalizer, views_from_states
@@ -31,7 +31,7 @@ from edge_agent.data import TIME_FEATURES
 from edge_agent.learners import prompt_signature
 from edge_agent.models import ModelConfig, build_forecaster
 from edge_agent.models.foundation import content_hash, load_foundation
-from edge_agent.models.prompts import PromptConfig, PromptedForecaster
+from edge_agent.models.prompts import PromptedForecaster, PromptModeSettings
 from edge_agent.mqtt import BrokerConfig, Connection, Incoming
 from edge_agent.protocol import (
     NAME_PATTERN,
@@ -56,7 +56,7 @@ SENDER = "coordinator"
 GRAPHS_FILE = "fedpod_graphs.safetensors"  # prompt mode: the trained graph parameters
 
 
-class CoordinatorConfig(BaseModel):
+class CoordinatorConfig(PromptModeSettings):
     """``coordinator.toml``: the fleet, the rounds, the model and the broker."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -73,10 +73,6 @@ class CoordinatorConfig(BaseModel):
     aggregator: str = "fedavg"
     twin: str = Field("drop", description=f"how clients missing at close are imputed: {sorted(TWIN_FORECASTERS)}")
     model: ModelConfig = ModelConfig()
-    mode: Literal["head", "prompt"] = Field("head", description="what the agents train (see AgentConfig.mode)")
-    foundation: Path | None = Field(None, description="prompt mode: the pretrained foundation checkpoint")
-    foundation_sha256: str | None = Field(None, pattern=r"^[0-9a-f]{64}$")
-    prompt: PromptConfig = PromptConfig()
     fedpod: FedPodConfig = Field(FedPodConfig(), description="prompt mode: graph settings (alpha, subgraph_step, graph_*)")
     broker: BrokerConfig = BrokerConfig()
 
@@ -86,8 +82,6 @@ class CoordinatorConfig(BaseModel):
             raise ValueError(f"aggregator: unknown {self.aggregator!r}; choose one of {sorted(AGGREGATORS)}")
         if self.twin not in TWIN_FORECASTERS:
             raise ValueError(f"twin: unknown {self.twin!r}; choose one of {sorted(TWIN_FORECASTERS)}")
-        if self.mode == "prompt" and self.foundation is None:
-            raise ValueError("mode 'prompt' needs foundation = <pretrained checkpoint> (edgefl pretrain)")
         if self.registration == "closed" and not self.allowed_clients:
             raise ValueError("registration is closed but allowed_clients is empty")
         return self

@@ -13,7 +13,6 @@ import queue
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Literal
 
 import numpy as np
 import torch
@@ -30,7 +29,7 @@ from edge_agent.data import (
 )
 from edge_agent.learners import make_learner
 from edge_agent.models import Forecaster, ModelConfig, build_forecaster
-from edge_agent.models.prompts import PromptConfig
+from edge_agent.models.prompts import PromptModeSettings
 from edge_agent.mqtt import BrokerConfig, Connection, Incoming
 from edge_agent.protocol import (
     NAME_PATTERN,
@@ -80,7 +79,7 @@ class LocalTraining(BaseModel):
     stride: int = Field(1, ge=1, description="step between training windows")
 
 
-class AgentConfig(BaseModel):
+class AgentConfig(PromptModeSettings):
     """``agent.toml``: who this gateway is, its data, its model and the broker."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -89,25 +88,13 @@ class AgentConfig(BaseModel):
     client_id: str = Field(pattern=NAME_PATTERN)
     state_dir: Path
     data: DataSource
-    mode: Literal["head", "prompt"] = Field(
-        "head", description="what is trained: QAP + FedPer head, or FedPoD prompts around a frozen foundation model"
-    )
     model: ModelConfig = ModelConfig()
-    foundation: Path | None = Field(None, description="prompt mode: the pretrained foundation checkpoint")
-    foundation_sha256: str | None = Field(None, pattern=r"^[0-9a-f]{64}$", description="refuse any other backbone")
-    prompt: PromptConfig = PromptConfig()
     dp_sigma: float = Field(0.0, ge=0.0, description="prompt mode: std of Gaussian noise on uploaded prompts (privacy)")
     training: LocalTraining = LocalTraining()
     seed: int = 42
     client_index: int = Field(0, ge=0, description="this client's index in the fleet's seed schedule")
     max_payload_bytes: int = Field(64 * 1024 * 1024, ge=1024)
     broker: BrokerConfig = BrokerConfig()
-
-    @model_validator(mode="after")
-    def _foundation_for_prompts(self) -> "AgentConfig":
-        if self.mode == "prompt" and self.foundation is None:
-            raise ValueError("mode 'prompt' needs foundation = <pretrained checkpoint> (edgefl pretrain)")
-        return self
 
 
 class Agent:

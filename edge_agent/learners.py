@@ -98,11 +98,7 @@ class PromptLearner:
         """Adopt the coordinator's personalized prompts and keep them, with the neighbours', as
         the regularization targets of eq. 6."""
         personalized, neighbours = tensors["personalized"], tensors.get("neighbours")
-        offset = 0
-        with torch.no_grad():
-            for prompt in self.model.prompts.values():
-                prompt.copy_(personalized[offset : offset + prompt.numel()].reshape(prompt.shape))
-                offset += prompt.numel()
+        self.model.set_prompt_vector(personalized)
         self.references["personalized"] = personalized
         self.references["neighbours"] = list(neighbours) if neighbours is not None else []
 

@@ -67,6 +67,14 @@ def run_agents(tmp_path: Path, port: int, paths: list[Path]) -> list:
             for i, p in enumerate(paths)]
 
 
+def start_fleet(tmp_path: Path, port: int, n_agents: int, rounds: int = ROUNDS, **overrides: object):
+    """Client CSVs, a coordinator and one agent per CSV, all started: (coordinator, agents, state dir)."""
+    paths = write_client_csvs(tmp_path, n_agents)
+    config = coordinator_config(tmp_path, port, rounds, **overrides)
+    coordinator = start(tmp_path, "coordinator", "coordinator", "serve", "-c", str(config))
+    return coordinator, run_agents(tmp_path, port, paths), tmp_path / "coordinator"
+
+
 def finish(processes: list, timeout: float = 120) -> None:
     for process in processes:
         process.wait(timeout)
@@ -126,11 +134,7 @@ def test_coordinator_killed_mid_round_resumes_without_losing_accepted_updates(tm
 
 
 def test_agent_killed_mid_round_is_marked_offline_and_the_round_still_closes(tmp_path: Path, mosquitto) -> None:
-    paths = write_client_csvs(tmp_path, 3)
-    config = coordinator_config(tmp_path, mosquitto.port, ROUNDS, min_clients=2, round_timeout_s=8.0)
-    coordinator = start(tmp_path, "coordinator", "coordinator", "serve", "-c", str(config))
-    agents = run_agents(tmp_path, mosquitto.port, paths)
-    db = tmp_path / "coordinator"
+    coordinator, agents, db = start_fleet(tmp_path, mosquitto.port, 3, min_clients=2, round_timeout_s=8.0)
 
     wait_for(state(db, lambda s: s.latest_round() and s.latest_round().round >= 2), 120, "round 1 to close")
     os.kill(agents[2].pid, signal.SIGKILL)
@@ -145,11 +149,7 @@ def test_agent_killed_mid_round_is_marked_offline_and_the_round_still_closes(tmp
 
 
 def test_broker_outage_mid_run_buffers_updates_and_the_run_finishes(tmp_path: Path, mosquitto) -> None:
-    paths = write_client_csvs(tmp_path, 2)
-    config = coordinator_config(tmp_path, mosquitto.port, ROUNDS, min_clients=2)
-    coordinator = start(tmp_path, "coordinator", "coordinator", "serve", "-c", str(config))
-    agents = run_agents(tmp_path, mosquitto.port, paths)
-    db = tmp_path / "coordinator"
+    coordinator, agents, db = start_fleet(tmp_path, mosquitto.port, 2, min_clients=2)
 
     wait_for(state(db, lambda s: s.latest_round() and s.latest_round().round >= 2), 120, "round 2 to open")
     mosquitto.stop()
@@ -163,11 +163,7 @@ def test_broker_outage_mid_run_buffers_updates_and_the_run_finishes(tmp_path: Pa
 
 
 def test_a_silent_agent_does_not_hold_the_round_past_its_deadline(tmp_path: Path, mosquitto) -> None:
-    paths = write_client_csvs(tmp_path, 3)
-    config = coordinator_config(tmp_path, mosquitto.port, ROUNDS, min_clients=2, round_timeout_s=4.0)
-    coordinator = start(tmp_path, "coordinator", "coordinator", "serve", "-c", str(config))
-    agents = run_agents(tmp_path, mosquitto.port, paths)
-    db = tmp_path / "coordinator"
+    coordinator, agents, db = start_fleet(tmp_path, mosquitto.port, 3, min_clients=2, round_timeout_s=4.0)
 
     wait_for(state(db, lambda s: s.latest_round() and s.has_update(1, "client02")), 120, "client02's update")
     os.kill(agents[2].pid, signal.SIGSTOP)  # alive for the broker (keepalive 5 s) but silent
@@ -188,11 +184,9 @@ def test_a_stopped_agent_is_imputed_by_its_twin_and_its_late_updates_kept_as_his
     tmp_path: Path, mosquitto
 ) -> None:
     rounds = 5
-    paths = write_client_csvs(tmp_path, 4)
-    config = coordinator_config(tmp_path, mosquitto.port, rounds, min_clients=2, round_timeout_s=6.0, twin="wsf")
-    coordinator = start(tmp_path, "coordinator", "coordinator", "serve", "-c", str(config))
-    agents = run_agents(tmp_path, mosquitto.port, paths)
-    db = tmp_path / "coordinator"
+    coordinator, agents, db = start_fleet(
+        tmp_path, mosquitto.port, 4, rounds, min_clients=2, round_timeout_s=6.0, twin="wsf"
+    )
 
     wait_for(state(db, lambda s: s.latest_round() and s.has_update(1, "client03")), 120, "client03's update")
     os.kill(agents[3].pid, signal.SIGSTOP)

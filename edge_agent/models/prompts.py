@@ -17,10 +17,11 @@ foundation model is frozen and never sent.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 from torch import nn
 
 from edge_agent.models.foundation import FoundationModel
@@ -39,6 +40,24 @@ class PromptConfig(BaseModel):
     )
     target: str = "temp_air"
     spatial: int = Field(8, ge=1, description="size of the spatial prompt P_S")
+
+
+class PromptModeSettings(BaseModel):
+    """The training mode and, for prompt mode, the foundation model: the same fields in
+    ``agent.toml`` and ``coordinator.toml``, since both sides must name the same backbone."""
+
+    mode: Literal["head", "prompt"] = Field(
+        "head", description="what is trained: QAP + FedPer head, or FedPoD prompts around a frozen foundation model"
+    )
+    foundation: Path | None = Field(None, description="prompt mode: the pretrained foundation checkpoint")
+    foundation_sha256: str | None = Field(None, pattern=r"^[0-9a-f]{64}$", description="refuse any other backbone")
+    prompt: PromptConfig = PromptConfig()
+
+    @model_validator(mode="after")
+    def _foundation_for_prompts(self) -> "PromptModeSettings":
+        if self.mode == "prompt" and self.foundation is None:
+            raise ValueError("mode 'prompt' needs foundation = <pretrained checkpoint> (edgefl pretrain)")
+        return self
 
 
 class PromptedForecaster(nn.Module):
@@ -101,6 +120,14 @@ class PromptedForecaster(nn.Module):
     def prompt_vector(self) -> torch.Tensor:
         """All prompts of this client flattened (the node features of the coordinator's graphs)."""
         return torch.cat([p.flatten() for p in self.prompts.values()])
+
+    @torch.no_grad()
+    def set_prompt_vector(self, flat: torch.Tensor) -> None:
+        """Install a flattened prompt vector (the layout of ``prompt_vector``)."""
+        offset = 0
+        for prompt in self.prompts.values():
+            prompt.copy_(flat[offset : offset + prompt.numel()].reshape(prompt.shape))
+            offset += prompt.numel()
 
 
 class PromptLoss(nn.Module):
