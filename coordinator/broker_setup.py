@@ -136,7 +136,8 @@ def write_fleet_setup(
     written = {"mosquitto.conf": out / "mosquitto.conf", "passwords": out / "passwords", "acl": out / "acl"}
     coordinator = {
         "fleet": fleet, "state_dir": str(state_root / "coordinator"), "rounds": 10,
-        "min_clients": max(1, len(agent_ids) // 2), "registration": "closed", "allowed_clients": agent_ids,
+        "min_clients": max(1, len(agent_ids) // 2),
+        "start_clients": max(1, len(agent_ids) // 2), "registration": "closed", "allowed_clients": agent_ids,
         "broker": {**broker, "username": COORDINATOR_USER, "password": users[COORDINATOR_USER]},
     }
     written["coordinator.toml"] = out / "coordinator.toml"

@@ -65,6 +65,7 @@ class CoordinatorConfig(PromptModeSettings):
     state_dir: Path
     rounds: int = Field(10, ge=1)
     min_clients: int = Field(1, ge=1, description="quorum: updates needed to close a round")
+    start_clients: int = Field(0, ge=0, description="hold round 1 until this many clients have registered")
     round_timeout_s: float = Field(300.0, gt=0, description="deadline of a round after its announcement")
     max_payload_bytes: int = Field(64 * 1024 * 1024, ge=1024)
     registration: Literal["open", "closed"] = "open"
@@ -130,8 +131,9 @@ class Coordinator:
         self.connection.start()
         if not self.connection.connected.wait(30):
             raise ConnectionError(f"cannot reach the broker at {self.cfg.broker.host}:{self.cfg.broker.port}")
-        self._announce(current)
         try:
+            current = self._await_fleet(current, stop)
+            self._announce(current)
             while current.closed_at is None and not stop():
                 batch = self._drain()
                 if batch:
@@ -151,6 +153,23 @@ class Coordinator:
             log.info("resuming round %d with %d accepted updates %s", latest.round, len(accepted), accepted)
             self.on_event("resumed", {"round": latest.round, "accepted": accepted})
         return latest
+
+    def _await_fleet(self, row: RoundRow, stop: Callable[[], bool]) -> RoundRow:
+        """Hold a fresh round 1 until ``start_clients`` have registered, so the first round is
+        not closed by whoever came up first; its deadline then starts from the announcement."""
+        if row.round != 1 or self.store.updates(1) or len(self.store.clients()) >= self.cfg.start_clients:
+            return row
+        shown = -1
+        while (registered := len(self.store.clients())) < self.cfg.start_clients and not stop():
+            if registered != shown:
+                log.info("waiting for the fleet: %d/%d clients registered", registered, self.cfg.start_clients)
+                self.on_event("waiting", {"registered": registered, "needed": self.cfg.start_clients})
+                shown = registered
+            batch = self._drain()
+            if batch:
+                self._process(batch)
+        self.store.extend_deadline(1, time.time() + self.cfg.round_timeout_s)
+        return self.store.round(1)
 
     def _announce_presence(self) -> None:
         self.connection.publish(self.topics.coordinator_status, b"online", retain=True)

@@ -16,7 +16,9 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, StringConstraint
 from pydantic import model_validator
 from pydantic_core import ErrorDetails
 
-PROFILE_DIR = Path(__file__).resolve().parent.parent / "hw_profiles"
+import hw_profiles
+
+PROFILE_DIR = Path(hw_profiles.__file__).resolve().parent
 OpKind = Literal["mac", "ac", "neuron_update"]
 OP_KINDS: tuple[str, ...] = get_args(OpKind)
 Name = Annotated[str, StringConstraints(pattern=r"^[a-z][a-z0-9_]*$")]

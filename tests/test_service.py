@@ -62,17 +62,21 @@ def state(db: Path, predicate: Callable) -> Callable[[], bool]:
     return check
 
 
-def run_agents(tmp_path: Path, port: int, paths: list[Path]) -> list:
-    return [start(tmp_path, f"agent{i}", "agent", "run", "-c", str(agent_config(tmp_path, port, i, p)))
+def run_agents(tmp_path: Path, port: int, paths: list[Path], **broker: object) -> list:
+    return [start(tmp_path, f"agent{i}", "agent", "run", "-c", str(agent_config(tmp_path, port, i, p, **broker)))
             for i, p in enumerate(paths)]
 
 
-def start_fleet(tmp_path: Path, port: int, n_agents: int, rounds: int = ROUNDS, **overrides: object):
-    """Client CSVs, a coordinator and one agent per CSV, all started: (coordinator, agents, state dir)."""
+def start_fleet(
+    tmp_path: Path, port: int, n_agents: int, rounds: int = ROUNDS, agent_broker: dict | None = None,
+    **overrides: object,
+):
+    """Client CSVs, a coordinator and one agent per CSV, all started: (coordinator, agents, state dir).
+    Round 1 waits for the whole fleet, so a slow-starting agent is never late for it."""
     paths = write_client_csvs(tmp_path, n_agents)
-    config = coordinator_config(tmp_path, port, rounds, **overrides)
+    config = coordinator_config(tmp_path, port, rounds, **{"start_clients": n_agents, **overrides})
     coordinator = start(tmp_path, "coordinator", "coordinator", "serve", "-c", str(config))
-    return coordinator, run_agents(tmp_path, port, paths), tmp_path / "coordinator"
+    return coordinator, run_agents(tmp_path, port, paths, **(agent_broker or {})), tmp_path / "coordinator"
 
 
 def finish(processes: list, timeout: float = 120) -> None:
@@ -162,6 +166,24 @@ def test_broker_outage_mid_run_buffers_updates_and_the_run_finishes(tmp_path: Pa
     store.close()
 
 
+def test_round_one_waits_for_start_clients_before_it_is_announced(tmp_path: Path, mosquitto) -> None:
+    paths = write_client_csvs(tmp_path, 2)
+    config = coordinator_config(tmp_path, mosquitto.port, 1, min_clients=1, start_clients=2, round_timeout_s=60.0)
+    coordinator = start(tmp_path, "coordinator", "coordinator", "serve", "-c", str(config))
+    db = tmp_path / "coordinator"
+    first = start(tmp_path, "agent0", "agent", "run", "-c", str(agent_config(tmp_path, mosquitto.port, 0, paths[0])))
+    wait_for(state(db, lambda s: "client00" in s.clients()), 120, "client00 to register")
+    time.sleep(4)  # without the hold, client00 (the only one online, a quorum) would have closed round 1 by now
+    assert not state(db, lambda s: s.updates(1))()
+    assert "waiting for the fleet: 1/2 clients registered" in (tmp_path / "coordinator.log").read_text()
+    second = start(tmp_path, "agent1", "agent", "run", "-c", str(agent_config(tmp_path, mosquitto.port, 1, paths[1])))
+    finish([coordinator, first, second])
+    assert coordinator.returncode == 0, (tmp_path / "coordinator.log").read_text()
+    store = Store(db)
+    assert [u.client_id for u in store.updates(1)] == ["client00", "client01"]
+    store.close()
+
+
 def test_a_silent_agent_does_not_hold_the_round_past_its_deadline(tmp_path: Path, mosquitto) -> None:
     coordinator, agents, db = start_fleet(tmp_path, mosquitto.port, 3, min_clients=2, round_timeout_s=4.0)
 
@@ -183,12 +205,16 @@ def test_a_silent_agent_does_not_hold_the_round_past_its_deadline(tmp_path: Path
 def test_a_stopped_agent_is_imputed_by_its_twin_and_its_late_updates_kept_as_history(
     tmp_path: Path, mosquitto
 ) -> None:
+    """client03 is frozen through rounds 2 and 3 but stays connected (keepalive 60 s), so both rounds
+    wait for it until their deadline. Thawed once round 3 has closed, it sends its round-2 and
+    round-3 updates (late) before its round-4 one, which round 4 waits for: no race with the end."""
     rounds = 5
     coordinator, agents, db = start_fleet(
-        tmp_path, mosquitto.port, 4, rounds, min_clients=2, round_timeout_s=6.0, twin="wsf"
+        tmp_path, mosquitto.port, 4, rounds, agent_broker={"keepalive_s": 60}, min_clients=2, round_timeout_s=6.0,
+        twin="wsf",
     )
 
-    wait_for(state(db, lambda s: s.latest_round() and s.has_update(1, "client03")), 120, "client03's update")
+    wait_for(state(db, lambda s: "client03" in {u.client_id for u in s.updates(1)}), 120, "client03's round-1 update")
     os.kill(agents[3].pid, signal.SIGSTOP)
     try:
         wait_for(state(db, lambda s: len(s.rounds()) >= 3 and s.round(3).closed_at), 60, "round 3 to close")
@@ -200,7 +226,7 @@ def test_a_stopped_agent_is_imputed_by_its_twin_and_its_late_updates_kept_as_his
     try:
         assert store.latest_round().round == rounds and store.latest_round().closed_at
         assert store.round(1).metrics["imputed"] == []
-        assert store.round(2).metrics["closed_by"] == "deadline"
+        assert [store.round(n).metrics["closed_by"] for n in (2, 3)] == ["deadline", "deadline"]
         first = {u.client_id: u for u in store.updates(1)}["client03"]
         for number in (2, 3):
             record = store.round(number).metrics
