@@ -73,7 +73,8 @@ def export_onnx_command(
     line = f"verified on {report.windows} real test windows: forecast max |error| {report.max_abs_error:.2e}"
     if report.spikes_checked:
         line += (f"; {report.spikes_checked} spikes, {report.spike_agreement:.4%} identical "
-                 f"({report.flipped_windows} windows with a spike flipped at a float32 threshold tie left out "
+                 f"({report.flipped_windows} window{'' if report.flipped_windows == 1 else 's'} with a spike "
+                 "flipped at a float32 threshold tie left out "
                  f"of the forecast check); streaming max |error| {report.stream_max_abs_error:.2e}")
     console.print(line)
     timing = report.timings_ms
@@ -99,9 +100,11 @@ def energy_command(
         reports = [energy_report(layers, windows, p, precision) for p in profiles]
     except (ProfileError, NotImplementedError, ValueError) as err:
         fail(str(err))
-    for report in reports:
-        console.print(f"{report.profile:>16} ({report.precision}): {report.total_pj:.4g} pJ per forecast (priced ops), "
-                      f"backbone {report.backbone_pj:.4g} pJ" + (f"; not priced: {report.unpriced}" if report.unpriced else ""))
+    labels = [f"{report.profile} ({report.precision})" for report in reports]
+    for label, report in zip(labels, reports):
+        unpriced = f"; not priced: {', '.join(report.unpriced)}" if report.unpriced else ""
+        console.print(f"{label:>{max(map(len, labels))}}: {report.total_pj:.4g} pJ per forecast (priced ops), "
+                      f"backbone {report.backbone_pj:.4g} pJ{unpriced}")
     for path in write(out, f"{model.cfg.backbone} on {data.name}", reports):
         console.print(f"wrote {path}")
 
