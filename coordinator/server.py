@@ -85,6 +85,9 @@ class CoordinatorConfig(PromptModeSettings):
             raise ValueError(f"twin: unknown {self.twin!r}; choose one of {sorted(TWIN_FORECASTERS)}")
         if self.registration == "closed" and not self.allowed_clients:
             raise ValueError("registration is closed but allowed_clients is empty")
+        if self.registration == "closed" and self.start_clients > len(self.allowed_clients):
+            raise ValueError(f"start_clients: {self.start_clients} can never register; "
+                             f"allowed_clients lists {len(self.allowed_clients)}")
         return self
 
 

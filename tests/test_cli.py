@@ -106,3 +106,12 @@ def test_pretrain_writes_a_hashed_foundation_checkpoint(tmp_path: Path) -> None:
     assert content_hash(load_foundation(out, expected_hash=digest)) == digest
     proc = edgefl("pretrain", "--participation", "1.5", "--out", str(out))
     assert proc.returncode == 2 and "participation" in proc.stdout
+
+
+def test_a_start_quorum_that_closed_registration_can_never_reach_is_refused(tmp_path: Path) -> None:
+    config = tmp_path / "coordinator.toml"
+    config.write_text('fleet = "farm"\nstate_dir = "/tmp/x"\nstart_clients = 3\nregistration = "closed"\n'
+                      'allowed_clients = ["a", "b"]\n')
+    proc = edgefl("coordinator", "serve", "--config", str(config))
+    assert proc.returncode == 2
+    assert "start_clients: 3 can never register; allowed_clients lists 2" in " ".join(proc.stderr.split())
