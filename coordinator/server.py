@@ -73,6 +73,7 @@ class CoordinatorConfig(PromptModeSettings):
     seed: int = 42
     aggregator: str = "fedavg"
     twin: str = Field("drop", description=f"how clients missing at close are imputed: {sorted(TWIN_FORECASTERS)}")
+    twin_max_age: int | None = Field(None, ge=1, description="impute only clients seen within this many rounds")
     model: ModelConfig = ModelConfig()
     fedpod: FedPodConfig = Field(FedPodConfig(), description="prompt mode: graph settings (alpha, subgraph_step, graph_*)")
     broker: BrokerConfig = BrokerConfig()
@@ -216,7 +217,7 @@ class Coordinator:
         self._decoded.clear()
         submitted = {u.client_id for u in updates}
         missing = [(c.client_id, c.n_samples) for c in self.store.clients().values() if c.client_id not in submitted]
-        imputation = impute_missing(sorted(missing), self.twins, self.forecaster)
+        imputation = impute_missing(sorted(missing), self.twins, self.forecaster, row.round, self.cfg.twin_max_age)
         result = self.aggregator.aggregate(on_time + imputation.updates)
         for update in on_time:
             self.twins.observe(update.client_id, row.round, update.params)

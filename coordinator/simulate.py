@@ -39,6 +39,7 @@ class FederationConfig(BaseModel):
     seed: int = 42
     aggregator: str = "fedavg"
     twin: str = Field("drop", description=f"twin forecaster for missing clients: {sorted(TWIN_FORECASTERS)}")
+    twin_max_age: int | None = Field(None, ge=1, description="impute only clients seen within this many rounds")
     test_every_round: bool = Field(
         True, description="report test metrics after every round (costs a pass over the test split)"
     )
@@ -57,7 +58,7 @@ class RoundRecord:
 
     ``test`` is None when the federation was told not to evaluate the test split every round.
     ``imputed`` clients entered aggregation as forecasts of the ``twin`` forecaster; ``dropped``
-    ones were missing and had no history; ``late`` ones trained but arrived after the round
+    ones were missing and had no (recent enough) history; ``late`` ones trained but arrived after the round
     closed (twin history only).
     """
 
@@ -160,7 +161,7 @@ def run_federation(
         updates, loss = run_round(models, clients, global_shared, fed, r, training)
         on_time = [u for i, u in zip(training, updates) if present[r - 1, i]]
         missing = [(c.name, c.n_train) for i, c in enumerate(clients) if not present[r - 1, i]]
-        imputation = impute_missing(missing, history, forecaster)
+        imputation = impute_missing(missing, history, forecaster, r, fed.twin_max_age)
         for update in updates:
             history.observe(update.client_id, r, update.params)
         if on_time or imputation.updates:

@@ -128,6 +128,7 @@ def simulate(
     dropout: Annotated[str, typer.Option(help="participation scenario: fpr (everyone) | rcd | vcpr | np | du")] = "fpr",
     absence: Annotated[float, typer.Option(help="share of missing updates under --dropout")] = 0.5,
     twin: Annotated[str, typer.Option(help="impute missing clients: drop | stale | maf | wsf (FedDTW)")] = "drop",
+    twin_max_age: Annotated[Optional[int], typer.Option(help="drop instead of imputing clients unseen for more rounds")] = None,
     baselines: Annotated[bool, typer.Option(help="also train local-only and centralized baselines")] = False,
     json_out: Annotated[Optional[Path], typer.Option("--json", help="write the results here")] = None,
     save_models: Annotated[Optional[Path], typer.Option(help="folder: one checkpoint per client (best round)")] = None,
@@ -144,7 +145,8 @@ def simulate(
             projection=projection,
         )
         fed = FederationConfig(
-            rounds=rounds, local_epochs=local_epochs, batch_size=batch_size, lr=lr, seed=seed, twin=twin
+            rounds=rounds, local_epochs=local_epochs, batch_size=batch_size, lr=lr, seed=seed, twin=twin,
+            twin_max_age=twin_max_age,
         )
         matrix = participation(dropout, rounds, clients, absence, seed)
         sites = [] if data else load_sites()

@@ -64,6 +64,20 @@ def test_imputed_update_keeps_sample_weight_and_integer_dtypes(tmp_path) -> None
     assert update.params["count"].dtype == torch.int64 and int(update.params["count"]) == 45
 
 
+@pytest.mark.parametrize("on_disk", [False, True])
+def test_a_client_unseen_for_more_than_max_age_rounds_is_dropped(tmp_path, on_disk: bool) -> None:
+    history = TwinHistory(2, folder=tmp_path if on_disk else None)
+    for k, state in zip((2, 1), states(2)):  # a late round-1 update arrives after round 2's
+        history.observe("gw-1", k, state)
+    assert history.last_round("gw-1") == 2 and history.last_round("gw-2") is None
+    assert [h["w"].tolist() for h in history.history("gw-1")] == [[2.0, 4.0], [1.0, 1.0]]  # by round
+    stale = make_forecaster("stale")
+    assert impute_missing([("gw-1", 5)], history, stale, round_number=4).imputed == ["gw-1"]  # no limit
+    assert impute_missing([("gw-1", 5)], history, stale, round_number=4, max_age=2).imputed == ["gw-1"]
+    dropped = impute_missing([("gw-1", 5), ("gw-2", 5)], history, stale, round_number=4, max_age=1)
+    assert dropped.updates == [] and dropped.dropped == ["gw-1", "gw-2"]
+
+
 def test_memory_history_is_bounded_and_detached() -> None:
     history = TwinHistory(2)
     source = states(3)
@@ -137,6 +151,10 @@ def test_missing_client_is_imputed_with_its_weight_and_recorded(fleet) -> None:
     result = run_federation(fleet, cfg, fed, participation=custom([[0, 1, 1], [0, 1, 1]]))
     assert result.records[0].dropped == (fleet[0].name,) and result.records[0].imputed == ()
     assert result.records[1].imputed == () and result.records[1].dropped == (fleet[0].name,)
+
+    aged = FederationConfig(**{**fed.model_dump(), "rounds": 3, "twin_max_age": 1})
+    result = run_federation(fleet, cfg, aged, participation=custom([[1, 1, 1], [0, 1, 1], [0, 1, 1]]))
+    assert [(r.imputed, r.dropped) for r in result.records[1:]] == [((fleet[0].name,), ()), ((), (fleet[0].name,))]
 
     result = run_federation(fleet, cfg, fed, participation=custom([[1, 1, 1], [0, 1, 1]]))
     assert result.records[1].imputed == (fleet[0].name,) and result.records[1].twin == "stale"

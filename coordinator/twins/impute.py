@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-
 from coordinator.aggregators.base import ClientUpdate
 from coordinator.twins.base import TensorDict, TwinForecaster
 from coordinator.twins.history import TwinHistory
@@ -13,7 +12,8 @@ from coordinator.twins.history import TwinHistory
 
 @dataclass(frozen=True)
 class Imputation:
-    """The forecast updates of missing clients, and the missing clients left out (no history)."""
+    """The forecast updates of missing clients, and the missing clients left out (no history,
+    or none recent enough)."""
 
     updates: list[ClientUpdate]
     dropped: list[str]
@@ -24,15 +24,23 @@ class Imputation:
 
 
 def impute_missing(
-    missing: Sequence[tuple[str, int]], history: TwinHistory, forecaster: TwinForecaster
+    missing: Sequence[tuple[str, int]], history: TwinHistory, forecaster: TwinForecaster,
+    round_number: int = 0, max_age: int | None = None,
 ) -> Imputation:
     """Forecast each missing ``(client, n_samples)``; it enters aggregation with its own weight.
 
-    Forecasts are cast back to the dtype of the client's last state (integer buffers such as
-    BatchNorm's ``num_batches_tracked`` are rounded), so an imputed update looks like a real one.
+    With ``max_age``, a client whose last report is more than ``max_age`` rounds before
+    ``round_number`` is dropped instead (a gateway gone for good is not averaged in forever; the
+    paper sets no limit). Forecasts are cast back to the dtype of the client's last state
+    (integer buffers such as BatchNorm's ``num_batches_tracked`` are rounded), so an imputed
+    update looks like a real one.
     """
     updates, dropped = [], []
     for client, n_samples in missing:
+        last = history.last_round(client)
+        if max_age is not None and last is not None and round_number - last > max_age:
+            dropped.append(client)
+            continue
         past = history.history(client)
         forecast = forecaster.forecast(past)
         if forecast is None:
