@@ -84,13 +84,15 @@ def coordinator_status(config: ConfigPath) -> None:
     except ConfigError as err:
         _fail(str(err))
     store = Store(cfg.state_dir)
-    rounds = Table("round", "state", "updates", "late", "imputed", "loss", "closed by", title=f"fleet {cfg.fleet}")
+    rounds = Table("round", "state", "updates", "late", "imputed", "dropped", "loss", "closed by",
+                   title=f"fleet {cfg.fleet}")
     for row in store.rounds():
         on_time, received = len(store.updates(row.round)), len(store.updates(row.round, include_late=True))
         imputed = row.metrics.get("imputed", [])
         rounds.add_row(
             str(row.round), "closed" if row.closed_at else "open", str(on_time), str(received - on_time),
             f"{', '.join(imputed)} ({row.metrics['twin']})" if imputed else "-",
+            ", ".join(row.metrics.get("dropped", [])) or "-",
             f"{row.metrics['loss']:.4f}" if row.metrics else "-", row.metrics.get("closed_by", "-"),
         )
     Console().print(rounds)

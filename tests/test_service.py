@@ -210,7 +210,7 @@ def test_a_stopped_agent_is_imputed_by_its_twin_and_its_late_updates_kept_as_his
     round-3 updates (late) before its round-4 one, which round 4 waits for: no race with the end."""
     rounds = 5
     coordinator, agents, db = start_fleet(
-        tmp_path, mosquitto.port, 4, rounds, agent_broker={"keepalive_s": 60}, min_clients=2, round_timeout_s=6.0,
+        tmp_path, mosquitto.port, 4, rounds, agent_broker={"keepalive_s": 60}, min_clients=2, round_timeout_s=10.0,
         twin="wsf",
     )
 
