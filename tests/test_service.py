@@ -15,6 +15,7 @@ import torch
 from coordinator.aggregators import ClientUpdate, make_aggregator
 from coordinator.simulate import FederationConfig, run_federation
 from coordinator.store import Store
+from coordinator.twins import TwinHistory, impute_missing, make_forecaster
 from edge_agent.models import ModelConfig
 from tests.fleet import (
     MODEL,
@@ -202,22 +203,32 @@ def test_a_silent_agent_does_not_hold_the_round_past_its_deadline(tmp_path: Path
     store.close()
 
 
+def last_on_time(store: Store, client: str) -> int:
+    """The newest round in which ``client``'s update arrived on time (0: none yet)."""
+    return max((r.round for r in store.rounds() if client in {u.client_id for u in store.updates(r.round)}), default=0)
+
+
 def test_a_stopped_agent_is_imputed_by_its_twin_and_its_late_updates_kept_as_history(
     tmp_path: Path, mosquitto
 ) -> None:
-    """client03 is frozen through rounds 2 and 3 but stays connected (keepalive 60 s), so both rounds
-    wait for it until their deadline. Thawed once round 3 has closed, it sends its round-2 and
-    round-3 updates (late) before its round-4 one, which round 4 waits for: no race with the end."""
-    rounds = 5
+    """client03 is frozen for two rounds right after an on-time update (round 1, or 2 when its cold
+    start missed round 1's deadline) but stays connected (keepalive 60 s), so both rounds wait for
+    it until their deadline. Thawed, it sends both updates (late) before its next one, which the
+    next round waits for: no race with the end of the run."""
+    rounds = 6
     coordinator, agents, db = start_fleet(
         tmp_path, mosquitto.port, 4, rounds, agent_broker={"keepalive_s": 60}, min_clients=2, round_timeout_s=10.0,
         twin="wsf",
     )
 
-    wait_for(state(db, lambda s: "client03" in {u.client_id for u in s.updates(1)}), 120, "client03's round-1 update")
+    wait_for(state(db, lambda s: last_on_time(s, "client03") >= 1), 120, "an on-time update of client03")
     os.kill(agents[3].pid, signal.SIGSTOP)
     try:
-        wait_for(state(db, lambda s: len(s.rounds()) >= 3 and s.round(3).closed_at), 60, "round 3 to close")
+        seen = state(db, lambda s: last_on_time(s, "client03"))()
+        frozen = [seen + 1, seen + 2]
+        assert frozen[-1] < rounds, f"client03 first reported on time in round {frozen[0] - 1}: too late for this run"
+        wait_for(state(db, lambda s: len(s.rounds()) >= frozen[-1] and s.round(frozen[-1]).closed_at), 60,
+                 f"round {frozen[-1]} to close")
     finally:
         os.kill(agents[3].pid, signal.SIGCONT)
     finish([coordinator, *agents])
@@ -225,21 +236,25 @@ def test_a_stopped_agent_is_imputed_by_its_twin_and_its_late_updates_kept_as_his
     store = Store(db)
     try:
         assert store.latest_round().round == rounds and store.latest_round().closed_at
-        assert store.round(1).metrics["imputed"] == []
-        assert [store.round(n).metrics["closed_by"] for n in (2, 3)] == ["deadline", "deadline"]
-        first = {u.client_id: u for u in store.updates(1)}["client03"]
-        for number in (2, 3):
+        history = TwinHistory(2)  # what the coordinator had seen of client03 when it froze
+        for number in range(1, frozen[0]):
+            for update in store.updates(number, include_late=True):
+                if update.client_id == "client03":
+                    history.observe("client03", number, store.load_update(update))
+        weight = store.clients()["client03"].n_samples
+        (twin,) = impute_missing([("client03", weight)], history, make_forecaster("wsf")).updates
+        for number in frozen:
             record = store.round(number).metrics
+            assert record["closed_by"] == "deadline"
             assert record["imputed"] == ["client03"] and record["twin"] == "wsf"
             assert sorted(record["clients"]) == ["client00", "client01", "client02"]
             on_time = [ClientUpdate(u.client_id, store.load_update(u), u.n_samples) for u in store.updates(number)]
-            twin = ClientUpdate("client03", store.load_update(first), store.clients()["client03"].n_samples)
-            expected = make_aggregator("fedavg").aggregate(on_time + [twin])  # one observed state: WSF copies it
+            expected = make_aggregator("fedavg").aggregate(on_time + [twin])
             result = store.load_file(store.round(number).result_file)
             assert all(torch.equal(result[k], expected[k]) for k in expected)
-        late = [e for e in store.events(accepted=True) if e["code"] == "late"]
-        assert {e["round"] for e in late} >= {2, 3} and all(e["client_id"] == "client03" for e in late)
-        assert {u.client_id for u in store.updates(2, include_late=True)} == {f"client0{i}" for i in range(4)}
+        late = [e for e in store.events(accepted=True) if e["code"] == "late" and e["client_id"] == "client03"]
+        assert {e["round"] for e in late} >= set(frozen)
+        assert {u.client_id for u in store.updates(frozen[0], include_late=True)} == {f"client0{i}" for i in range(4)}
         assert len(list((db / "twins" / "client03").glob("*.safetensors"))) == 2  # bounded window
     finally:
         store.close()
