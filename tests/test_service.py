@@ -63,6 +63,11 @@ def state(db: Path, predicate: Callable) -> Callable[[], bool]:
     return check
 
 
+def last_on_time(store: Store, client: str) -> int:
+    """The newest round in which ``client``'s update arrived on time (0: none yet)."""
+    return max((r.round for r in store.rounds() if client in {u.client_id for u in store.updates(r.round)}), default=0)
+
+
 def run_agents(tmp_path: Path, port: int, paths: list[Path], **broker: object) -> list:
     return [start(tmp_path, f"agent{i}", "agent", "run", "-c", str(agent_config(tmp_path, port, i, p, **broker)))
             for i, p in enumerate(paths)]
@@ -188,24 +193,22 @@ def test_round_one_waits_for_start_clients_before_it_is_announced(tmp_path: Path
 def test_a_silent_agent_does_not_hold_the_round_past_its_deadline(tmp_path: Path, mosquitto) -> None:
     coordinator, agents, db = start_fleet(tmp_path, mosquitto.port, 3, min_clients=2, round_timeout_s=4.0)
 
-    wait_for(state(db, lambda s: s.latest_round() and s.has_update(1, "client02")), 120, "client02's update")
+    wait_for(state(db, lambda s: last_on_time(s, "client02") >= 1), 120, "an on-time update of client02")
     os.kill(agents[2].pid, signal.SIGSTOP)  # alive for the broker (keepalive 5 s) but silent
     try:
-        wait_for(state(db, lambda s: len(s.rounds()) >= 2 and s.round(2).closed_at), 60, "round 2 to close")
+        silent = state(db, lambda s: last_on_time(s, "client02"))() + 1
+        assert silent <= ROUNDS, "client02 reported on time only in the last round"
+        wait_for(state(db, lambda s: len(s.rounds()) >= silent and s.round(silent).closed_at), 60,
+                 f"round {silent} to close")
     finally:
         os.kill(agents[2].pid, signal.SIGCONT)
     finish([coordinator, *agents])
     store = Store(db)
-    second = store.round(2)
-    assert second.metrics["closed_by"] == "deadline"
-    assert sorted(second.metrics["clients"]) == ["client00", "client01"]
+    record = store.round(silent)
+    assert record.metrics["closed_by"] == "deadline"
+    assert sorted(record.metrics["clients"]) == ["client00", "client01"]
     assert store.latest_round().round == ROUNDS
     store.close()
-
-
-def last_on_time(store: Store, client: str) -> int:
-    """The newest round in which ``client``'s update arrived on time (0: none yet)."""
-    return max((r.round for r in store.rounds() if client in {u.client_id for u in store.updates(r.round)}), default=0)
 
 
 def test_a_stopped_agent_is_imputed_by_its_twin_and_its_late_updates_kept_as_history(
