@@ -137,6 +137,8 @@ class Coordinator:
             raise ConnectionError(f"cannot reach the broker at {self.cfg.broker.host}:{self.cfg.broker.port}")
         try:
             current = self._await_fleet(current, stop)
+            if stop():
+                return
             self._announce(current)
             while current.closed_at is None and not stop():
                 batch = self._drain()
