@@ -184,6 +184,10 @@ class Store:
             (number, client_id, n_samples, name, sha256, json.dumps(metrics), time.time(), int(late)),
         )
 
+    def last_reported(self) -> dict[str, int]:
+        """Each client's newest round with an update (on time or late)."""
+        return dict(self.db.execute("SELECT client_id, MAX(round) FROM updates GROUP BY client_id"))
+
     def updates(self, number: int, include_late: bool = False) -> list[UpdateRow]:
         rows = self.db.execute(
             "SELECT round, client_id, n_samples, file, sha256, metrics FROM updates "

@@ -96,9 +96,11 @@ def coordinator_status(config: ConfigPath) -> None:
             f"{row.metrics['loss']:.4f}" if row.metrics else "-", row.metrics.get("closed_by", "-"),
         )
     Console().print(rounds)
-    clients = Table("client", "features", "samples", "online")
+    clients = Table("client", "features", "samples", "online", "last update (round)")
+    last = store.last_reported()
     for client in store.clients().values():
-        clients.add_row(client.client_id, str(client.n_features), str(client.n_samples), str(client.online))
+        clients.add_row(client.client_id, str(client.n_features), str(client.n_samples), str(client.online),
+                        str(last.get(client.client_id, "-")))
     Console().print(clients)
     for event in store.events(accepted=False)[-10:]:
         Console().print(f"rejected {event['kind']} from {event['client_id']} (round {event['round']}): {event['reason']}")

@@ -259,8 +259,16 @@ def test_a_stopped_agent_is_imputed_by_its_twin_and_its_late_updates_kept_as_his
         assert {e["round"] for e in late} >= set(frozen)
         assert {u.client_id for u in store.updates(frozen[0], include_late=True)} == {f"client0{i}" for i in range(4)}
         assert len(list((db / "twins" / "client03").glob("*.safetensors"))) == 2  # bounded window
+        assert store.last_reported() == {f"client0{i}": rounds for i in range(4)}
     finally:
         store.close()
+    status = subprocess.run(
+        [sys.executable, "-m", "edgefl.cli", "coordinator", "status", "-c", str(tmp_path / "coordinator.toml")],
+        capture_output=True, text=True, timeout=120, env={**os.environ, "COLUMNS": "200"},
+    )
+    assert status.returncode == 0, status.stderr
+    rows = [line for line in status.stdout.splitlines() if "client03 (wsf)" in line]
+    assert len(rows) == 2 and all("deadline" in row for row in rows)
 
 
 def test_three_prompt_mode_agents_receive_their_own_personalized_prompts(tmp_path: Path, mosquitto) -> None:
