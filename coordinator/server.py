@@ -26,7 +26,7 @@ from pydantic import ConfigDict, Field, model_validator
 from coordinator.aggregators import AGGREGATORS, ClientUpdate, make_aggregator
 from coordinator.fedpod import FedPodConfig, Personalizer, views_from_states
 from coordinator.store import RoundRow, Store
-from coordinator.twins import TWIN_FORECASTERS, TwinHistory, impute_missing, make_forecaster
+from coordinator.twins import TwinHistory, TwinSettings, impute_missing, make_forecaster
 from edge_agent.data import TIME_FEATURES
 from edge_agent.learners import prompt_signature
 from edge_agent.models import ModelConfig, build_forecaster
@@ -56,7 +56,7 @@ SENDER = "coordinator"
 GRAPHS_FILE = "fedpod_graphs.safetensors"  # prompt mode: the trained graph parameters
 
 
-class CoordinatorConfig(PromptModeSettings):
+class CoordinatorConfig(PromptModeSettings, TwinSettings):
     """``coordinator.toml``: the fleet, the rounds, the model and the broker."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -72,8 +72,6 @@ class CoordinatorConfig(PromptModeSettings):
     allowed_clients: list[str] = Field(default_factory=list)
     seed: int = 42
     aggregator: str = "fedavg"
-    twin: str = Field("drop", description=f"how clients missing at close are imputed: {sorted(TWIN_FORECASTERS)}")
-    twin_max_age: int | None = Field(None, ge=1, description="impute only clients seen within this many rounds")
     model: ModelConfig = ModelConfig()
     fedpod: FedPodConfig = Field(FedPodConfig(), description="prompt mode: graph settings (alpha, subgraph_step, graph_*)")
     broker: BrokerConfig = BrokerConfig()
@@ -82,8 +80,6 @@ class CoordinatorConfig(PromptModeSettings):
     def _check(self) -> "CoordinatorConfig":
         if self.aggregator not in AGGREGATORS:
             raise ValueError(f"aggregator: unknown {self.aggregator!r}; choose one of {sorted(AGGREGATORS)}")
-        if self.twin not in TWIN_FORECASTERS:
-            raise ValueError(f"twin: unknown {self.twin!r}; choose one of {sorted(TWIN_FORECASTERS)}")
         if self.registration == "closed" and not self.allowed_clients:
             raise ValueError("registration is closed but allowed_clients is empty")
         if self.registration == "closed" and self.start_clients > len(self.allowed_clients):

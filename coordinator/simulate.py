@@ -9,11 +9,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import ConfigDict, Field
 
 from coordinator.aggregators import ClientUpdate, TensorDict, make_aggregator
 from coordinator.dropout import Participation
-from coordinator.twins import TWIN_FORECASTERS, TwinHistory, impute_missing, make_forecaster
+from coordinator.twins import TwinHistory, TwinSettings, impute_missing, make_forecaster
 from edge_agent.data import TIME_FEATURES, ClientData
 from edge_agent.models import Forecaster, ModelConfig, build_forecaster
 from edge_agent.train import (
@@ -26,7 +26,7 @@ from edge_agent.train import (
 )
 
 
-class FederationConfig(BaseModel):
+class FederationConfig(TwinSettings):
     """Rounds and local training of a federation (FedQAPer Algorithm 2) and how missing clients
     are handled (``twin``: a FedDTW forecaster name, ``drop`` = plain FedAvg over present ones)."""
 
@@ -38,18 +38,9 @@ class FederationConfig(BaseModel):
     lr: float = Field(1e-3, gt=0)
     seed: int = 42
     aggregator: str = "fedavg"
-    twin: str = Field("drop", description=f"twin forecaster for missing clients: {sorted(TWIN_FORECASTERS)}")
-    twin_max_age: int | None = Field(None, ge=1, description="impute only clients seen within this many rounds")
     test_every_round: bool = Field(
         True, description="report test metrics after every round (costs a pass over the test split)"
     )
-
-    @field_validator("twin")
-    @classmethod
-    def _known_twin(cls, name: str) -> str:
-        if name not in TWIN_FORECASTERS:
-            raise ValueError(f"unknown twin forecaster {name!r}; choose one of {sorted(TWIN_FORECASTERS)}")
-        return name
 
 
 @dataclass(frozen=True)

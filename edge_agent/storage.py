@@ -42,6 +42,13 @@ def write_tensors_atomically(path: Path, tensors: TensorDict, sync_folder: bool 
     write_bytes_atomically(path, save({k: v.contiguous() for k, v in tensors.items()}), sync_folder)
 
 
+def write_tagged_tensors(path: Path, tensors: TensorDict, tag: str, metadata: dict[str, str]) -> None:
+    """Save tensors with string metadata and ``format`` = ``tag``, atomically (read back by
+    ``read_tagged_tensors``)."""
+    state = {k: v.detach().contiguous() for k, v in tensors.items()}
+    write_bytes_atomically(path, save(state, metadata={"format": tag, **metadata}))
+
+
 def read_tagged_tensors(path: Path, tag: str) -> tuple[TensorDict, dict[str, str]]:
     """Tensors and string metadata of a safetensors file whose ``format`` metadata is ``tag``.
 

@@ -5,6 +5,8 @@ Adding a forecaster is one module plus one line in ``TWIN_FORECASTERS``.
 
 from __future__ import annotations
 
+from pydantic import BaseModel, Field, field_validator
+
 from coordinator.twins.base import TensorDict, TwinForecaster
 from coordinator.twins.drop import Drop
 from coordinator.twins.history import TwinHistory
@@ -29,7 +31,21 @@ def make_forecaster(name: str) -> TwinForecaster:
         raise ValueError(f"twin forecaster: unknown {name!r}; choose one of {sorted(TWIN_FORECASTERS)}") from None
 
 
+class TwinSettings(BaseModel):
+    """How missing clients are handled: the same fields in simulations and ``coordinator.toml``."""
+
+    twin: str = Field("drop", description=f"how missing clients are imputed: {sorted(TWIN_FORECASTERS)}")
+    twin_max_age: int | None = Field(None, ge=1, description="impute only clients seen within this many rounds")
+
+    @field_validator("twin")
+    @classmethod
+    def _known_twin(cls, name: str) -> str:
+        if name not in TWIN_FORECASTERS:
+            raise ValueError(f"unknown twin forecaster {name!r}; choose one of {sorted(TWIN_FORECASTERS)}")
+        return name
+
+
 __all__ = [
-    "TWIN_FORECASTERS", "Imputation", "TensorDict", "TwinForecaster", "TwinHistory", "impute_missing",
-    "make_forecaster",
+    "TWIN_FORECASTERS", "Imputation", "TensorDict", "TwinForecaster", "TwinHistory", "TwinSettings",
+    "impute_missing", "make_forecaster",
 ]

@@ -7,11 +7,10 @@ import json
 from pathlib import Path
 
 from pydantic import ValidationError
-from safetensors.torch import save
 
 from edge_agent.models.config import ModelConfig
 from edge_agent.models.forecaster import Forecaster
-from edge_agent.storage import read_tagged_tensors, write_bytes_atomically
+from edge_agent.storage import read_tagged_tensors, write_tagged_tensors
 
 FORMAT = "edgefl-forecaster/1"
 
@@ -23,11 +22,10 @@ class CheckpointError(ValueError):
 def save_checkpoint(model: Forecaster, path: Path, columns: list[str] | None = None) -> None:
     """Write ``model`` (every parameter and buffer) with its config, atomically."""
     metadata = {
-        "format": FORMAT, "model": model.cfg.model_dump_json(), "n_features": str(model.n_features),
+        "model": model.cfg.model_dump_json(), "n_features": str(model.n_features),
         "time_features": str(model.time_features), "columns": json.dumps(columns or []),
     }
-    state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
-    write_bytes_atomically(Path(path), save(state, metadata=metadata))
+    write_tagged_tensors(Path(path), model.state_dict(), FORMAT, metadata)
 
 
 def load_checkpoint(path: Path) -> tuple[Forecaster, list[str]]:

@@ -15,11 +15,10 @@ from pathlib import Path
 import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
-from safetensors.torch import save
 from torch import nn
 
 from edge_agent.data.weather import WEATHER_VARIABLES
-from edge_agent.storage import read_tagged_tensors, write_bytes_atomically
+from edge_agent.storage import read_tagged_tensors, write_tagged_tensors
 
 FORMAT = "edgefl-foundation/1"
 
@@ -108,9 +107,8 @@ def content_hash(model: FoundationModel) -> str:
 def save_foundation(model: FoundationModel, path: Path) -> str:
     """Write the checkpoint atomically; returns its content hash."""
     digest = content_hash(model)
-    metadata = {"format": FORMAT, "config": model.cfg.model_dump_json(), "sha256": digest}
-    state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
-    write_bytes_atomically(Path(path), save(state, metadata=metadata))
+    write_tagged_tensors(Path(path), model.state_dict(), FORMAT,
+                         {"config": model.cfg.model_dump_json(), "sha256": digest})
     return digest
 
 
