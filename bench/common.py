@@ -20,15 +20,20 @@ def run_parallel(
     job: Callable[..., dict], arguments: Sequence[tuple], workers: int, describe: Callable[[dict], str]
 ) -> list[dict]:
     """Run ``job(*args, threads)`` for every args tuple over spawned workers (fork after torch
-    threads can hang), printing one progress line per finished job; results in finishing order."""
+    threads can hang), with a progress bar and one line per finished job; results in the order
+    of ``arguments``, so a summary does not depend on which worker finished first."""
+    from rich.progress import Progress
+
     threads = max(1, (os.cpu_count() or 1) // max(workers, 1))
-    results = []
-    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
-        futures = [pool.submit(job, *args, threads) for args in arguments]
-        for done, future in enumerate(as_completed(futures), 1):
-            results.append(future.result())
-            print(f"[{done}/{len(futures)}] {describe(results[-1])}", flush=True)
-    return results
+    results: list[dict | None] = [None] * len(arguments)
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool, Progress() as bar:
+        task = bar.add_task("benchmark jobs", total=len(arguments))
+        futures = {pool.submit(job, *args, threads): index for index, args in enumerate(arguments)}
+        for future in as_completed(futures):
+            results[futures[future]] = future.result()
+            bar.console.print(describe(results[futures[future]]))
+            bar.advance(task)
+    return [result for result in results if result is not None]
 
 
 def write_report(

@@ -42,8 +42,8 @@ def run_job(model: str, seed: int, scenario: str, method: str, cfg: dict, thread
     """One federation on the site fleet; ``scenario`` "fpr" means full participation."""
     import torch
 
-    from coordinator.dropout import participation
-    from coordinator.simulate import FederationConfig, run_federation
+    from coordinator.simulation.participation import participation
+    from coordinator.simulation.federation import FederationConfig, run_federation
     from edge_agent.models import ModelConfig
 
     torch.set_num_threads(threads)

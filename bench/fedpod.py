@@ -30,7 +30,7 @@ TASKS = {"task1": "single", "task2": "multivariate"}
 @functools.lru_cache(maxsize=1)
 def foundation(pretrain_rounds: int, stride: int, seed: int):
     """The pretrained foundation model, built once per worker (seeded, so identical everywhere)."""
-    from coordinator.pretrain import PretrainConfig, pretrain
+    from coordinator.simulation.pretrain import PretrainConfig, pretrain
     from edge_agent.data import load_sites
     from edge_agent.data.canonical import device_series
     from edge_agent.models.foundation import FoundationConfig
@@ -42,49 +42,28 @@ def foundation(pretrain_rounds: int, stride: int, seed: int):
 
 def run_job(variant: str, task: str, seed: int, cfg: dict, threads: int) -> dict:
     """One variant on one task with one fine-tuning seed (the foundation model is the same)."""
-    import copy
-
     import torch
 
-    from coordinator.fedpod import Client, FedPodConfig, run_fedavg, run_fedpod, sent_state
+    from coordinator.simulation.prompts import PromptFederationConfig, mean_scores, run_prompt_federation
     from edge_agent.data import load_sites
-    from edge_agent.data.canonical import device_series
-    from edge_agent.models.foundation import FoundationModel
-    from edge_agent.models.prompts import PromptConfig, PromptedForecaster, PromptLoss, evaluate_prompts
+    from edge_agent.learners.foundation import foundation_model
+    from edge_agent.models.prompts import PromptConfig
 
     torch.set_num_threads(threads)
     started = time.perf_counter()
     pretrained = foundation(cfg["pretrain_rounds"], cfg["pretrain_stride"], cfg["seed"])
     if variant == "scratch_fedavg":
-        torch.manual_seed(seed)
-        pretrained = FoundationModel(pretrained.cfg)
-    tune_foundation = variant in ("scratch_fedavg", "finetune_fedavg")
-    prompt_cfg = PromptConfig(task=TASKS[task])
-    clients, tables = [], load_sites()
-    for table in tables:
-        backbone = copy.deepcopy(pretrained) if tune_foundation else pretrained
-        model = PromptedForecaster(backbone, prompt_cfg, table.latitude, table.longitude)
-        if tune_foundation:  # no prompts: the whole foundation model learns instead
-            model.foundation.requires_grad_(True)
-            for p in [*model.prompts.parameters(), *model.weights.parameters()]:
-                p.requires_grad_(False)
-        data = device_series(table, pretrained.cfg.variables, pretrained.cfg.window, cfg["stride"])
-        clients.append(Client(model, PromptLoss(), data, {}))
-    fed = FedPodConfig(rounds=cfg["rounds"], local_epochs=cfg["local_epochs"], seed=seed)
-    if variant == "fedpod":
-        coordinates = torch.tensor([[t.latitude, t.longitude] for t in tables])
-        curve = run_fedpod(clients, coordinates, fed)
-        upload = clients[0].model.wire_state()
-    else:
-        curve = run_fedavg(clients, fed)
-        upload = sent_state(clients[0].model)
-    scores = [evaluate_prompts(c.model, c.data.test, c.data.present) for c in clients]
-    trainable = sum(p.numel() for p in clients[0].model.parameters() if p.requires_grad)
+        pretrained = foundation_model(pretrained.cfg, seed)
+    fed = PromptFederationConfig(rounds=cfg["rounds"], local_epochs=cfg["local_epochs"], stride=cfg["stride"],
+                                 seed=seed, strategy="fedpod" if variant == "fedpod" else "fedavg")
+    learners, curve = run_prompt_federation(load_sites(), pretrained, PromptConfig(task=TASKS[task]), fed,
+                                            tune_foundation=variant in ("scratch_fedavg", "finetune_fedavg"))
+    mae, rmse = mean_scores(learners, "test")
+    trainable = sum(p.numel() for p in learners[0].model.parameters() if p.requires_grad)
     return {
         "variant": variant, "task": task, "seed": seed, "trainable_params": trainable,
-        "bytes_per_round": sum(t.numel() * t.element_size() for t in upload.values()),
-        "mae": sum(s[0] for s in scores) / len(scores), "rmse": sum(s[1] for s in scores) / len(scores),
-        "val_curve": [r["rmse"] for r in curve], "seconds": time.perf_counter() - started,
+        "bytes_per_round": sum(t.numel() * t.element_size() for t in learners[0].wire_state(1).values()),
+        "mae": mae, "rmse": rmse, "val_curve": [r.rmse for r in curve], "seconds": time.perf_counter() - started,
     }
 
 

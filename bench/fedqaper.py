@@ -39,8 +39,8 @@ def run_job(backbone: str, variant: str, cfg: dict, threads: int) -> dict:
     """Train one (backbone, variant) on the weather fleet; runs in a worker process."""
     import torch
 
-    from coordinator.baselines import TrainingBudget, run_local_only
-    from coordinator.simulate import FederationConfig, run_federation
+    from coordinator.simulation.baselines import TrainingBudget, run_local_only
+    from coordinator.simulation.federation import FederationConfig, run_federation
     from edge_agent.models import BACKBONES, ModelConfig
 
     torch.set_num_threads(threads)
@@ -82,7 +82,7 @@ def fleet(cfg: dict) -> list:
 
 def seasonal_naive(cfg: dict) -> dict:
     """Test metrics of repeating the last day: the floor every model should beat."""
-    from coordinator.baselines import run_seasonal_naive
+    from coordinator.simulation.baselines import run_seasonal_naive
 
     res = run_seasonal_naive(fleet(cfg), period=24)
     return {"mse": res.test.mse, "mae": res.test.mae}

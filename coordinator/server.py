@@ -20,18 +20,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
 
-import torch
 from pydantic import ConfigDict, Field, model_validator
 
-from coordinator.aggregators import AGGREGATORS, ClientUpdate, make_aggregator
-from coordinator.fedpod import FedPodConfig, Personalizer, views_from_states
+from coordinator.engine import RoundEngine, RoundResult
 from coordinator.store import RoundRow, Store
-from coordinator.twins import TwinHistory, TwinSettings, impute_missing, make_forecaster
-from edge_agent.data import TIME_FEATURES
-from edge_agent.learners import prompt_signature
-from edge_agent.models import ModelConfig, build_forecaster
-from edge_agent.models.foundation import content_hash, load_foundation
-from edge_agent.models.prompts import PromptedForecaster, PromptModeSettings
+from coordinator.strategies import ClientInfo, ClientUpdate, StrategySettings, make_strategy
+from coordinator.twins import TwinSettings
+from edge_agent.config import FleetModel
+from edge_agent.learners import fleet_template
 from edge_agent.mqtt import BrokerConfig, Connection, Incoming
 from edge_agent.protocol import (
     NAME_PATTERN,
@@ -46,18 +42,15 @@ from edge_agent.protocol import (
     claimed_round,
     decode,
     encode,
-    signature,
 )
-from edge_agent.storage import write_tensors_atomically
-from edge_agent.train import derive_seed
+from edge_agent.tensors import TensorDict, layout_of
 
 log = logging.getLogger("edgefl.coordinator")
 SENDER = "coordinator"
-GRAPHS_FILE = "fedpod_graphs.safetensors"  # prompt mode: the trained graph parameters
 
 
-class CoordinatorConfig(PromptModeSettings, TwinSettings):
-    """``coordinator.toml``: the fleet, the rounds, the model and the broker."""
+class CoordinatorConfig(FleetModel, TwinSettings, StrategySettings):
+    """``coordinator.toml``: the fleet, the rounds, the model, the strategy and the broker."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -71,15 +64,20 @@ class CoordinatorConfig(PromptModeSettings, TwinSettings):
     registration: Literal["open", "closed"] = "open"
     allowed_clients: list[str] = Field(default_factory=list)
     seed: int = 42
-    aggregator: str = "fedavg"
-    model: ModelConfig = ModelConfig()
-    fedpod: FedPodConfig = Field(FedPodConfig(), description="prompt mode: graph settings (alpha, subgraph_step, graph_*)")
     broker: BrokerConfig = BrokerConfig()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _prompt_mode_runs_fedpod(cls, data: object) -> object:
+        """Prompt mode aggregates with FedPoD unless a strategy is named."""
+        if isinstance(data, dict) and data.get("mode") == "prompt" and "strategy" not in data:
+            return {**data, "strategy": "fedpod"}
+        return data
 
     @model_validator(mode="after")
     def _check(self) -> "CoordinatorConfig":
-        if self.aggregator not in AGGREGATORS:
-            raise ValueError(f"aggregator: unknown {self.aggregator!r}; choose one of {sorted(AGGREGATORS)}")
+        if self.strategy == "fedpod" and self.mode != "prompt":
+            raise ValueError("strategy 'fedpod' personalizes prompts: it needs mode = 'prompt'")
         if self.registration == "closed" and not self.allowed_clients:
             raise ValueError("registration is closed but allowed_clients is empty")
         if self.registration == "closed" and self.start_clients > len(self.allowed_clients):
@@ -95,22 +93,10 @@ class Coordinator:
         self.cfg = cfg
         self.topics = Topics(cfg.fleet)
         self.store = Store(cfg.state_dir)
-        if cfg.mode == "prompt":
-            foundation = load_foundation(cfg.foundation, cfg.foundation_sha256)
-            template = PromptedForecaster(foundation, cfg.prompt, 0.0, 0.0)
-            initial, self.signature = template.wire_state(), prompt_signature(template, content_hash(foundation))
-            sizes = {name: view.shape[1] for name, view in views_from_states([initial]).items()}
-            self.personalizer = Personalizer(cfg.fedpod, sizes)
-            if (self.store.dir / GRAPHS_FILE).is_file():  # the graphs survive a restart
-                self.personalizer.graphs.load_state_dict(self.store.load_file(GRAPHS_FILE))
-        else:
-            initial = build_forecaster(cfg.model, 1, TIME_FEATURES, derive_seed(cfg.seed, 0)).shared_state()
-            self.signature = signature(initial, cfg.model.model_dump_json())
-        self.initial = initial
-        self.layout = {name: (tuple(t.shape), t.dtype) for name, t in initial.items()}
-        self.aggregator = make_aggregator(cfg.aggregator)
-        self.forecaster = make_forecaster(cfg.twin)
-        self.twins = TwinHistory(self.forecaster.window, folder=self.store.dir / "twins")
+        template = fleet_template(cfg, cfg.seed)
+        self.initial, self.signature, self.layout = template.initial, template.signature, layout_of(template.initial)
+        self.strategy = make_strategy(cfg, template.initial, cfg.seed)
+        self.engine = RoundEngine(self.strategy, cfg, self.store.dir / "twins")
         self.on_event = on_event or (lambda kind, data: None)
         self.connection = Connection(
             cfg.broker,
@@ -135,6 +121,8 @@ class Coordinator:
             current = self._await_fleet(current, stop)
             if stop():
                 return
+            closed = current.round if current.closed_at is not None else current.round - 1
+            self._send_personal(closed, self.store.personal_messages(closed))  # again after a restart
             self._announce(current)
             while current.closed_at is None and not stop():
                 batch = self._drain()
@@ -146,7 +134,13 @@ class Coordinator:
             self.store.close()
 
     def _resume(self) -> RoundRow:
+        """The open round (round 1 on a fresh start), with the strategy's state as of the last close."""
         latest = self.store.latest_round()
+        if latest is not None:
+            closed = latest.round if latest.closed_at is not None else latest.round - 1
+            saved = self.store.strategy_state(closed)
+            if saved is not None:
+                self.strategy.load_state_dict(saved)
         if latest is None:
             latest = self.store.open_first_round(time.time() + self.cfg.round_timeout_s, self.initial)
             log.info("fleet %s: opened round 1", self.cfg.fleet)
@@ -207,51 +201,43 @@ class Coordinator:
         return self.store.round(row.round)
 
     def _close(self, row: RoundRow, updates: list, why: str) -> RoundRow:
+        """Run the round engine, make its result durable, then send personal messages and the
+        next announcement."""
         on_time = [
             ClientUpdate(u.client_id, self._decoded.pop((row.round, u.client_id), None) or self.store.load_update(u),
-                         u.n_samples)
+                         u.n_samples, u.metrics)
             for u in updates
         ]
         self._decoded.clear()
-        submitted = {u.client_id for u in updates}
-        missing = [(c.client_id, c.n_samples) for c in self.store.clients().values() if c.client_id not in submitted]
-        imputation = impute_missing(sorted(missing), self.twins, self.forecaster, row.round, self.cfg.twin_max_age)
-        result = self.aggregator.aggregate(on_time + imputation.updates)
-        for update in on_time:
-            self.twins.observe(update.client_id, row.round, update.params)
-        if self.cfg.mode == "prompt":
-            self._personalize(row.round, on_time)
-        total = sum(u.n_samples for u in updates)
-        loss = sum(u.metrics.get("loss", 0.0) * u.n_samples for u in updates) / total
-        metrics = {
-            "clients": [u.client_id for u in updates], "imputed": imputation.imputed, "dropped": imputation.dropped,
-            "twin": self.forecaster.name, "loss": loss, "closed_by": why,
-        }
+        roster = [ClientInfo(c.client_id, c.n_samples, c.latitude, c.longitude) for c in self.store.clients().values()]
+        result = self.engine.close(row.round, self.store.load_file(row.global_file), on_time, roster)
+        self.store.save_strategy_state(row.round, self.strategy.state_dict())
+        for client, tensors in result.personal.items():
+            self.store.save_personal(row.round, client, tensors)
+        metrics = {"clients": list(result.on_time), "imputed": list(result.imputed), "dropped": list(result.dropped),
+                   "twin": result.twin, "loss": result.loss, "closed_by": why, **result.metrics}
         last = row.round >= self.cfg.rounds
-        self.store.finish_round(row.round, metrics, result, None if last else time.time() + self.cfg.round_timeout_s)
-        rejected = sum(1 for e in self.store.events(accepted=False) if e["round"] == row.round)
-        self.on_event("closed", {"round": row.round, "accepted": len(updates), "rejected": rejected,
-                                 "imputed": imputation.imputed, "loss": loss, "why": why})
-        log.info("round %d closed (%s): %d updates, %d imputed by %s, loss %.4f", row.round, why, len(updates),
-                 len(imputation.updates), self.forecaster.name, loss)
+        self.store.finish_round(row.round, metrics, result.global_state,
+                                None if last else time.time() + self.cfg.round_timeout_s)
+        self._report_close(row.round, result, why)
+        self._send_personal(row.round, result.personal)
         following = self.store.round(row.round if last else row.round + 1)
         self._announce(following)
         return following
 
-    def _personalize(self, number: int, updates: list[ClientUpdate]) -> None:
-        """FedPoD: graphs over the round's uploaded prompts, then each client's personalized and
-        neighbours' prompts, stored and sent on its own task topic (QoS 1)."""
-        clients = self.store.clients()
-        coordinates = torch.tensor([[clients[u.client_id].latitude or 0.0, clients[u.client_id].longitude or 0.0]
-                                    for u in updates])
-        references, _ = self.personalizer.personalize(views_from_states([u.params for u in updates]), coordinates,
-                                                      number)
-        write_tensors_atomically(self.store.dir / GRAPHS_FILE, self.personalizer.graphs.state_dict())
-        for update, mine in zip(updates, references):
-            write_tensors_atomically(self.store.dir / f"personal/round_{number:05d}/{update.client_id}.safetensors",
-                                     mine)
+    def _report_close(self, number: int, result: RoundResult, why: str) -> None:
+        rejected = sum(1 for e in self.store.events(accepted=False) if e["round"] == number)
+        self.on_event("closed", {"round": number, "accepted": len(result.on_time), "rejected": rejected,
+                                 "imputed": list(result.imputed), "loss": result.loss, "why": why})
+        log.info("round %d closed (%s): %d updates, %d imputed by %s, loss %.4f", number, why, len(result.on_time),
+                 len(result.imputed), result.twin, result.loss)
+
+    def _send_personal(self, number: int, messages: dict[str, TensorDict]) -> None:
+        """Each client's own tensors of round ``number`` (FedPoD: personalized prompts) on its task
+        topic (QoS 1), before the next round's announcement."""
+        for client, tensors in messages.items():
             header = PersonalHeader(fleet=self.cfg.fleet, sender=SENDER, round=number)
-            self.connection.publish(self.topics.agent(update.client_id, "task"), encode(header, mine))
+            self.connection.publish(self.topics.agent(client, "task"), encode(header, tensors))
 
     # messages --------------------------------------------------------------------------------
 
@@ -342,7 +328,7 @@ class Coordinator:
             header.round, client, header.n_samples, body, header.body_sha256, header.metrics, late=late
         )
         if late:
-            self.twins.observe(client, header.round, tensors)
+            self.engine.observe_late(client, header.round, tensors)
             self.store.log("update", client, header.round, True, "late", "the round had closed: twin history only")
             self._reply(client, "update", header.round, True, "late", "the round had closed: kept as twin history")
             self.on_event("late", {"client": client, "round": header.round})

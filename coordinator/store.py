@@ -188,6 +188,11 @@ class Store:
         """Each client's newest round with an update (on time or late)."""
         return dict(self.db.execute("SELECT client_id, MAX(round) FROM updates GROUP BY client_id"))
 
+    def arrivals(self) -> list[tuple[int, str, bool, float]]:
+        """Every stored update as (round, client, late, received at), oldest first."""
+        query = "SELECT round, client_id, late, received_at FROM updates ORDER BY received_at"
+        return [(r, c, bool(late), at) for r, c, late, at in self.db.execute(query)]
+
     def updates(self, number: int, include_late: bool = False) -> list[UpdateRow]:
         rows = self.db.execute(
             "SELECT round, client_id, n_samples, file, sha256, metrics FROM updates "
@@ -198,6 +203,26 @@ class Store:
 
     def load_update(self, row: UpdateRow) -> TensorDict:
         return self.load_file(row.file)
+
+    # per-round files of the strategy -------------------------------------------------------
+
+    def save_strategy_state(self, number: int, state: TensorDict) -> None:
+        """What the strategy keeps between rounds, as of the close of ``number`` (written before the
+        round is marked closed, so a restart finds the state that matches the last close)."""
+        if state:
+            write_tensors_atomically(self.dir / f"strategy/round_{number:05d}.safetensors", state)
+
+    def strategy_state(self, number: int) -> TensorDict | None:
+        path = self.dir / f"strategy/round_{number:05d}.safetensors"
+        return load_file(str(path)) if path.is_file() else None
+
+    def save_personal(self, number: int, client_id: str, tensors: TensorDict) -> None:
+        write_tensors_atomically(self.dir / f"personal/round_{number:05d}/{client_id}.safetensors", tensors)
+
+    def personal_messages(self, number: int) -> dict[str, TensorDict]:
+        """The per-client messages of round ``number`` by client id (none for most strategies)."""
+        folder = self.dir / f"personal/round_{number:05d}"
+        return {path.stem: load_file(str(path)) for path in sorted(folder.glob("*.safetensors"))}
 
     # accept / reject log ---------------------------------------------------------------------
 

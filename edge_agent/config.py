@@ -1,4 +1,5 @@
-"""Loading TOML service configs into pydantic models, with errors that name the file and field."""
+"""``agent.toml`` and the TOML plumbing of every service config: pydantic models, errors that
+name the file and field, and writing configs back with tomli-w."""
 
 from __future__ import annotations
 
@@ -6,13 +7,87 @@ import tomllib
 from pathlib import Path
 from typing import TypeVar
 
-from pydantic import BaseModel, ValidationError
+import tomli_w
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from edge_agent.data import SeriesTable, load_csv, load_site
+from edge_agent.models import ModelConfig
+from edge_agent.models.prompts import PromptModeSettings
+from edge_agent.mqtt import BrokerConfig
+from edge_agent.protocol import NAME_PATTERN
+from edge_agent.train import LocalTraining
 
 Config = TypeVar("Config", bound=BaseModel)
 
 
 class ConfigError(ValueError):
     """A config file that cannot be used; the message names the file and every bad field."""
+
+
+class FleetModel(PromptModeSettings):
+    """What the fleet trains: the same fields in ``agent.toml`` and ``coordinator.toml``, since both
+    sides must build the same model (head mode: ``model``; prompt mode: foundation + prompts).
+    Settings of the other mode are refused rather than silently ignored."""
+
+    model: ModelConfig = ModelConfig()
+
+    @model_validator(mode="after")
+    def _one_mode(self) -> "FleetModel":
+        other = {"model"} if self.mode == "prompt" else {"foundation", "foundation_sha256", "prompt"}
+        given = sorted(other & self.model_fields_set)
+        if given:
+            raise ValueError(f"{', '.join(given)}: not used in mode {self.mode!r}")
+        return self
+
+
+class DataSource(BaseModel):
+    """Local data: a CSV file (date column + numeric columns) or one bundled weather site."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    csv: Path | None = None
+    date_column: str | None = None
+    site: str | None = None
+    columns: list[str] | None = Field(None, description="subset of columns to use (default: all)")
+
+    @model_validator(mode="after")
+    def _one_source(self) -> "DataSource":
+        if (self.csv is None) == (self.site is None):
+            raise ValueError("give exactly one of csv or site")
+        return self
+
+    def load(self) -> SeriesTable:
+        table = load_csv(self.csv, self.date_column) if self.csv else load_site(self.site)
+        return table.select(self.columns) if self.columns else table
+
+
+class AgentTraining(LocalTraining):
+    """Local training plus how densely the gateway cuts its history into training windows."""
+
+    stride: int = Field(1, ge=1, description="step between training windows")
+
+
+class AgentConfig(FleetModel):
+    """``agent.toml``: who this gateway is, its data, its model and the broker."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    fleet: str = Field(pattern=NAME_PATTERN)
+    client_id: str = Field(pattern=NAME_PATTERN)
+    state_dir: Path
+    data: DataSource
+    dp_sigma: float = Field(0.0, ge=0.0, description="prompt mode: std of Gaussian noise on uploaded prompts (privacy)")
+    training: AgentTraining = AgentTraining()
+    seed: int = 42
+    client_index: int = Field(0, ge=0, description="this client's index in the fleet's seed schedule")
+    max_payload_bytes: int = Field(64 * 1024 * 1024, ge=1024)
+    broker: BrokerConfig = BrokerConfig()
+
+    @model_validator(mode="after")
+    def _noise_needs_prompts(self) -> "AgentConfig":
+        if self.dp_sigma > 0 and self.mode != "prompt":
+            raise ValueError("dp_sigma: noise applies to uploaded prompts (mode 'prompt')")
+        return self
 
 
 def load_config(path: Path, model: type[Config]) -> Config:
@@ -34,24 +109,9 @@ def load_config(path: Path, model: type[Config]) -> Config:
 
 
 def dump_toml(data: dict) -> str:
-    """Write plain config data (str, int, float, bool, lists of those, nested tables) as TOML."""
-    scalars = {k: v for k, v in data.items() if not isinstance(v, dict) and v is not None}
-    tables = {k: v for k, v in data.items() if isinstance(v, dict)}
-    lines = [f"{key} = {_toml_value(value)}" for key, value in scalars.items()]
-    for name, table in tables.items():
-        lines.append("")
-        lines.append(f"[{name}]")
-        lines.extend(f"{key} = {_toml_value(value)}" for key, value in table.items() if value is not None)
-    return "\n".join(lines) + "\n"
+    """Plain config data as TOML; ``None`` values (unset options) are left out."""
+    return tomli_w.dumps(_without_none(data))
 
 
-def _toml_value(value: object) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (int, float)):
-        return repr(value)
-    if isinstance(value, (list, tuple)):
-        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
-    if isinstance(value, dict):
-        raise ValueError("nested tables deeper than one level are not supported")
-    return '"' + str(value).replace("\\", "\\\\").replace('"', '\\"') + '"'
+def _without_none(data: dict) -> dict:
+    return {k: _without_none(v) if isinstance(v, dict) else v for k, v in data.items() if v is not None}

@@ -18,19 +18,17 @@ import re
 import struct
 from typing import Annotated, Literal, Union
 
-import torch
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
 from safetensors import SafetensorError
 from safetensors.torch import load as load_tensors
 from safetensors.torch import save as save_tensors
 
+from edge_agent.tensors import Layout, LayoutError, TensorDict, check_layout, first_non_finite
+
 MAGIC = b"EDFL"
 SCHEMA_VERSION = 1
 PREFIX = struct.Struct(">4sBI")
 NAME_PATTERN = r"^[A-Za-z0-9_.-]{1,64}$"
-
-TensorDict = dict[str, torch.Tensor]
-
 
 class ProtocolError(ValueError):
     """A message that cannot be accepted; ``code`` is a stable machine-readable reason."""
@@ -174,22 +172,14 @@ def _parse_body(body: bytes) -> TensorDict:
         raise ProtocolError("bad_body", f"body is not a safetensors blob ({err})") from err
 
 
-def check_tensors(tensors: TensorDict, expected: dict[str, tuple[tuple[int, ...], torch.dtype]]) -> None:
+def check_tensors(tensors: TensorDict, expected: Layout) -> None:
     """Names, shapes and dtypes must match ``expected`` exactly and every value be finite."""
-    missing, unknown = expected.keys() - tensors.keys(), tensors.keys() - expected.keys()
-    if missing or unknown:
-        raise ProtocolError(
-            "bad_tensors", f"missing {sorted(missing)[:3]}, unexpected {sorted(unknown)[:3]} tensor names"
-        )
-    for name, tensor in tensors.items():
-        shape, dtype = expected[name]
-        if tuple(tensor.shape) != shape or tensor.dtype != dtype:
-            raise ProtocolError(
-                "bad_tensors", f"{name}: {tuple(tensor.shape)} {tensor.dtype}, expected {shape} {dtype}"
-            )
-    floats = [t.flatten().float() for t in tensors.values() if t.is_floating_point()]
-    if floats and not torch.isfinite(torch.cat(floats)).all():
-        bad = next(name for name, t in tensors.items() if t.is_floating_point() and not torch.isfinite(t).all())
+    try:
+        check_layout(tensors, expected, "body")
+    except LayoutError as err:
+        raise ProtocolError("bad_tensors", str(err)) from None
+    bad = first_non_finite(tensors)
+    if bad is not None:
         raise ProtocolError("not_finite", f"{bad} holds NaN or inf values")
 
 

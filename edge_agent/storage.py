@@ -5,10 +5,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import torch
 from safetensors.torch import save
 
-TensorDict = dict[str, torch.Tensor]
+from edge_agent.tensors import TensorDict
 
 
 def write_bytes_atomically(path: Path, data: bytes, sync_folder: bool = True) -> None:

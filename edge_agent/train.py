@@ -8,10 +8,21 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 from torch.nn import functional as F
 
 from edge_agent.data import WindowSet
+
+
+class LocalTraining(BaseModel):
+    """How a client trains each round: epochs E, batch size and learning rate (FedQAPer A.2)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    local_epochs: int = Field(1, ge=1, description="local epochs E per round")
+    batch_size: int = Field(128, ge=1)
+    lr: float = Field(1e-3, gt=0)
 
 
 @dataclass(frozen=True)
@@ -20,11 +31,6 @@ class Metrics:
 
     mse: float
     mae: float
-
-
-def derive_seed(*parts: int) -> int:
-    """A well-mixed 63-bit seed from several integers (base seed, round, client, ...)."""
-    return int(np.random.SeedSequence(list(parts)).generate_state(1, dtype=np.uint64)[0] >> 1)
 
 
 def make_optimizer(model: nn.Module, lr: float) -> torch.optim.Optimizer:

@@ -56,7 +56,7 @@ def demo(
     """A real fleet on this machine: mosquitto, the coordinator and one agent per weather site."""
     import shutil
 
-    from coordinator.demo import plot_curve, run_demo
+    from edgefl.demo import plot_curve, run_demo
 
     shutil.rmtree(out, ignore_errors=True)
     table = Table("round", "clients", "accepted", "rejected", "train loss", "elapsed s",
@@ -134,8 +134,8 @@ def simulate(
     save_models: Annotated[Optional[Path], typer.Option(help="folder: one checkpoint per client (best round)")] = None,
 ) -> None:
     """Run an in-process FedPer federation over feature-level non-IID clients and print each round."""
-    from coordinator.dropout import participation
-    from coordinator.simulate import FederationConfig, run_federation
+    from coordinator.simulation.participation import participation
+    from coordinator.simulation.federation import FederationConfig, run_federation
     from edge_agent.data import build_pool, feature_clients, load_csv, load_sites
     from edge_agent.models import ModelConfig
 
@@ -213,7 +213,7 @@ def pretrain_command(
     seed: int = 42,
 ) -> None:
     """Pretrain FedPoD's foundation model by masked reconstruction, federated over the weather sites."""
-    from coordinator.pretrain import PretrainConfig, pretrain
+    from coordinator.simulation.pretrain import PretrainConfig, pretrain
     from edge_agent.data import load_sites
     from edge_agent.data.canonical import device_series
     from edge_agent.models.foundation import FoundationConfig, save_foundation
@@ -235,7 +235,7 @@ def pretrain_command(
 
 def run_baselines(fleet, cfg, fed, max_epochs: int) -> dict[str, dict[str, float]]:
     """Local-only and centralized baselines with the same epoch budget as the federation."""
-    from coordinator.baselines import TrainingBudget, run_centralized, run_local_only
+    from coordinator.simulation.baselines import TrainingBudget, run_centralized, run_local_only
 
     out = {}
     for name, runner in (("local", run_local_only), ("centralized", run_centralized)):

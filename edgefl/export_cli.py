@@ -30,14 +30,14 @@ def model_and_data(
     checkpoint: Path | None, agent_config: Path | None, site: str | None, csv: Path | None
 ) -> tuple[Forecaster, ClientData]:
     """The model to export and the data whose held-out windows verify it (same features)."""
-    from edge_agent.agent import AgentConfig, load_local_model
-    from edge_agent.config import ConfigError, load_config
+    from edge_agent.config import AgentConfig, ConfigError, load_config
+    from edge_agent.forecast import load_local_model
 
     try:
         if agent_config is not None:
             cfg = load_config(agent_config, AgentConfig)
             table = cfg.data.load()
-            model = load_local_model(cfg, table.n_features, Path(cfg.state_dir)).eval()
+            model = load_local_model(cfg, table).eval()
             columns: list[str] = []
         elif checkpoint is not None and (site is None) != (csv is None):
             model, columns = load_checkpoint(checkpoint)

@@ -107,7 +107,7 @@ def coordinator_status(config: ConfigPath) -> None:
 
 
 def _agent_config(config: Path):
-    from edge_agent.agent import AgentConfig
+    from edge_agent.config import AgentConfig
 
     try:
         return load_config(config, AgentConfig)
@@ -143,7 +143,7 @@ def agent_forecast(
     onnx: Annotated[Optional[Path], typer.Option(help="run this exported model.onnx in ONNX Runtime")] = None,
 ) -> None:
     """Print the forecast of the local model for the horizon after the latest window."""
-    from edge_agent.agent import forecast
+    from edge_agent.forecast import forecast
 
     cfg = _agent_config(config)
     try:
@@ -169,13 +169,13 @@ def agent_checkpoint(
     config: ConfigPath, out: Annotated[Path, typer.Option("--out", "-o", help="checkpoint file to write")]
 ) -> None:
     """Save the agent's current model (global shared + personal parts) as one checkpoint file."""
-    from edge_agent.agent import load_local_model
+    from edge_agent.forecast import load_local_model
     from edge_agent.models import save_checkpoint
 
     cfg = _agent_config(config)
     try:
         table = cfg.data.load()
-        model = load_local_model(cfg, table.n_features, Path(cfg.state_dir))
+        model = load_local_model(cfg, table)
     except (DataError, ValueError) as err:
         _fail(str(err))
     save_checkpoint(model, out, list(table.columns))

@@ -47,3 +47,17 @@ def mosquitto(tmp_path):
     broker = Mosquitto(tmp_path / "broker").start()
     yield broker
     broker.stop()
+
+
+def train_clients(learners, state, round_number: int, indices=None) -> list:
+    """What the chosen learners (default all) upload for ``round_number`` after installing
+    ``state``: the updates the round engine would receive, built by hand."""
+    from coordinator.strategies import ClientUpdate
+
+    updates = []
+    for i in range(len(learners)) if indices is None else indices:
+        learners[i].load_global(state)
+        loss = learners[i].train(round_number)
+        updates.append(ClientUpdate(f"client{i}", learners[i].wire_state(round_number), learners[i].n_samples,
+                                    {"loss": loss}))
+    return updates

@@ -10,11 +10,11 @@ from pathlib import Path
 import paho.mqtt.client as mqtt
 import torch
 
-from coordinator.aggregators import ClientUpdate, make_aggregator
+from coordinator.strategies import ClientUpdate, weighted_mean
 from coordinator.server import Coordinator, CoordinatorConfig
 from coordinator.store import Store
-from edge_agent.agent import Agent, AgentConfig
-from edge_agent.config import load_config
+from edge_agent.agent import Agent
+from edge_agent.config import AgentConfig, load_config
 from edge_agent.protocol import (
     PREFIX,
     HelloHeader,
@@ -143,7 +143,7 @@ def test_bad_inputs_are_rejected_with_reasons_and_the_run_finishes(tmp_path: Pat
     for number in (1, 2):
         rows = store.updates(number)
         assert [u.client_id for u in rows] == ["client00", "client01", "client02"]
-        expected = make_aggregator("fedavg").aggregate(
+        expected = weighted_mean(
             [ClientUpdate(u.client_id, store.load_update(u), u.n_samples) for u in rows]
         )
         result = store.load_file(store.round(number).result_file)

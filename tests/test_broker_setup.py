@@ -10,8 +10,7 @@ import paho.mqtt.client as mqtt
 import pytest
 
 from coordinator.broker_setup import mosquitto_password_hash, write_fleet_setup
-from edge_agent.agent import AgentConfig
-from edge_agent.config import load_config
+from edge_agent.config import AgentConfig, load_config
 from coordinator.server import CoordinatorConfig
 from tests.broker import Mosquitto, free_port
 

@@ -82,7 +82,7 @@ def test_export_command_on_a_checkpoint_and_the_agent_forecasts_with_onnx(site, 
 
 
 def test_the_agent_forecasts_with_the_exported_model(site, tmp_path: Path) -> None:
-    from edge_agent.agent import run_onnx_forecast
+    from edge_agent.forecast import run_onnx_forecast
 
     model = trained("itransformer", site)
     export_onnx(model, tmp_path, site.test, n_windows=8)

@@ -5,11 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from coordinator.aggregators import AGGREGATORS, ClientUpdate, make_aggregator
-from coordinator.baselines import TrainingBudget, run_centralized, run_local_only
-from coordinator.simulate import FederationConfig, init_fleet, run_federation, run_round
+from coordinator.simulation.baselines import TrainingBudget, run_centralized, run_local_only
+from coordinator.simulation.federation import FederationConfig, head_learners, run_federation
+from coordinator.strategies import STRATEGIES, ClientUpdate, StrategySettings, weighted_mean
 from edge_agent.data import prepare_client, synthetic_clients
-from tests.conftest import small_config
+from edge_agent.learners.head import initial_shared_state
+from tests.conftest import small_config, train_clients
 
 
 @pytest.fixture(scope="module")
@@ -24,31 +25,31 @@ def test_fedavg_is_the_sample_weighted_mean() -> None:
         ClientUpdate("a", {"w": torch.tensor([1.0, 2.0]), "b": torch.tensor(0.0)}, 1),
         ClientUpdate("b", {"w": torch.tensor([4.0, 8.0]), "b": torch.tensor(3.0)}, 3),
     ]
-    out = make_aggregator("fedavg").aggregate(updates)
+    out = weighted_mean(updates)
     torch.testing.assert_close(out["w"], torch.tensor([3.25, 6.5]))
     torch.testing.assert_close(out["b"], torch.tensor(2.25))
     assert out["w"].dtype == torch.float32
 
 
-def test_fedavg_rejects_empty_round_and_unknown_aggregator_names_the_choices() -> None:
+def test_fedavg_rejects_empty_round_and_unknown_strategy_names_the_choices() -> None:
     with pytest.raises(ValueError, match="at least one"):
-        make_aggregator("fedavg").aggregate([])
-    with pytest.raises(ValueError, match=str(sorted(AGGREGATORS))[1:-1]):
-        make_aggregator("fedprox-typo")
+        weighted_mean([])
+    with pytest.raises(ValueError, match=str(sorted(STRATEGIES))[1:-1]):
+        StrategySettings(strategy="fedprox-typo")
 
 
 def test_one_round_aggregates_exactly_the_clients_shared_parts(fleet) -> None:
     cfg = small_config("dlinear")
     fed = FederationConfig(rounds=1, batch_size=32, seed=3)
-    models, initial = init_fleet(fleet, cfg, fed.seed)
-    updates, loss = run_round(models, fleet, initial, fed, 1)
-    assert loss > 0 and len(updates) == 3
+    initial = initial_shared_state(cfg, fed.seed)
+    updates = train_clients(head_learners(fleet, cfg, fed, fed.seed), initial, 1)
+    assert all(u.metrics["loss"] > 0 for u in updates) and len(updates) == 3
     assert [u.n_samples for u in updates] == [c.n_train for c in fleet]
-    for update, model in zip(updates, models):
+    for update in updates:
         assert update.params.keys() == initial.keys()
         assert all(name.startswith("shared.") for name in update.params)
         assert any(not torch.equal(update.params[k], initial[k]) for k in initial)
-    merged = make_aggregator("fedavg").aggregate(updates)
+    merged = weighted_mean(updates)
     total = sum(u.n_samples for u in updates)
     name = "shared.backbone.seasonal.weight"
     expected = sum(u.params[name].double() * u.n_samples / total for u in updates).float()

@@ -7,7 +7,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, safe_open, save
 
-from coordinator.pretrain import PretrainConfig, pretrain, reconstruction_loss
+from coordinator.simulation.pretrain import PretrainConfig, pretrain
+from edge_agent.learners.foundation import reconstruction_loss
 from edge_agent.data.canonical import device_series
 from edge_agent.data import load_sites
 from edge_agent.models.foundation import (

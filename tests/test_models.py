@@ -8,7 +8,8 @@ import torch
 from edge_agent.data import TIME_FEATURES, load_site, prepare_client, synthetic_table
 from edge_agent.models import BACKBONES, ModelConfig, build_forecaster
 from edge_agent.models.backbones.spiking import LIF
-from edge_agent.train import calibrate_batchnorm, derive_seed, make_optimizer, train_epochs
+from edge_agent.seeds import derive_seed
+from edge_agent.train import calibrate_batchnorm, make_optimizer, train_epochs
 from tests.conftest import small_config
 
 ALL = sorted(BACKBONES)

@@ -5,11 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from coordinator.prompt_graph import (
+from coordinator.strategies.prompt_graph import (
     PromptGraph,
     fused_graph,
     geo_graph,
-    global_prompts,
     haversine_km,
     personalize,
 )
@@ -67,7 +66,3 @@ def test_prompt_graphs_fuse_into_row_stochastic_personalization() -> None:
     loss.backward()
     assert all(p.grad is not None for p in graph.parameters())  # the graph is trainable end to end
 
-
-def test_global_prompts_are_the_sample_weighted_mean() -> None:
-    prompts = torch.tensor([[1.0, 2.0], [3.0, 6.0]])
-    torch.testing.assert_close(global_prompts(prompts, torch.tensor([1, 3])), torch.tensor([2.5, 5.0]))

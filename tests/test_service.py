@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -10,13 +11,18 @@ import signal
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 import torch
 
-from coordinator.aggregators import ClientUpdate, make_aggregator
-from coordinator.simulate import FederationConfig, run_federation
+from coordinator.simulation.federation import FederationConfig, run_federation
+from coordinator.simulation.participation import recorded
+from coordinator.simulation.prompts import PromptFederationConfig, run_prompt_federation
+from coordinator.strategies import GraphSettings
 from coordinator.store import Store
-from coordinator.twins import TwinHistory, impute_missing, make_forecaster
+from coordinator.twins import TWIN_FORECASTERS, make_forecaster
+from edge_agent.data import load_site
 from edge_agent.models import ModelConfig
+from edge_agent.models.prompts import PromptConfig
 from tests.fleet import (
     MODEL,
     SEED,
@@ -30,24 +36,39 @@ from tests.fleet import (
 )
 
 ROUNDS = 3
+PROMPT_SITES = ("amsterdam", "miami", "greensboro")
 
 
-def simulate(paths: list[Path]) -> dict[str, torch.Tensor]:
-    fed = FederationConfig(
-        rounds=ROUNDS, local_epochs=TRAINING["local_epochs"], batch_size=TRAINING["batch_size"],
-        lr=TRAINING["lr"], seed=SEED, test_every_round=False,
-    )
-    return run_federation(simulation_clients(paths), ModelConfig(**MODEL), fed).shared
-
-
-def final_global(state_dir: Path) -> dict[str, torch.Tensor]:
-    store = Store(state_dir)
+def replay(db: Path, paths: list[Path], rounds: int, **federation: object):
+    """The in-process simulation of what the fleet did: same seeds, same participation (read from
+    the coordinator's store), same twins."""
+    store = Store(db)
     try:
-        latest = store.latest_round()
-        assert latest.round == ROUNDS and latest.closed_at is not None
-        return store.load_file(latest.result_file)
+        happened = recorded(store, [f"client{i:02d}" for i in range(len(paths))])
     finally:
         store.close()
+    fed = FederationConfig(
+        rounds=rounds, local_epochs=TRAINING["local_epochs"], batch_size=TRAINING["batch_size"],
+        lr=TRAINING["lr"], seed=SEED, test_every_round=False, **federation,
+    )
+    return run_federation(simulation_clients(paths), ModelConfig(**MODEL), fed, participation=happened)
+
+
+def served_rounds(db: Path) -> list[dict[str, torch.Tensor]]:
+    """The global state each closed round produced, as the coordinator stored it."""
+    store = Store(db)
+    try:
+        return [store.load_file(row.result_file) for row in store.rounds() if row.closed_at is not None]
+    finally:
+        store.close()
+
+
+def assert_rounds_equal(served: list[dict[str, torch.Tensor]], simulated: list[dict[str, torch.Tensor]]) -> None:
+    assert len(served) == len(simulated)
+    for number, (mine, theirs) in enumerate(zip(served, simulated), 1):
+        assert mine.keys() == theirs.keys(), f"round {number}"
+        for name in mine:
+            torch.testing.assert_close(mine[name], theirs[name], rtol=1e-5, atol=1e-6, msg=f"round {number}: {name}")
 
 
 def state(db: Path, predicate: Callable) -> Callable[[], bool]:
@@ -66,6 +87,16 @@ def state(db: Path, predicate: Callable) -> Callable[[], bool]:
 def last_on_time(store: Store, client: str) -> int:
     """The newest round in which ``client``'s update arrived on time (0: none yet)."""
     return max((r.round for r in store.rounds() if client in {u.client_id for u in store.updates(r.round)}), default=0)
+
+
+def missed_after(store: Store, client: str, after: int) -> list[int]:
+    """Closed rounds after ``after`` that closed without an on-time update of ``client``."""
+    return [r.round for r in store.rounds() if r.round > after and r.closed_at and client not in r.metrics["clients"]]
+
+
+def on_time_rounds(store: Store, client: str) -> int:
+    """How many rounds have an on-time update of ``client``."""
+    return sum(client in {u.client_id for u in store.updates(r.round)} for r in store.rounds())
 
 
 def run_agents(tmp_path: Path, port: int, paths: list[Path], **broker: object) -> list:
@@ -90,18 +121,10 @@ def finish(processes: list, timeout: float = 120) -> None:
         process.wait(timeout)
 
 
-def test_three_agents_three_rounds_equal_the_in_process_simulation(tmp_path: Path, mosquitto) -> None:
-    paths = write_client_csvs(tmp_path, 3)
-    coordinator = start(tmp_path, "coordinator", "coordinator", "serve", "-c",
-                        str(coordinator_config(tmp_path, mosquitto.port, ROUNDS, min_clients=3)))
-    agents = run_agents(tmp_path, mosquitto.port, paths)
+def test_the_forecast_command_prints_the_horizon_after_a_short_run(tmp_path: Path, mosquitto) -> None:
+    coordinator, agents, _ = start_fleet(tmp_path, mosquitto.port, 2, 1, min_clients=2)
     finish([coordinator, *agents])
     assert coordinator.returncode == 0, (tmp_path / "coordinator.log").read_text()
-    served = final_global(tmp_path / "coordinator")
-    expected = simulate(paths)
-    assert served.keys() == expected.keys()
-    for name in expected:
-        torch.testing.assert_close(served[name], expected[name], rtol=1e-5, atol=1e-6)
     forecast = subprocess.run(
         [sys.executable, "-m", "edgefl.cli", "agent", "forecast", "--csv", "-c", str(tmp_path / "agent0.toml")],
         capture_output=True, text=True, timeout=120,
@@ -137,10 +160,7 @@ def test_coordinator_killed_mid_round_resumes_without_losing_accepted_updates(tm
     for i in range(3):
         log = (tmp_path / f"agent{i}.log").read_text()
         assert log.count("update sent") == ROUNDS, f"agent{i} re-trained an accepted round:\n{log}"
-    expected = simulate(paths)
-    served = final_global(db)
-    for name in expected:
-        torch.testing.assert_close(served[name], expected[name], rtol=1e-5, atol=1e-6)
+    assert_rounds_equal(served_rounds(db), replay(db, paths, ROUNDS).states)
 
 
 def test_agent_killed_mid_round_is_marked_offline_and_the_round_still_closes(tmp_path: Path, mosquitto) -> None:
@@ -190,92 +210,54 @@ def test_round_one_waits_for_start_clients_before_it_is_announced(tmp_path: Path
     store.close()
 
 
-def test_a_silent_agent_does_not_hold_the_round_past_its_deadline(tmp_path: Path, mosquitto) -> None:
-    coordinator, agents, db = start_fleet(tmp_path, mosquitto.port, 3, min_clients=2, round_timeout_s=4.0)
-
-    wait_for(state(db, lambda s: last_on_time(s, "client02") >= 1), 120, "an on-time update of client02")
-    os.kill(agents[2].pid, signal.SIGSTOP)  # alive for the broker (keepalive 5 s) but silent
+@pytest.mark.parametrize("twin", sorted(TWIN_FORECASTERS))
+def test_every_round_with_a_frozen_agent_equals_the_simulation_of_what_happened(
+    tmp_path: Path, mosquitto, twin: str
+) -> None:
+    """client02 is frozen (SIGSTOP) after its second on-time update and stays connected (keepalive
+    60 s), so the next round waits for it until its deadline and closes without it: imputed by
+    its twin (or dropped). Thawed, it sends that round's update late (twin history only). Whatever
+    the timing on a loaded machine, every round's global state equals the in-process simulation
+    of the participation the store recorded. (So a silent agent does not hold a round past its
+    deadline either.)"""
+    rounds = 5
+    coordinator, agents, db = start_fleet(
+        tmp_path, mosquitto.port, 3, rounds, agent_broker={"keepalive_s": 60}, min_clients=2, round_timeout_s=6.0,
+        twin=twin,
+    )
+    wait_for(state(db, lambda s: on_time_rounds(s, "client02") >= 2), 180, "two on-time updates of client02")
+    os.kill(agents[2].pid, signal.SIGSTOP)
     try:
-        silent = state(db, lambda s: last_on_time(s, "client02"))() + 1
-        assert silent <= ROUNDS, "client02 reported on time only in the last round"
-        wait_for(state(db, lambda s: len(s.rounds()) >= silent and s.round(silent).closed_at), 60,
-                 f"round {silent} to close")
+        seen = state(db, lambda s: last_on_time(s, "client02"))()
+        assert seen < rounds, "client02 reported on time only at the end of the run"
+        wait_for(state(db, lambda s: missed_after(s, "client02", seen)), 120, "a round to close without client02")
     finally:
         os.kill(agents[2].pid, signal.SIGCONT)
-    finish([coordinator, *agents])
-    store = Store(db)
-    record = store.round(silent)
-    assert record.metrics["closed_by"] == "deadline"
-    assert sorted(record.metrics["clients"]) == ["client00", "client01"]
-    assert store.latest_round().round == ROUNDS
-    store.close()
-
-
-def test_a_stopped_agent_is_imputed_by_its_twin_and_its_late_updates_kept_as_history(
-    tmp_path: Path, mosquitto
-) -> None:
-    """client03 is frozen for two rounds right after an on-time update (round 1, or 2 when its cold
-    start missed round 1's deadline) but stays connected (keepalive 60 s), so both rounds wait for
-    it until their deadline. Thawed, it sends both updates (late) before its next one, which the
-    next round waits for: no race with the end of the run."""
-    rounds = 6
-    coordinator, agents, db = start_fleet(
-        tmp_path, mosquitto.port, 4, rounds, agent_broker={"keepalive_s": 60}, min_clients=2, round_timeout_s=10.0,
-        twin="wsf",
-    )
-
-    wait_for(state(db, lambda s: last_on_time(s, "client03") >= 1), 120, "an on-time update of client03")
-    os.kill(agents[3].pid, signal.SIGSTOP)
-    try:
-        seen = state(db, lambda s: last_on_time(s, "client03"))()
-        frozen = [seen + 1, seen + 2]
-        assert frozen[-1] < rounds, f"client03 first reported on time in round {frozen[0] - 1}: too late for this run"
-        wait_for(state(db, lambda s: len(s.rounds()) >= frozen[-1] and s.round(frozen[-1]).closed_at), 60,
-                 f"round {frozen[-1]} to close")
-    finally:
-        os.kill(agents[3].pid, signal.SIGCONT)
     finish([coordinator, *agents])
     assert coordinator.returncode == 0, (tmp_path / "coordinator.log").read_text()
     store = Store(db)
     try:
-        assert store.latest_round().round == rounds and store.latest_round().closed_at
-        history = TwinHistory(2)  # what the coordinator had seen of client03 when it froze
-        for number in range(1, frozen[0]):
-            for update in store.updates(number, include_late=True):
-                if update.client_id == "client03":
-                    history.observe("client03", number, store.load_update(update))
-        weight = store.clients()["client03"].n_samples
-        (twin,) = impute_missing([("client03", weight)], history, make_forecaster("wsf")).updates
-        for number in frozen:
-            record = store.round(number).metrics
-            assert record["closed_by"] == "deadline"
-            assert record["imputed"] == ["client03"] and record["twin"] == "wsf"
-            assert sorted(record["clients"]) == ["client00", "client01", "client02"]
-            on_time = [ClientUpdate(u.client_id, store.load_update(u), u.n_samples) for u in store.updates(number)]
-            expected = make_aggregator("fedavg").aggregate(on_time + [twin])
-            result = store.load_file(store.round(number).result_file)
-            assert all(torch.equal(result[k], expected[k]) for k in expected)
-        late = [e for e in store.events(accepted=True) if e["code"] == "late" and e["client_id"] == "client03"]
-        assert {e["round"] for e in late} >= set(frozen)
-        assert {u.client_id for u in store.updates(frozen[0], include_late=True)} == {f"client0{i}" for i in range(4)}
-        assert len(list((db / "twins" / "client03").glob("*.safetensors"))) == 2  # bounded window
-        assert store.last_reported() == {f"client0{i}": rounds for i in range(4)}
+        record = store.round(missed_after(store, "client02", seen)[0]).metrics
+        assert record["closed_by"] == "deadline" and record["twin"] == twin
+        assert record["imputed" if twin != "drop" else "dropped"] == ["client02"]
+        assert any(e["code"] == "late" and e["client_id"] == "client02" for e in store.events(accepted=True))
+        assert len(list((db / "twins" / "client02").glob("*.safetensors"))) == max(make_forecaster(twin).window, 1)
     finally:
         store.close()
+    assert_rounds_equal(served_rounds(db), replay(db, write_client_csvs(tmp_path, 3), rounds, twin=twin).states)
     status = subprocess.run(
         [sys.executable, "-m", "edgefl.cli", "coordinator", "status", "-c", str(tmp_path / "coordinator.toml")],
         capture_output=True, text=True, timeout=120, env={**os.environ, "COLUMNS": "200"},
     )
     assert status.returncode == 0, status.stderr
-    rows = [line for line in status.stdout.splitlines() if "client03 (wsf)" in line]
-    assert len(rows) == 2 and all("deadline" in row for row in rows)
+    assert (f"client02 ({twin})" in status.stdout) == (twin != "drop")
 
 
 def test_three_prompt_mode_agents_receive_their_own_personalized_prompts(tmp_path: Path, mosquitto) -> None:
     from safetensors.torch import load_file
 
     from edge_agent.config import dump_toml
-    from edge_agent.models.foundation import FoundationConfig, FoundationModel, save_foundation
+    from edge_agent.models.foundation import FoundationConfig, FoundationModel, load_foundation, save_foundation
 
     torch.manual_seed(0)
     fm_path = tmp_path / "foundation.safetensors"
@@ -289,7 +271,7 @@ def test_three_prompt_mode_agents_receive_their_own_personalized_prompts(tmp_pat
     }))
     coordinator = start(tmp_path, "coordinator", "coordinator", "serve", "-c", str(coordinator_toml))
     agents = []
-    for index, site in enumerate(("amsterdam", "miami", "greensboro")):
+    for index, site in enumerate(PROMPT_SITES):
         path = tmp_path / f"agent{index}.toml"
         path.write_text(dump_toml({
             **common, "client_id": f"client{index:02d}", "state_dir": str(tmp_path / f"agent{index}"),
@@ -314,7 +296,20 @@ def test_three_prompt_mode_agents_receive_their_own_personalized_prompts(tmp_pat
         store.close()
     for index in range(3):
         assert "round 1: personalized prompts received" in (tmp_path / f"agent{index}.log").read_text()
-    assert (db / "fedpod_graphs.safetensors").is_file()  # trained graphs persist for a restart
+    assert (db / "strategy" / "round_00002.safetensors").is_file()  # trained graphs persist for a restart
+
+    store = Store(db)
+    happened = recorded(store, [f"client{i:02d}" for i in range(3)])
+    store.close()
+    tables = [dataclasses.replace(load_site(site), name=f"client{i:02d}") for i, site in enumerate(PROMPT_SITES)]
+    cfg = PromptFederationConfig(rounds=2, local_epochs=1, batch_size=64, lr=0.01, stride=24,
+                                 fedpod=GraphSettings(graph_epochs=5))
+    learners, simulated = run_prompt_federation(tables, load_foundation(fm_path), PromptConfig(lookback=12, horizon=12),
+                                                cfg, participation=happened)
+    assert_rounds_equal(served_rounds(db), [r.global_state for r in simulated])
+    for index, learner in enumerate(learners):
+        sent = load_file(str(db / "personal" / "round_00002" / f"client{index:02d}.safetensors"))
+        torch.testing.assert_close(sent["personalized"], learner.references["personalized"], rtol=1e-5, atol=1e-6)
 
     wrong = tmp_path / "agent0.toml"
     wrong.write_text(wrong.read_text().replace(digest, "0" * 64))

@@ -6,12 +6,13 @@ import numpy as np
 import pytest
 import torch
 
-from coordinator.aggregators import make_aggregator
-from coordinator.dropout import SCENARIOS, Participation, participation
-from coordinator.simulate import FederationConfig, init_fleet, run_federation, run_round
+from coordinator.simulation.federation import FederationConfig, head_learners, run_federation
+from coordinator.simulation.participation import SCENARIOS, Participation, participation
+from coordinator.strategies import weighted_mean
 from coordinator.twins import TWIN_FORECASTERS, TwinHistory, impute_missing, make_forecaster
 from edge_agent.data import prepare_client, synthetic_clients
-from tests.conftest import small_config
+from edge_agent.learners.head import initial_shared_state
+from tests.conftest import small_config, train_clients
 
 
 def states(n: int) -> list[dict[str, torch.Tensor]]:
@@ -48,7 +49,7 @@ def test_drop_never_imputes_and_unknown_names_list_the_choices() -> None:
         make_forecaster("arima")
     with pytest.raises(ValueError, match="alpha"):
         TWIN_FORECASTERS["wsf"](alpha=1.5)
-    with pytest.raises(ValueError, match="unknown twin"):
+    with pytest.raises(ValueError, match="twin forecaster: unknown"):
         FederationConfig(twin="kalman")
 
 
@@ -159,13 +160,10 @@ def test_missing_client_is_imputed_with_its_weight_and_recorded(fleet) -> None:
     result = run_federation(fleet, cfg, fed, participation=custom([[1, 1, 1], [0, 1, 1]]))
     assert result.records[1].imputed == (fleet[0].name,) and result.records[1].twin == "stale"
     assert result.records[1].present == (fleet[1].name, fleet[2].name)
-    fedavg = make_aggregator("fedavg")
-    models, initial = init_fleet(fleet, cfg, fed.seed)
-    first, _ = run_round(models, fleet, initial, fed, 1)
-    for model in models:
-        model.load_shared_state(fedavg.aggregate(first))
-    second, _ = run_round(models, fleet, fedavg.aggregate(first), fed, 2, [1, 2])
-    expected = fedavg.aggregate(second + [first[0]])  # the stale twin of client 0, with its own weight
+    learners = head_learners(fleet, cfg, fed, fed.seed)
+    first = train_clients(learners, initial_shared_state(cfg, fed.seed), 1)
+    second = train_clients(learners, weighted_mean(first), 2, [1, 2])
+    expected = weighted_mean(second + [first[0]])  # the stale twin of client 0, with its own weight
     assert all(torch.equal(expected[k], result.shared[k]) for k in expected)
 
 
@@ -176,14 +174,11 @@ def test_late_updates_are_discarded_from_aggregation_but_feed_the_twin(fleet) ->
     result = run_federation(fleet, cfg, fed, participation=late)
     assert result.records[0].late == (fleet[1].name,) and result.records[0].dropped == (fleet[1].name,)
     assert result.records[1].imputed == (fleet[1].name,)
-    fedavg = make_aggregator("fedavg")
-    models, initial = init_fleet(fleet, cfg, fed.seed)
-    first, _ = run_round(models, fleet, initial, fed, 1)
-    g1 = fedavg.aggregate([first[0], first[2]])  # the late update of client 1 is not in round 1
-    for model in models:
-        model.load_shared_state(g1)
-    second, _ = run_round(models, fleet, g1, fed, 2)
-    expected = fedavg.aggregate([second[0], second[2], first[1]])  # ...but is its round-2 twin
+    learners = head_learners(fleet, cfg, fed, fed.seed)
+    first = train_clients(learners, initial_shared_state(cfg, fed.seed), 1)
+    g1 = weighted_mean([first[0], first[2]])  # the late update of client 1 is not in round 1
+    second = train_clients(learners, g1, 2)
+    expected = weighted_mean([second[0], second[2], first[1]])  # ...but is its round-2 twin
     assert all(torch.equal(expected[k], result.shared[k]) for k in expected)
 
 

@@ -14,6 +14,7 @@ from coordinator.twins.impute import Imputation, impute_missing
 from coordinator.twins.maf import MovingAverage
 from coordinator.twins.stale import Stale
 from coordinator.twins.wsf import WeightedSmoothing
+from edge_agent.registry import registered
 
 TWIN_FORECASTERS: dict[str, type[TwinForecaster]] = {
     Drop.name: Drop,
@@ -25,10 +26,7 @@ TWIN_FORECASTERS: dict[str, type[TwinForecaster]] = {
 
 def make_forecaster(name: str) -> TwinForecaster:
     """Instantiate a registered forecaster with its paper defaults, or fail listing the names."""
-    try:
-        return TWIN_FORECASTERS[name]()
-    except KeyError:
-        raise ValueError(f"twin forecaster: unknown {name!r}; choose one of {sorted(TWIN_FORECASTERS)}") from None
+    return TWIN_FORECASTERS[registered(name, TWIN_FORECASTERS, "twin forecaster")]()
 
 
 class TwinSettings(BaseModel):
@@ -40,9 +38,7 @@ class TwinSettings(BaseModel):
     @field_validator("twin")
     @classmethod
     def _known_twin(cls, name: str) -> str:
-        if name not in TWIN_FORECASTERS:
-            raise ValueError(f"unknown twin forecaster {name!r}; choose one of {sorted(TWIN_FORECASTERS)}")
-        return name
+        return registered(name, TWIN_FORECASTERS, "twin forecaster")
 
 
 __all__ = [

@@ -6,9 +6,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import ClassVar
 
-import torch
-
-TensorDict = dict[str, torch.Tensor]
+from edge_agent.tensors import TensorDict
 
 
 class TwinForecaster(ABC):

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from coordinator.aggregators.base import ClientUpdate
+from coordinator.strategies.base import ClientUpdate
 from coordinator.twins.base import TensorDict, TwinForecaster
 from coordinator.twins.history import TwinHistory
 

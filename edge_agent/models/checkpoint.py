@@ -11,6 +11,7 @@ from pydantic import ValidationError
 from edge_agent.models.config import ModelConfig
 from edge_agent.models.forecaster import Forecaster
 from edge_agent.storage import read_tagged_tensors, write_tagged_tensors
+from edge_agent.tensors import LayoutError, check_layout, first_non_finite, layout_of
 
 FORMAT = "edgefl-forecaster/1"
 
@@ -48,15 +49,10 @@ def load_checkpoint(path: Path) -> tuple[Forecaster, list[str]]:
 
 
 def _check_state(path: Path, model: Forecaster, state: dict) -> None:
-    expected = model.state_dict()
-    missing, unknown = expected.keys() - state.keys(), state.keys() - expected.keys()
-    if missing or unknown:
-        raise CheckpointError(f"{path}: tensors missing {sorted(missing)[:5]}, unknown {sorted(unknown)[:5]}")
-    for name, tensor in state.items():
-        if tensor.shape != expected[name].shape or tensor.dtype != expected[name].dtype:
-            raise CheckpointError(
-                f"{path}: tensor {name!r} is {tuple(tensor.shape)} {tensor.dtype}, "
-                f"the model needs {tuple(expected[name].shape)} {expected[name].dtype}"
-            )
-        if tensor.is_floating_point() and not bool(tensor.isfinite().all()):
-            raise CheckpointError(f"{path}: tensor {name!r} holds NaN or infinite values")
+    try:
+        check_layout(state, layout_of(model.state_dict()), f"{path}: the model's tensors")
+    except LayoutError as err:
+        raise CheckpointError(str(err)) from None
+    bad = first_non_finite(state)
+    if bad is not None:
+        raise CheckpointError(f"{path}: tensor {bad!r} holds NaN or infinite values")

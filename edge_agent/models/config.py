@@ -6,6 +6,9 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from edge_agent.models.backbones import BACKBONES
+from edge_agent.registry import registered
+
 
 class ModelConfig(BaseModel):
     """What to build: backbone, window sizes and the alignment (QAP or a plain projection).
@@ -35,10 +38,7 @@ class ModelConfig(BaseModel):
 
     @model_validator(mode="after")
     def _check(self) -> "ModelConfig":
-        from edge_agent.models.backbones import BACKBONES
-
-        if self.backbone not in BACKBONES:
-            raise ValueError(f"backbone: unknown {self.backbone!r}; choose one of {sorted(BACKBONES)}")
+        registered(self.backbone, BACKBONES, "backbone")
         if self.d_qap % self.qap_heads:
             raise ValueError(f"d_qap ({self.d_qap}) must be divisible by qap_heads ({self.qap_heads})")
         return self

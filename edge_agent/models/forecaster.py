@@ -9,11 +9,9 @@ from edge_agent.models.backbones import BACKBONES
 from edge_agent.models.config import ModelConfig
 from edge_agent.models.heads import PersonalHead
 from edge_agent.models.qap import QueryAttentionPooling, SlotEmbedding, TimeFusion
+from edge_agent.tensors import TensorDict, check_layout, layout_of
 
 SHARED_PREFIX = "shared."
-
-TensorDict = dict[str, torch.Tensor]
-
 
 class Forecaster(nn.Module):
     """One client's forecaster with FedPer's split made structural.
@@ -92,19 +90,9 @@ class Forecaster(nn.Module):
         return {k: v.detach().clone() for k, v in self.state_dict().items() if k not in shared}
 
     def load_shared_state(self, state: TensorDict) -> None:
-        """Install aggregated shared parameters; names, shapes and dtypes must match exactly."""
-        expected = self._shared_tensors()
-        missing, unknown = expected.keys() - state.keys(), state.keys() - expected.keys()
-        if missing or unknown:
-            raise ValueError(
-                f"shared state mismatch: missing {sorted(missing)[:5]}, unknown {sorted(unknown)[:5]}"
-            )
-        for name, tensor in state.items():
-            if tensor.shape != expected[name].shape or tensor.dtype != expected[name].dtype:
-                raise ValueError(
-                    f"shared tensor {name!r}: got {tuple(tensor.shape)} {tensor.dtype}, "
-                    f"expected {tuple(expected[name].shape)} {expected[name].dtype}"
-                )
+        """Install aggregated shared parameters; names, shapes and dtypes must match exactly
+        (``LayoutError`` otherwise)."""
+        check_layout(state, layout_of(self._shared_tensors()), "shared state")
         self.load_state_dict(state, strict=False)
 
 

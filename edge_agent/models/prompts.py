@@ -25,8 +25,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from torch import nn
 
 from edge_agent.models.foundation import FoundationModel
+from edge_agent.tensors import TensorDict
 
-TensorDict = dict[str, torch.Tensor]
 WIRE_PREFIXES = ("prompts.", "shared.")
 
 
@@ -113,9 +113,10 @@ class PromptedForecaster(nn.Module):
         """The part of a (B, H, V) future the model is asked to forecast."""
         return y if self.target_index is None else y[..., self.target_index : self.target_index + 1]
 
-    def wire_state(self) -> TensorDict:
-        """What goes to the coordinator: prompts and the small shared layers, never the foundation."""
-        return {k: v.detach().clone() for k, v in self.state_dict().items() if k.startswith(WIRE_PREFIXES)}
+    def wire_state(self, prefixes: tuple[str, ...] = WIRE_PREFIXES) -> TensorDict:
+        """What goes to the coordinator: prompts and the small shared layers, never the foundation
+        (``prefixes`` names other parts for the fine-tuning baselines)."""
+        return {k: v.detach().clone() for k, v in self.state_dict().items() if k.startswith(prefixes)}
 
     def prompt_vector(self) -> torch.Tensor:
         """All prompts of this client flattened (the node features of the coordinator's graphs)."""
@@ -174,16 +175,18 @@ def train_prompts(model: PromptedForecaster, loss: PromptLoss, windows: torch.Te
     model.train()
     sums: dict[str, float] = {}
     steps = 0
-    for _ in range(epochs):
-        for batch in torch.randperm(len(windows), generator=generator).split(batch_size):
-            forecast, target = forecast_and_target(model, windows[batch], present)
-            terms = loss(forecast, target, model.prompt_vector(), **(references or {}))
-            optimizer.zero_grad(set_to_none=True)
-            terms["total"].backward()
-            optimizer.step()
-            for name, value in terms.items():
-                sums[name] = sums.get(name, 0.0) + value.item()
-            steps += 1
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)  # any dropout draws from the round's seed too
+        for _ in range(epochs):
+            for batch in torch.randperm(len(windows), generator=generator).split(batch_size):
+                forecast, target = forecast_and_target(model, windows[batch], present)
+                terms = loss(forecast, target, model.prompt_vector(), **(references or {}))
+                optimizer.zero_grad(set_to_none=True)
+                terms["total"].backward()
+                optimizer.step()
+                for name, value in terms.items():
+                    sums[name] = sums.get(name, 0.0) + value.item()
+                steps += 1
     model.eval()
     return {name: total / max(steps, 1) for name, total in sums.items()}
 

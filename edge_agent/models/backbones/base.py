@@ -2,9 +2,23 @@
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from typing import ClassVar, Literal, Protocol
 
 from torch import nn
+
+
+class BackboneSizes(Protocol):
+    """What a backbone reads of the model config (``ModelConfig`` provides it; the backbones do
+    not import the config, which validates backbone names against their registry)."""
+
+    lookback: int
+    horizon: int
+    d_qap: int
+    dropout: float
+    steps: int
+    moving_avg: int
+
+    def size(self, name: str, default: int) -> int: ...
 
 
 class Backbone(nn.Module):

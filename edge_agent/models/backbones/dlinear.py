@@ -6,14 +6,13 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from edge_agent.models.backbones.base import Backbone
-from edge_agent.models.config import ModelConfig
+from edge_agent.models.backbones.base import Backbone, BackboneSizes
 
 
 class DLinear(Backbone):
     """Shared (``individual=False``) seasonal and trend maps L -> H over every aligned channel."""
 
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: BackboneSizes):
         super().__init__()
         self.kernel = cfg.moving_avg
         self.seasonal = nn.Linear(cfg.lookback, cfg.horizon)

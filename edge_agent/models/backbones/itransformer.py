@@ -5,8 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from edge_agent.models.backbones.base import Backbone
-from edge_agent.models.config import ModelConfig
+from edge_agent.models.backbones.base import Backbone, BackboneSizes
 
 
 class ITransformer(Backbone):
@@ -16,7 +15,7 @@ class ITransformer(Backbone):
     iTransformer projector made personal.
     """
 
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: BackboneSizes):
         super().__init__()
         width = cfg.size("hidden", 512)
         self.embed = nn.Sequential(nn.Linear(cfg.lookback, width), nn.Dropout(cfg.dropout))

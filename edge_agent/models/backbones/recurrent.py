@@ -5,8 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from edge_agent.models.backbones.base import Backbone
-from edge_agent.models.config import ModelConfig
+from edge_agent.models.backbones.base import Backbone, BackboneSizes
 
 
 class _Recurrent(Backbone):
@@ -14,7 +13,7 @@ class _Recurrent(Backbone):
 
     cell: type[nn.LSTM] | type[nn.GRU]
 
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: BackboneSizes):
         super().__init__()
         hidden, layers = cfg.size("hidden", 128), cfg.size("layers", 2)
         self.rnn = self.cell(

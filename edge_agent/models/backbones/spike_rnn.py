@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from edge_agent.models.backbones.base import BackboneSizes
 from edge_agent.models.backbones.spiking import ConvSpikeEncoder, SpikingBackbone, SpikingLinear
-from edge_agent.models.config import ModelConfig
 
 
 class SpikeRNN(SpikingBackbone):
@@ -15,7 +15,7 @@ class SpikeRNN(SpikingBackbone):
     Every layer is a plain Linear + LIF stack, which is what Lava netx and NIR can express.
     """
 
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: BackboneSizes):
         super().__init__()
         hidden = cfg.size("hidden", 64)
         self.encoder = ConvSpikeEncoder(cfg.steps)

@@ -7,6 +7,7 @@ from typing import ClassVar
 import torch
 from torch import nn
 
+from edge_agent.models.backbones.base import BackboneSizes
 from edge_agent.models.backbones.spiking import (
     ConvSpikeEncoder,
     SpikingBackbone,
@@ -14,7 +15,6 @@ from edge_agent.models.backbones.spiking import (
     SpikingLinear,
     init_transformer_weights,
 )
-from edge_agent.models.config import ModelConfig
 
 
 class _SpikingTransformer(SpikingBackbone):
@@ -22,7 +22,7 @@ class _SpikingTransformer(SpikingBackbone):
     default_hidden: ClassVar[int]
     default_d_ff: ClassVar[int]
 
-    def __init__(self, cfg: ModelConfig, embed_from: int):
+    def __init__(self, cfg: BackboneSizes, embed_from: int):
         super().__init__()
         self.hidden = cfg.size("hidden", self.default_hidden)
         self.encoder = ConvSpikeEncoder(cfg.steps)
@@ -41,7 +41,7 @@ class Spikformer(_SpikingTransformer):
 
     default_hidden, default_d_ff = 64, 256
 
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: BackboneSizes):
         super().__init__(cfg, embed_from=cfg.d_qap)
         self.out_shape = (cfg.lookback, self.hidden)
 
@@ -57,7 +57,7 @@ class ISpikformer(_SpikingTransformer):
 
     default_hidden, default_d_ff = 128, 512
 
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: BackboneSizes):
         super().__init__(cfg, embed_from=cfg.lookback)
         self.out_shape = (self.hidden, cfg.d_qap)
 

@@ -4,8 +4,13 @@ geography and their prompts, and the personalized prompts they induce.
 Where the paper leaves a choice open we make it explicit: the geographic graph turns haversine
 distances into similarities exp(-d / median distance); every learned graph is row-normalized
 with a softmax over neighbours (so personalized prompts are convex combinations of clients'
-prompts, like the Softmax of eq. 9). Training the graph parameters on the server is the next step
-of this module and not done yet.
+prompts, like the Softmax of eq. 9).
+
+Server objective for the graph parameters (our concrete form of G(A) in eq. 13): every learned
+graph should connect clients whose prompts are close, sum_ij A_ij S_ij / mean(S) with S the
+Euclidean prompt distances of eq. 14, while staying spread, + ``sparsity`` * sum_ij A_ij^2 / N
+(a row-stochastic graph minimizing distance alone collapses onto the identity). Trained with SGD
+(lr 1e-3, 40 epochs, appendix B.3) every round.
 """
 
 from __future__ import annotations
@@ -15,6 +20,8 @@ import math
 import torch
 from torch import nn
 from torch.nn import functional as F
+
+from edge_agent.tensors import TensorDict
 
 EARTH_RADIUS_KM = 6371.0088  # mean Earth radius (IUGG)
 
@@ -73,7 +80,60 @@ def personalize(prompts: torch.Tensor, a: torch.Tensor, a_fused: torch.Tensor, a
     return (alpha * a @ flat + (1 - alpha) * a_fused @ flat).reshape(prompts.shape)
 
 
-def global_prompts(prompts: torch.Tensor, samples: torch.Tensor) -> torch.Tensor:
-    """{P}^*: the sample-count-weighted mean of the clients' prompts."""
-    weights = samples.double() / samples.double().sum()
-    return (weights.reshape(-1, *([1] * (prompts.dim() - 1))) * prompts.double()).sum(0).to(prompts.dtype)
+PROMPT_NAMES = ("temporal", "variable", "spatial")  # the order of PromptedForecaster.prompt_vector
+
+
+def views_from_states(states: list[TensorDict]) -> dict[str, torch.Tensor]:
+    """The node features of each graph from uploaded wire states, one row per client: all
+    prompts (the rows that get personalized), temporal + inter-variable, spatial."""
+    def flat(names: tuple[str, ...]) -> torch.Tensor:
+        return torch.stack([torch.cat([s[f"prompts.{n}"].flatten() for n in names]) for s in states]).detach()
+
+    return {"all": flat(PROMPT_NAMES), "tv": flat(PROMPT_NAMES[:2]), "spatial": flat(PROMPT_NAMES[2:])}
+
+
+def standardized(view: torch.Tensor) -> torch.Tensor:
+    """Each prompt entry centred and scaled across clients: the graphs compare clients, and raw
+    prompts (initialized at zero, small after a few steps) would give every edge the same score."""
+    return (view - view.mean(0)) / (view.std(0, unbiased=False) + 1e-6)
+
+
+class DynamicGraphs:
+    """The server's three prompt graphs (A from all prompts, A_TV from temporal + inter-variable,
+    A_S from spatial), trained each round and used to personalize."""
+
+    def __init__(self, sizes: dict[str, int], seed: int):
+        with torch.random.fork_rng():
+            torch.manual_seed(seed)
+            self.graphs = {name: PromptGraph(size) for name, size in sizes.items()}
+
+    def parameters(self) -> list[nn.Parameter]:
+        return [p for graph in self.graphs.values() for p in graph.parameters()]
+
+    def state_dict(self) -> TensorDict:
+        return {f"{name}.{k}": v.detach().clone() for name, g in self.graphs.items() for k, v in g.state_dict().items()}
+
+    def load_state_dict(self, state: TensorDict) -> None:
+        for name, graph in self.graphs.items():
+            graph.load_state_dict({k[len(name) + 1 :]: v for k, v in state.items() if k.startswith(name + ".")})
+
+    def matrices(self, views: dict[str, torch.Tensor], a_geo: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(A, A') from the clients' prompts (eqs. 8 and 9)."""
+        a_all, a_tv, a_s = (self.graphs[name](standardized(views[name])) for name in ("all", "tv", "spatial"))
+        return a_all, fused_graph(a_geo, a_s, a_tv, a_all)
+
+    def fit(self, views: dict[str, torch.Tensor], a_geo: torch.Tensor, epochs: int, lr: float,
+            sparsity: float) -> list[float]:
+        """``epochs`` SGD steps on the objective above; the loss after each."""
+        distance = torch.cdist(views["all"], views["all"])
+        distance = distance / distance.mean().clamp_min(1e-12)
+        optimizer = torch.optim.SGD(self.parameters(), lr=lr)
+        losses = []
+        for _ in range(epochs):
+            a, a_fused = self.matrices(views, a_geo)
+            loss = sum((m * distance).sum() + sparsity * m.pow(2).sum() for m in (a, a_fused)) / len(a)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            losses.append(loss.item())
+        return losses

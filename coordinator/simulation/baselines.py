@@ -8,18 +8,11 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from coordinator.simulate import init_fleet
 from edge_agent.data import ClientData
-from edge_agent.models import ModelConfig
-from edge_agent.train import (
-    Metrics,
-    derive_seed,
-    early_stopping,
-    evaluate,
-    make_optimizer,
-    train_epochs,
-    weighted_metrics,
-)
+from edge_agent.learners.head import client_model, initial_shared_state
+from edge_agent.models import Forecaster, ModelConfig
+from edge_agent.seeds import Stream, seed_for
+from edge_agent.train import Metrics, early_stopping, evaluate, make_optimizer, train_epochs, weighted_metrics
 
 
 @dataclass(frozen=True)
@@ -42,15 +35,20 @@ class BaselineResult:
     epochs: dict[str, int]
 
 
+def fleet_models(clients: Sequence[ClientData], cfg: ModelConfig, seed: int) -> list[Forecaster]:
+    """Every client's model as a federation would start it (same seeds as its learner)."""
+    return [client_model(cfg, c.n_features, seed, i) for i, c in enumerate(clients)]
+
+
 def run_local_only(clients: Sequence[ClientData], cfg: ModelConfig, budget: TrainingBudget) -> BaselineResult:
     """Each client trains its own full model on its own data with early stopping (FedQAPer 4.3.1)."""
-    models, _ = init_fleet(clients, cfg, budget.seed)
+    models = fleet_models(clients, cfg, budget.seed)
     tests, epochs = {}, {}
     for i, (model, client) in enumerate(zip(models, clients)):
         optimizer = make_optimizer(model, budget.lr)
 
         def run_epoch(epoch: int, model: nn.Module = model, client: ClientData = client) -> None:
-            seed = derive_seed(budget.seed, 3, i, epoch)
+            seed = seed_for(budget.seed, Stream.LOCAL_ONLY_EPOCH, i, epoch)
             train_epochs(model, client.train, 1, budget.batch_size, optimizer, seed)
 
         epochs[client.name] = early_stopping(
@@ -67,8 +65,8 @@ def run_centralized(clients: Sequence[ClientData], cfg: ModelConfig, budget: Tra
     Personal parts stay per client (their shapes differ), so this is the non-private upper
     reference for FedPer: same model, no rounds, no averaging.
     """
-    models, initial = init_fleet(clients, cfg, budget.seed)
-    models[0].load_shared_state(initial)
+    models = fleet_models(clients, cfg, budget.seed)
+    models[0].load_shared_state(initial_shared_state(cfg, budget.seed))
     for model in models[1:]:
         model.shared = models[0].shared
     fleet = nn.ModuleList(models)
@@ -77,12 +75,12 @@ def run_centralized(clients: Sequence[ClientData], cfg: ModelConfig, budget: Tra
     sizes = [c.n_train for c in clients]
 
     def run_epoch(epoch: int) -> None:
-        generator = torch.Generator().manual_seed(derive_seed(seed, 4, epoch))
+        generator = torch.Generator().manual_seed(seed_for(seed, Stream.CENTRALIZED_ORDER, epoch))
         iterators = [iter(c.train.batches(batch_size, True, generator)) for c in clients]
         order = [i for i, c in enumerate(clients) for _ in range(-(-len(c.train) // batch_size))]
         fleet.train()
         with torch.random.fork_rng():
-            torch.manual_seed(derive_seed(seed, 5, epoch))
+            torch.manual_seed(seed_for(seed, Stream.CENTRALIZED_DROPOUT, epoch))
             for k in torch.randperm(len(order), generator=generator).tolist():
                 x, marks, y = next(iterators[order[k]])
                 optimizer.zero_grad(set_to_none=True)

@@ -1,17 +1,23 @@
-"""Seeded client-participation matrices for the four dropout scenarios of FedDTW (section 3.3).
+"""Who takes part in each round of a simulation: everyone, a sampled share, the four dropout
+scenarios of FedDTW (section 3.3), or what a real fleet did (read from a coordinator's store).
 
 A ``Participation`` holds ``present`` (rounds x clients, 1 = the update arrives on time) and,
 for delayed updates, ``late`` (1 = the client trained but its update arrived after the round
-closed: it is discarded for aggregation and kept only as twin history).
+closed: it is discarded for aggregation and kept only as twin history) with ``arrival``, the
+round during which it arrives (by default the next one).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
+
+from coordinator.store import Store
+from edge_agent.seeds import Stream, seed_for
 
 Scenario = Literal["fpr", "rcd", "vcpr", "np", "du"]
 SCENARIOS: tuple[Scenario, ...] = ("rcd", "vcpr", "np", "du")
@@ -22,20 +28,72 @@ class Participation:
     scenario: str
     present: np.ndarray
     late: np.ndarray
+    arrival: np.ndarray | None = None
 
     @property
     def absence_rate(self) -> float:
         return float(1.0 - self.present.mean())
+
+    @property
+    def rounds(self) -> int:
+        return self.present.shape[0]
+
+    def training(self, round_number: int) -> list[int]:
+        """The clients that train in ``round_number`` (on time or late)."""
+        row = round_number - 1
+        return [i for i in range(self.present.shape[1]) if self.present[row, i] or self.late[row, i]]
+
+    def arrival_round(self, round_number: int, client: int) -> int:
+        """The round during which client ``client``'s late update for ``round_number`` arrives."""
+        return round_number + 1 if self.arrival is None else int(self.arrival[round_number - 1, client])
+
+
+def everyone(rounds: int, clients: int) -> Participation:
+    """Full participation: every update on time."""
+    return participation("fpr", rounds, clients)
+
+
+def sampled(rounds: int, clients: int, share: float, seed: int) -> Participation:
+    """A share C of the clients per round, drawn without replacement (FedAvg's client sampling)
+    from the participation stream of the run's base ``seed``."""
+    if not 0.0 < share <= 1.0:
+        raise ValueError(f"share must be in (0, 1], got {share}")
+    rng = np.random.default_rng(seed_for(seed, Stream.PARTICIPATION))
+    per_round = max(1, math.ceil(share * clients))
+    present = np.zeros((rounds, clients), dtype=np.int8)
+    for row in present:
+        row[rng.choice(clients, per_round, replace=False)] = 1
+    return Participation("sampled", present, np.zeros_like(present))
+
+
+def recorded(store: Store, clients: Sequence[str]) -> Participation:
+    """What a real fleet did, read from its coordinator's store: whose update was on time in each
+    closed round, and each late update with the round during which it arrived (the first round
+    closed after it was received). Replaying it in a simulation reproduces the fleet's rounds."""
+    closed = [(row.round, row.closed_at) for row in store.rounds() if row.closed_at is not None]
+    shape = (len(closed), len(clients))
+    present, late, arrival = np.zeros(shape, np.int8), np.zeros(shape, np.int8), np.zeros(shape, np.int64)
+    for number, client, was_late, received in store.arrivals():
+        if number > len(closed) or client not in clients:
+            continue
+        cell = (number - 1, clients.index(client))
+        if not was_late:
+            present[cell] = 1
+            continue
+        late[cell] = 1
+        arrival[cell] = next((r for r, at in closed if at > received), len(closed) + 1)
+    return Participation("recorded", present, late, arrival)
 
 
 def participation(
     scenario: Scenario, rounds: int, clients: int, absence: float = 0.5, seed: int = 0,
     clusters: int = 3, stretch: int = 3,
 ) -> Participation:
-    """Build the matrix for ``scenario``; ``absence`` is the target share of missing updates."""
+    """Build the matrix for ``scenario``; ``absence`` is the target share of missing updates and
+    ``seed`` the run's base seed (draws come from its participation stream)."""
     if not 0.0 <= absence < 1.0:
         raise ValueError(f"absence must be in [0, 1), got {absence}")
-    rng = np.random.default_rng(seed)
+    rng = np.random.default_rng(seed_for(seed, Stream.PARTICIPATION))
     late = np.zeros((rounds, clients), dtype=np.int8)
     if scenario == "fpr":
         present = np.ones((rounds, clients), dtype=np.int8)

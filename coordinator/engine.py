@@ -1,0 +1,75 @@
+"""The round engine: how every strategy closes a round, in the in-process simulation and in the
+coordinator service alike (FedDTW Algorithm 5 around any strategy).
+
+Close of round r: the registered clients without an on-time update are imputed by their digital
+twins (or dropped), the strategy combines on-time and imputed updates, the on-time updates join
+the twins' history. Late updates join that history when they arrive. Updates are ordered by
+client id, so the same updates give bit-identical results wherever the round closes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from coordinator.strategies import ClientInfo, ClientUpdate, Strategy
+from coordinator.twins import TwinHistory, TwinSettings, impute_missing, make_forecaster
+from edge_agent.tensors import TensorDict
+
+
+@dataclass(frozen=True)
+class RoundResult:
+    """A closed round: the next global state, per-client messages, who took part and how.
+
+    ``on_time`` clients sent updates before the close; ``imputed`` ones entered as their twins'
+    forecasts; ``dropped`` ones were missing with no (recent enough) history. ``loss`` is the
+    sample-weighted training loss the on-time clients reported (NaN without any)."""
+
+    round: int
+    global_state: TensorDict
+    personal: dict[str, TensorDict]
+    on_time: tuple[str, ...]
+    imputed: tuple[str, ...]
+    dropped: tuple[str, ...]
+    loss: float
+    twin: str
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+class RoundEngine:
+    """Runs a strategy with digital twins of the clients."""
+
+    def __init__(self, strategy: Strategy, twins: TwinSettings, history_folder: Path | None = None):
+        """``history_folder``: keep the twins' history on disk there (the service), else in memory."""
+        self.strategy, self.max_age = strategy, twins.twin_max_age
+        self.forecaster = make_forecaster(twins.twin)
+        self.history = TwinHistory(self.forecaster.window, history_folder)
+
+    def observe_late(self, client_id: str, round_number: int, params: TensorDict) -> None:
+        """An update that arrived after its round closed: twin history only."""
+        self.history.observe(client_id, round_number, params)
+
+    def close(self, round_number: int, current: TensorDict, on_time: Sequence[ClientUpdate],
+              roster: Sequence[ClientInfo]) -> RoundResult:
+        """Close ``round_number`` whose global state was ``current``; ``roster`` is every
+        registered client. With neither updates nor twins the global state stays as it was."""
+        on_time = sorted(on_time, key=lambda u: u.client_id)
+        reported = {u.client_id for u in on_time}
+        missing = sorted((c.client_id, c.n_samples) for c in roster if c.client_id not in reported)
+        imputation = impute_missing(missing, self.history, self.forecaster, round_number, self.max_age)
+        if on_time or imputation.updates:
+            aggregate = self.strategy.aggregate(round_number, on_time, imputation.updates,
+                                                {c.client_id: c for c in roster})
+            state, personal, metrics = aggregate.global_state, aggregate.personal, aggregate.metrics
+        else:
+            state, personal, metrics = current, {}, {}
+        for update in on_time:
+            self.history.observe(update.client_id, round_number, update.params)
+        return RoundResult(round_number, state, personal, tuple(sorted(reported)), tuple(imputation.imputed),
+                           tuple(imputation.dropped), _mean_loss(on_time), self.forecaster.name, metrics)
+
+
+def _mean_loss(updates: Sequence[ClientUpdate]) -> float:
+    total = sum(u.n_samples for u in updates)
+    return sum(u.metrics.get("loss", 0.0) * u.n_samples for u in updates) / total if total else float("nan")

@@ -1,0 +1,137 @@
+"""FedPer in one process (FedQAPer Algorithm 2): head learners over feature-level non-IID clients,
+evaluated after every round."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from pydantic import ConfigDict, Field, model_validator
+
+from coordinator.engine import RoundEngine
+from coordinator.simulation.participation import Participation, everyone
+from coordinator.simulation.rounds import SimulatedRound, run_rounds
+from coordinator.strategies import ClientInfo, StrategySettings, make_strategy
+from coordinator.twins import TwinSettings
+from edge_agent.data import ClientData
+from edge_agent.learners import HeadLearner
+from edge_agent.learners.head import initial_shared_state
+from edge_agent.models import Forecaster, ModelConfig
+from edge_agent.tensors import TensorDict
+from edge_agent.train import LocalTraining, Metrics, evaluate, weighted_metrics
+
+
+class FederationConfig(LocalTraining, TwinSettings, StrategySettings):
+    """Rounds, local training, the strategy and how missing clients are handled (``twin``: a
+    FedDTW forecaster name, ``drop`` = plain FedAvg over present ones)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    rounds: int = Field(10, ge=1, description="global rounds G")
+    seed: int = 42
+    test_every_round: bool = Field(
+        True, description="report test metrics after every round (costs a pass over the test split)"
+    )
+
+    @model_validator(mode="after")
+    def _head_strategy(self) -> "FederationConfig":
+        if self.strategy == "fedpod":
+            raise ValueError("strategy 'fedpod' personalizes prompts: simulate it with the prompt learners")
+        return self
+
+
+@dataclass(frozen=True)
+class RoundRecord:
+    """Global metrics after one round's aggregation (dataset-size-weighted over clients).
+
+    ``test`` is None when the federation was told not to evaluate the test split every round.
+    ``imputed`` clients entered aggregation as forecasts of the ``twin`` forecaster; ``dropped``
+    ones were missing and had no (recent enough) history; ``late`` ones trained but arrived after
+    the round closed (twin history only). ``global_state`` is the round's aggregate.
+    """
+
+    round: int
+    train_loss: float
+    val: Metrics
+    test: Metrics | None
+    seconds: float
+    present: tuple[str, ...] = ()
+    imputed: tuple[str, ...] = ()
+    dropped: tuple[str, ...] = ()
+    late: tuple[str, ...] = ()
+    twin: str = "drop"
+
+
+@dataclass
+class FederationResult:
+    """Per-round history; ``test`` is taken at the round with the best global validation MSE.
+
+    ``shared`` is the global shared state after the last round, ``states`` the global state of
+    every round; ``models`` are the clients' models as of the best round.
+    """
+
+    records: list[RoundRecord]
+    best_round: int
+    test: Metrics
+    client_test: dict[str, Metrics]
+    shared: TensorDict
+    states: list[TensorDict]
+    models: list[Forecaster]
+
+
+def head_learners(clients: Sequence[ClientData], cfg: ModelConfig, training: LocalTraining,
+                  seed: int) -> list[HeadLearner]:
+    """One learner per client, each seeded by its index in the fleet (as ``client_index`` in agent.toml)."""
+    return [HeadLearner(cfg, client, training, seed, i) for i, client in enumerate(clients)]
+
+
+def run_federation(
+    clients: Sequence[ClientData],
+    cfg: ModelConfig,
+    fed: FederationConfig,
+    on_round: Callable[[RoundRecord], None] | None = None,
+    participation: Participation | None = None,
+) -> FederationResult:
+    """Run ``fed.rounds`` rounds over ``clients`` and evaluate after each round.
+
+    ``participation`` (default everyone every round) says whose update arrives on time; missing
+    clients are imputed by the ``fed.twin`` forecaster from their history (FedDTW Algorithm 5).
+    """
+    participation = participation or everyone(fed.rounds, len(clients))
+    if participation.present.shape != (fed.rounds, len(clients)):
+        raise ValueError(f"participation matrix is {participation.present.shape}, "
+                         f"expected (rounds, clients) = {(fed.rounds, len(clients))}")
+    learners = head_learners(clients, cfg, fed, fed.seed)
+    models = [learner.model for learner in learners]
+    roster = [ClientInfo(c.name, c.n_train) for c in clients]
+    initial = initial_shared_state(cfg, fed.seed)
+    engine = RoundEngine(make_strategy(fed, initial, fed.seed), fed)
+    sizes = [c.n_train for c in clients]
+    records, states, best = [], [], {"val": float("inf"), "round": 0, "states": None}
+
+    def after_round(done: SimulatedRound) -> None:
+        r = done.result
+        val = weighted_metrics([evaluate(m, c.val) for m, c in zip(models, clients)], sizes)
+        test = evaluate_fleet(models, clients)[0] if fed.test_every_round else None
+        records.append(RoundRecord(r.round, r.loss, val, test, done.seconds, r.on_time, r.imputed, r.dropped,
+                                   done.late, r.twin))
+        states.append(r.global_state)
+        if val.mse < best["val"]:
+            best.update(val=val.mse, round=r.round, states=[copy.deepcopy(m.state_dict()) for m in models])
+        if on_round:
+            on_round(records[-1])
+
+    final = run_rounds(learners, roster, engine, initial, participation, after_round)
+    for model, state in zip(models, best["states"] or []):
+        model.load_state_dict(state)
+    test, client_test = evaluate_fleet(models, clients)
+    return FederationResult(records, best["round"], test, client_test, final, states, models)
+
+
+def evaluate_fleet(
+    models: Sequence[Forecaster], clients: Sequence[ClientData]
+) -> tuple[Metrics, dict[str, Metrics]]:
+    """Global (dataset-size-weighted) and per-client test metrics."""
+    per_client = {c.name: evaluate(m, c.test) for m, c in zip(models, clients)}
+    return weighted_metrics(list(per_client.values()), [c.n_train for c in clients]), per_client

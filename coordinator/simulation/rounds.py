@@ -1,0 +1,57 @@
+"""The in-process fleet: every client's learner in one process, driven through the same round
+engine as the coordinator service, with participation decided by a ``Participation``."""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from coordinator.engine import RoundEngine, RoundResult
+from coordinator.simulation.participation import Participation
+from coordinator.strategies import ClientInfo, ClientUpdate
+from edge_agent.learners import Learner
+from edge_agent.tensors import TensorDict
+
+
+@dataclass(frozen=True)
+class SimulatedRound:
+    """A closed round as the simulation saw it: the engine's result, the clients that trained
+    but were late, and the wall time of the round."""
+
+    result: RoundResult
+    late: tuple[str, ...]
+    seconds: float
+
+
+def run_rounds(learners: Sequence[Learner], roster: Sequence[ClientInfo], engine: RoundEngine, initial: TensorDict,
+               participation: Participation, on_round: Callable[[SimulatedRound], None]) -> TensorDict:
+    """Run ``participation.rounds`` rounds: each round's clients load the global state and train
+    (as an agent does on a round announcement), the on-time updates close the round, late ones
+    reach the twins' history in the round they arrive; then every learner installs the new
+    global state and its personal message, if any. Returns the last global state."""
+    state, pending = initial, defaultdict(list)
+    for number in range(1, participation.rounds + 1):
+        started = time.perf_counter()
+        on_time, late = [], []
+        for i in participation.training(number):
+            learners[i].load_global(state)
+            loss = learners[i].train(number)
+            update = ClientUpdate(roster[i].client_id, learners[i].wire_state(number), learners[i].n_samples,
+                                  {"loss": loss})
+            if participation.present[number - 1, i]:
+                on_time.append(update)
+            else:
+                late.append(update.client_id)
+                pending[participation.arrival_round(number, i)].append((number, update))
+        for trained_in, update in pending.pop(number, []):
+            engine.observe_late(update.client_id, trained_in, update.params)
+        result = engine.close(number, state, on_time, roster)
+        state = result.global_state
+        for learner, client in zip(learners, roster):
+            learner.load_global(state)
+            if client.client_id in result.personal:
+                learner.install_personal(result.personal[client.client_id])
+        on_round(SimulatedRound(result, tuple(late), time.perf_counter() - started))
+    return state

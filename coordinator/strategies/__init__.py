@@ -1,0 +1,43 @@
+"""Strategy registry: adding a federated method is one module plus one line in ``STRATEGIES``."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from pydantic import BaseModel, Field, field_validator
+
+from coordinator.strategies.base import Aggregate, ClientInfo, ClientUpdate, Strategy, weighted_mean
+from coordinator.strategies.fedavg import FedAvg
+from coordinator.strategies.fedpod import FedPoD, GraphSettings
+from edge_agent.registry import registered
+from edge_agent.tensors import TensorDict
+
+
+class StrategySettings(BaseModel):
+    """Which strategy aggregates and its settings: the same fields in simulations and
+    ``coordinator.toml``."""
+
+    strategy: str = Field("fedavg", description="how a round's updates are combined")
+    fedpod: GraphSettings = Field(GraphSettings(), description="fedpod: graph training and personalization")
+
+    @field_validator("strategy")
+    @classmethod
+    def _known_strategy(cls, name: str) -> str:
+        return registered(name, STRATEGIES, "strategy")
+
+
+STRATEGIES: dict[str, Callable[[TensorDict, StrategySettings, int], Strategy]] = {
+    FedAvg.name: lambda initial, settings, seed: FedAvg(),
+    FedPoD.name: lambda initial, settings, seed: FedPoD(initial, settings.fedpod, seed),
+}
+
+
+def make_strategy(settings: StrategySettings, initial: TensorDict, seed: int) -> Strategy:
+    """The configured strategy for a fleet whose round-1 global state is ``initial``."""
+    return STRATEGIES[settings.strategy](initial, settings, seed)
+
+
+__all__ = [
+    "STRATEGIES", "Aggregate", "ClientInfo", "ClientUpdate", "GraphSettings", "Strategy", "StrategySettings",
+    "make_strategy", "weighted_mean",
+]

@@ -1,0 +1,69 @@
+"""Learner registry: what a gateway trains in each mode. Adding a mode is one module plus one
+line in ``LEARNERS`` and its two builders."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from edge_agent.config import AgentConfig, FleetModel
+from edge_agent.data import SeriesTable, prepare_client
+from edge_agent.data.canonical import device_series
+from edge_agent.learners.base import Learner
+from edge_agent.learners.foundation import FoundationLearner
+from edge_agent.learners.head import HeadLearner, head_signature, initial_shared_state
+from edge_agent.learners.prompt import PromptLearner, initial_prompt_state, prompt_signature
+from edge_agent.models.foundation import load_foundation
+from edge_agent.tensors import TensorDict
+
+
+@dataclass(frozen=True)
+class FleetTemplate:
+    """What the coordinator needs of the fleet's model: the round-1 global state and the
+    signature every agent's model must show."""
+
+    initial: TensorDict
+    signature: str
+
+
+def _head_learner(cfg: AgentConfig, table: SeriesTable) -> Learner:
+    data = prepare_client(table, cfg.model.lookback, cfg.model.horizon, cfg.training.stride)
+    return HeadLearner(cfg.model, data, cfg.training, cfg.seed, cfg.client_index)
+
+
+def _prompt_learner(cfg: AgentConfig, table: SeriesTable) -> Learner:
+    foundation = load_foundation(cfg.foundation, cfg.foundation_sha256)
+    data = device_series(table, foundation.cfg.variables, foundation.cfg.window, cfg.training.stride)
+    return PromptLearner(foundation, cfg.prompt, data, table.latitude or 0.0, table.longitude or 0.0, cfg.training,
+                         cfg.seed, cfg.client_index, cfg.dp_sigma)
+
+
+def _head_template(cfg: FleetModel, seed: int) -> FleetTemplate:
+    initial = initial_shared_state(cfg.model, seed)
+    return FleetTemplate(initial, head_signature(cfg.model, initial))
+
+
+def _prompt_template(cfg: FleetModel, seed: int) -> FleetTemplate:
+    foundation = load_foundation(cfg.foundation, cfg.foundation_sha256)
+    initial = initial_prompt_state(foundation, cfg.prompt, seed)
+    return FleetTemplate(initial, prompt_signature(cfg.prompt, foundation, initial))
+
+
+LEARNERS: dict[str, tuple[Callable[[AgentConfig, SeriesTable], Learner], Callable[[FleetModel, int], FleetTemplate]]] = {
+    HeadLearner.kind: (_head_learner, _head_template),
+    PromptLearner.kind: (_prompt_learner, _prompt_template),
+}
+
+
+def make_learner(cfg: AgentConfig, table: SeriesTable) -> Learner:
+    """The learner an ``agent.toml`` asks for, on the gateway's own data."""
+    return LEARNERS[cfg.mode][0](cfg, table)
+
+
+def fleet_template(cfg: FleetModel, seed: int) -> FleetTemplate:
+    """The round-1 global state and model signature of a fleet (the coordinator's side)."""
+    return LEARNERS[cfg.mode][1](cfg, seed)
+
+
+__all__ = ["LEARNERS", "FleetTemplate", "FoundationLearner", "HeadLearner", "Learner", "PromptLearner",
+           "fleet_template", "make_learner"]

@@ -1,0 +1,34 @@
+"""Named tensors as they cross every boundary (wire, checkpoint, aggregation), and the one check
+that a set of them has exactly the expected names, shapes and dtypes."""
+
+from __future__ import annotations
+
+import torch
+
+TensorDict = dict[str, torch.Tensor]
+Layout = dict[str, tuple[tuple[int, ...], torch.dtype]]
+
+
+class LayoutError(ValueError):
+    """Tensors whose names, shapes or dtypes differ from the expected layout."""
+
+
+def layout_of(state: TensorDict) -> Layout:
+    """Every tensor's shape and dtype by name."""
+    return {name: (tuple(tensor.shape), tensor.dtype) for name, tensor in state.items()}
+
+
+def check_layout(tensors: TensorDict, expected: Layout, what: str = "tensors") -> None:
+    """Fail, naming ``what`` and the first differences, unless names, shapes and dtypes match exactly."""
+    missing, unknown = expected.keys() - tensors.keys(), tensors.keys() - expected.keys()
+    if missing or unknown:
+        raise LayoutError(f"{what}: missing {sorted(missing)[:3]}, unexpected {sorted(unknown)[:3]} tensor names")
+    for name, tensor in tensors.items():
+        shape, dtype = expected[name]
+        if tuple(tensor.shape) != shape or tensor.dtype != dtype:
+            raise LayoutError(f"{what}: {name} is {tuple(tensor.shape)} {tensor.dtype}, expected {shape} {dtype}")
+
+
+def first_non_finite(tensors: TensorDict) -> str | None:
+    """The name of the first floating tensor holding NaN or inf, or None when all are finite."""
+    return next((name for name, t in tensors.items() if t.is_floating_point() and not bool(t.isfinite().all())), None)

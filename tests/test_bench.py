@@ -1,0 +1,50 @@
+"""Every benchmark gives the same numbers when run again with the same seeds, also after other
+jobs ran in the same worker process (the way ``run_parallel`` reuses workers)."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+TIMINGS = {"seconds", "torch_ms", "onnx_ms", "onnx_speedup"}  # wall-clock figures, different on every run
+
+FEDQAPER = {"clients": 3, "f_max": 3, "seed": 1, "lookback": 24, "horizon": 12, "d_qap": 8, "qap_heads": 2,
+            "hidden": 8, "d_ff": 16, "heads": 2, "stride": 97, "val_stride": 31, "batch_size": 32, "lr": 3e-3,
+            "rounds": 2, "local_epochs": 1, "local_max_epochs": 2, "patience": 1}
+FEDDTW = {"lookback": 10, "horizon": 5, "stride": 61, "val_stride": 23, "d_qap": 8, "qap_heads": 2, "hidden": 8,
+          "batch_size": 64, "lr": 3e-3, "rounds": 3, "local_epochs": 1, "absence": 0.5, "clusters": 3, "stretch": 2}
+FEDPOD = {"rounds": 1, "local_epochs": 1, "stride": 97, "pretrain_rounds": 1, "pretrain_stride": 97, "seed": 42}
+ENERGY = {"site": "greensboro", "lookback": 24, "horizon": 12, "stride": 97, "epochs": 1, "batch_size": 64,
+          "lr": 1e-3, "test_windows": 8, "seed": 7}
+
+
+def numbers(result: object) -> object:
+    """A result without its timings."""
+    if isinstance(result, dict):
+        return {k: numbers(v) for k, v in result.items() if k not in TIMINGS}
+    if isinstance(result, list):
+        return [numbers(v) for v in result]
+    return result
+
+
+def twice(job, first: tuple, other: tuple) -> tuple[object, object]:
+    """``job(*first)``, then another job in the same process, then ``job(*first)`` again."""
+    before = numbers(job(*first, 1))
+    job(*other, 1)
+    return before, numbers(job(*first, 1))
+
+
+@pytest.mark.parametrize(("bench", "first", "other"), [
+    ("fedqaper", ("dlinear", "fed", FEDQAPER), ("dlinear", "local", FEDQAPER)),
+    ("feddtw", ("dlinear", 1, "rcd", "wsf", FEDDTW), ("dlinear", 2, "du", "maf", FEDDTW)),
+    ("fedpod", ("fedpod", "task2", 1, FEDPOD), ("scratch_fedavg", "task1", 2, FEDPOD)),
+    ("energy", ("spikernn", ENERGY), ("dlinear", ENERGY)),
+])
+def test_a_benchmark_job_gives_the_same_numbers_when_run_again(bench: str, first: tuple, other: tuple) -> None:
+    module = importlib.import_module(bench)
+    before, after = twice(module.run_job, first, other)
+    assert before == after

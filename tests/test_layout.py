@@ -1,0 +1,91 @@
+"""The package layout holds: no import cycle anywhere, and imports flow one way
+(``edgefl -> coordinator -> edge_agent``, ``export -> edge_agent``), function-level imports included."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("edge_agent", "coordinator", "export", "edgefl", "hw_profiles")
+ALLOWED = {  # which first-party packages each package may import
+    "edge_agent": {"edge_agent"},
+    "hw_profiles": {"hw_profiles"},
+    "coordinator": {"coordinator", "edge_agent"},
+    "export": {"export", "edge_agent", "hw_profiles"},
+    "edgefl": set(PACKAGES),
+}
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def modules() -> dict[str, Path]:
+    return {module_name(p): p for package in PACKAGES for p in (ROOT / package).rglob("*.py")}
+
+
+def imports(path: Path, known: dict[str, Path]) -> set[str]:
+    """First-party modules ``path`` imports anywhere in its body; ``from a import b`` counts as
+    an import of the submodule ``a.b`` when there is one, else of ``a``."""
+    found = set()
+    package = module_name(path) if path.name == "__init__.py" else module_name(path).rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(anchor + ([base] if base else []))
+            found.update(f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in node.names)
+    return {name for name in found if name.split(".")[0] in PACKAGES}
+
+
+def graph() -> dict[str, set[str]]:
+    known = modules()
+    return {name: imports(path, known) - {name} for name, path in known.items()}
+
+
+def cycle_in(edges: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle as a list of modules, or None (iterative depth-first search)."""
+    state: dict[str, int] = {}  # 1 = on the current path, 2 = done
+    for start in sorted(edges):
+        if state.get(start):
+            continue
+        path, stack = [start], [iter(sorted(edges[start]))]
+        state[start] = 1
+        while stack:
+            target = next(stack[-1], None)
+            if target is None:
+                state[path.pop()] = 2
+                stack.pop()
+            elif state.get(target) == 1:
+                return path[path.index(target):] + [target]
+            elif not state.get(target) and target in edges:
+                state[target] = 1
+                path.append(target)
+                stack.append(iter(sorted(edges[target])))
+    return None
+
+
+def test_there_is_no_import_cycle() -> None:
+    edges = graph()
+    assert len(edges) > 40  # the walk found the packages
+    cycle = cycle_in(edges)
+    assert cycle is None, " -> ".join(cycle)
+
+
+def test_imports_flow_one_way() -> None:
+    wrong = sorted(
+        f"{source} imports {target}" for source, targets in graph().items() for target in targets
+        if target.split(".")[0] not in ALLOWED[source.split(".")[0]]
+    )
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_checks_catch_a_cycle_and_a_wrong_direction() -> None:
+    assert cycle_in({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert cycle_in({"a": {"b"}, "b": set()}) is None
+    assert "edge_agent" not in ALLOWED["edge_agent"] - {"edge_agent"} and "coordinator" not in ALLOWED["edge_agent"]
