@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
 from rich.console import Console
 
 from edge_agent.data import ClientData, DataError, build_pool, load_csv, load_site, load_sites, prepare_client
 from edge_agent.models import CheckpointError, Forecaster, load_checkpoint
+
+if TYPE_CHECKING:
+    from export.contract import ExportReport
 
 console = Console(soft_wrap=True)
 export_app = typer.Typer(help="Export a trained model: ONNX, Lava netx HDF5, NIR.", no_args_is_help=True)
@@ -61,24 +64,57 @@ def export_onnx_command(
     windows: Windows = 64,
 ) -> None:
     """Any backbone + QAP + head to ONNX; spiking backbones also as streaming graphs."""
-    from export.onnx import ExportMismatch, export_onnx
+    run_export("onnx", out, model_and_data(checkpoint, agent_config, site, csv), windows)
 
-    model, data = model_and_data(checkpoint, agent_config, site, csv)
+
+def run_export(fmt: str, out: Path, source: tuple[Forecaster, ClientData], windows: int, **options: Any) -> None:
+    """Export ``source``'s model in format ``fmt``, verified on its test windows, and print the report;
+    a model the format cannot express or an artefact that does not reproduce it fails the command."""
+    from export import exporter
+    from export.contract import ExportMismatchError
+    from export.stack import UnsupportedLayerError
+
+    model, data = source
     try:
-        report = export_onnx(model, out, data.test, windows)
-    except ExportMismatch as err:
-        fail(f"ONNX Runtime does not reproduce the model: {err}")
-    for name in report.files:
-        console.print(f"wrote {out / name}")
-    line = f"verified on {report.windows} real test windows: forecast max |error| {report.max_abs_error:.2e}"
-    if report.spikes_checked:
-        line += (f"; {report.spikes_checked} spikes, {report.spike_agreement:.4%} identical "
-                 f"({report.flipped_windows} window{'' if report.flipped_windows == 1 else 's'} with a spike "
-                 "flipped at a float32 threshold tie left out "
-                 f"of the forecast check); streaming max |error| {report.stream_max_abs_error:.2e}")
-    console.print(line)
-    timing = report.timings_ms
-    console.print(f"batch of {timing['batch']}: torch {timing['torch_ms']:.2f} ms, ONNX Runtime {timing['onnx_ms']:.2f} ms")
+        report = exporter(fmt)(model, out, data.test, windows, **options)
+    except (UnsupportedLayerError, ExportMismatchError) as err:
+        fail(f"{fmt} export refused: {err}")
+    for line in report_lines(report):
+        console.print(line, markup=False)
+
+
+def report_lines(report: ExportReport) -> list[str]:
+    """Any exporter's report as text: files, verification figures, layers, firing rates, timings, notes."""
+    checked = [f"verified on {report.windows} real test windows", *headline(report)]
+    lines = [f"wrote {name}" for name in report.files] + ["; ".join(checked)]
+    lines += [f"  {layer['name']}: {pairs(layer, skip='name')}" for layer in report.layers]
+    if report.firing_rates:
+        lines.append(f"firing rates: {pairs(report.firing_rates)}")
+    if report.timings_ms:
+        lines.append(f"ms per batch of {report.windows}: {pairs(report.timings_ms)}")
+    return lines + [f"note: {note}" for note in report.notes]
+
+
+def headline(report: ExportReport) -> list[str]:
+    """The figures a report has: spike agreement, forecast error, steps, then its format's details."""
+    figures = [] if report.spike_agreement is None else [f"spikes {report.spike_agreement:.4%} identical"]
+    if report.max_abs_error is not None:
+        figures.append(f"forecast max |error| {report.max_abs_error:.2e}")
+    if report.steps is not None:
+        figures.append(f"{report.steps} steps")
+    return figures + ([pairs(report.details)] if report.details else [])
+
+
+def pairs(values: dict[str, Any], skip: str = "") -> str:
+    """``key value, key value`` for every key but ``skip``."""
+    return ", ".join(f"{key} {show(value)}" for key, value in values.items() if key != skip)
+
+
+def show(value: Any) -> str:
+    """A report value as text: floats to four significant digits, lists in parentheses."""
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return f"({', '.join(map(show, value))})" if isinstance(value, list) else str(value)
 
 
 def energy_command(
@@ -116,18 +152,7 @@ def export_nir_command(
     windows: Windows = 256,
 ) -> None:
     """A spiking backbone's Dense + LIF stack to a NIR graph, read back and simulated to match."""
-    from export.nir import ExportMismatchError, export_nir
-    from export.stack import UnsupportedLayerError
-
-    model, data = model_and_data(checkpoint, agent_config, site, csv)
-    try:
-        report = export_nir(model, out, data.test, limit=windows)
-    except (UnsupportedLayerError, ExportMismatchError) as err:
-        fail(str(err))
-    rates = ", ".join(f"{name} {rate:.3f}" for name, rate in report["firing_rates"].items())
-    console.print(f"wrote {out}: {len(report['layers'])} layers, read back with nir.read and simulated on "
-                  f"{report['windows']} real windows; spike agreement {report['spike_agreement']:.4f}")
-    console.print(f"firing rates: {rates}")
+    run_export("nir", out, model_and_data(checkpoint, agent_config, site, csv), windows)
 
 
 @export_app.command("lava")
@@ -138,20 +163,4 @@ def export_lava_command(
     min_agreement: Annotated[float, typer.Option(help="fail below this spike agreement with the quantized model")] = 0.99,
 ) -> None:
     """A spiking backbone's Dense + LIF stack to Lava netx HDF5, checked by a fixed-point CUBA model."""
-    from export.lava import LavaMismatchError, export_lava
-    from export.stack import UnsupportedLayerError
-
-    model, data = model_and_data(checkpoint, agent_config, site, csv)
-    try:
-        report = export_lava(model, out, data.test, min_agreement, windows)
-    except (UnsupportedLayerError, LavaMismatchError) as err:
-        fail(str(err))
-    console.print(f"wrote {out}: {len(report['layers'])} dense CUBA layers, {report['clipped_weights']} weights clipped; "
-                  f"checked on {report['windows']} real windows x {report['steps']} steps")
-    for layer in report["layers"]:
-        name = layer["name"]
-        console.print(f"  {name}: scale {layer['scale']:.2f}, agreement with quantized torch "
-                      f"{report['agreement_quantized'][name]:.4f}, with float torch {report['agreement_float'][name]:.4f}, "
-                      f"firing rate {report['firing_rates'][name]:.3f}")
-    console.print(f"off-chip: {', '.join(report['off_chip'])}" + ("" if "lava" in report else
-                  "; lava-dl not installed here, so the file was checked by the fixed-point model only"))
+    run_export("lava", out, model_and_data(checkpoint, agent_config, site, csv), windows, min_agreement=min_agreement)

@@ -29,6 +29,7 @@ from __future__ import annotations
 import importlib
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import h5py
 import numpy as np
@@ -36,6 +37,7 @@ import torch
 
 from edge_agent.data import WindowSet
 from edge_agent.models import Forecaster
+from export.contract import ExportMismatchError, ExportReport, sample_windows, verified_write
 from export.stack import DenseLIF, SpikingStack, spiking_stack
 
 UNIT = 64  # Lava's 6-bit MSB alignment of synaptic input, bias (bias_exp=6) and threshold
@@ -44,10 +46,6 @@ WEIGHT_RANGE = (-256, 254)  # netx 8-bit weights (lava-dl netx/utils.py::optimiz
 BIAS_RANGE = (-4096, 4095)  # 13-bit signed bias mantissa (lava proc/lif/models.py)
 VTH_MAX = 2**17 - 1  # 17-bit unsigned threshold mantissa
 V_MAX = 2**23  # 24-bit signed current and voltage
-
-
-class LavaMismatchError(RuntimeError):
-    """The fixed-point network does not reproduce the model closely enough; names the layer."""
 
 
 @dataclass(frozen=True)
@@ -219,54 +217,70 @@ def encoder_spikes(model: Forecaster, x: torch.Tensor, marks: torch.Tensor) -> n
     return captured[0].flatten(1, 2).numpy()
 
 
-def export_lava(
-    model: Forecaster, path: str | Path, windows: WindowSet, min_agreement: float = 0.99, n_windows: int = 64
-) -> dict:
-    """Write the on-chip stack of ``model`` to ``path`` and check it on ``n_windows`` real windows.
+def export_lava(model: Forecaster, out: Path, windows: WindowSet, n_windows: int = 64, *,
+                min_agreement: float = 0.99) -> ExportReport:
+    """Write the on-chip stack of ``model`` to file ``out`` and check it on ``n_windows`` real windows.
 
     The file is read back and run by ``simulate_cuba``; in every layer its spikes must equal those
     of the float model with the same integers in at least ``min_agreement`` of all (step,
-    position, neuron) entries. Agreement with the unquantized model is the cost of 8-bit weights,
-    reported, not checked (measured 0.96-0.9996 per layer on weather windows).
+    position, neuron) entries (``spike_agreement`` is the lowest layer's), or ``ExportMismatchError``
+    names the layer and ``out`` keeps whatever it held before. Agreement with the unquantized model
+    is the cost of 8-bit weights, reported per layer, not checked (measured 0.96-0.9996 per layer on
+    weather windows). Details: ``clipped_weights``, ``off_chip`` and, where lava-dl is installed,
+    ``netx_network`` (the file loaded by netx).
     """
     stack = spiking_stack(model.eval().shared["backbone"])  # UnsupportedLayerError names the layer
-    positions = torch.linspace(0, len(windows) - 1, min(n_windows, len(windows))).round().long().unique()
-    x, marks, _ = windows.batch(positions)
+    x, marks = sample_windows(windows, n_windows)
     spikes = encoder_spikes(model, x, marks)
-    path = Path(path)
-    partial = path.with_name(path.name + ".partial")  # ``path`` only ever holds a checked file
-    try:
+    path = Path(out)
+    with verified_write(path) as partial:
         quantized = write_netx(stack, partial, steps=spikes.shape[0])
         chip = simulate_cuba(read_netx(partial), spikes)
-        agree_q = [float((a == b).mean()) for a, b in zip(chip, quantized_stack(stack).run(spikes))]
-        agree_f = [float((a == b).mean()) for a, b in zip(chip, stack.run(spikes))]
-        for layer, agreement in zip(stack.layers, agree_q):
-            if agreement < min_agreement:
-                raise LavaMismatchError(
-                    f"{layer.name}: the netx file's fixed-point spikes agree with the quantized model in only "
-                    f"{agreement:.4%} of entries (min_agreement {min_agreement:.2%}); {path} not written"
-                )
-    except BaseException:
-        partial.unlink(missing_ok=True)
-        raise
-    partial.replace(path)
-    names = [layer.name for layer in stack.layers]
-    report = {
-        "layers": [
-            {"name": q.name, "inputs": q.weight.shape[1], "outputs": q.weight.shape[0], "scale": q.scale,
-             "v_th_mant": q.v_th_mant, "clipped_biases": q.clipped_biases,
-             "weight_max_error": float(np.abs(q.weight / (UNIT * q.scale) - layer.weight).max())}
-            for q, layer in zip(quantized, stack.layers)
-        ],
-        "agreement_quantized": dict(zip(names, agree_q)),
-        "agreement_float": dict(zip(names, agree_f)),
-        "clipped_weights": sum(q.clipped_weights for q in quantized),
-        "firing_rates": {name: float(s.mean()) for name, s in zip(names, chip)},
-        "windows": len(positions), "steps": spikes.shape[0], "off_chip": list(stack.off_chip),
+        agree_q = agreement(chip, quantized_stack(stack).run(spikes))
+        check_agreement(stack, agree_q, min_agreement, path)
+    agree_f = agreement(chip, stack.run(spikes))
+    report = ExportReport(
+        "lava", [str(path)], len(x), min(agree_q), steps=spikes.shape[0],
+        layers=[layer_report(*row) for row in zip(quantized, stack.layers, agree_q, agree_f)],
+        firing_rates={layer.name: float(s.mean()) for layer, s in zip(stack.layers, chip)},
+        details={"clipped_weights": sum(q.clipped_weights for q in quantized), "off_chip": list(stack.off_chip)},
+    )
+    load_with_netx(report, path, spikes.shape[0])
+    return report
+
+
+def agreement(chip: list[np.ndarray], reference: list[np.ndarray]) -> list[float]:
+    """Per layer, the fraction of (step, position, neuron) entries where both runs spike alike."""
+    return [float((a == b).mean()) for a, b in zip(chip, reference)]
+
+
+def check_agreement(stack: SpikingStack, agree_q: list[float], min_agreement: float, path: Path) -> None:
+    """Raise ``ExportMismatchError`` at the first layer whose agreement with the quantized float
+    model is below ``min_agreement``."""
+    for layer, fraction in zip(stack.layers, agree_q):
+        if fraction < min_agreement:
+            raise ExportMismatchError(
+                f"{layer.name}: the netx file's fixed-point spikes agree with the quantized model in only "
+                f"{fraction:.4%} of entries (min_agreement {min_agreement:.2%}); {path} not written"
+            )
+
+
+def layer_report(q: Quantized, layer: DenseLIF, agree_q: float, agree_f: float) -> dict[str, Any]:
+    """One layer's integers and agreement with the quantized and with the float model, for ``ExportReport.layers``."""
+    return {
+        "name": q.name, "inputs": q.weight.shape[1], "outputs": q.weight.shape[0], "scale": q.scale,
+        "v_th_mant": q.v_th_mant, "clipped_biases": q.clipped_biases,
+        "weight_max_error": float(np.abs(q.weight / (UNIT * q.scale) - layer.weight).max()),
+        "agreement_quantized": agree_q, "agreement_float": agree_f,
     }
+
+
+def load_with_netx(report: ExportReport, path: Path, steps: int) -> None:
+    """Load the written file with lava-dl's netx where it is installed (``details["netx_network"]``),
+    else say in ``notes`` that only the fixed-point model checked it."""
     try:
         hdf5 = importlib.import_module("lava.lib.dl.netx.hdf5")
     except ImportError:
-        return report
-    report["lava"] = str(hdf5.Network(net_config=str(path), reset_interval=spikes.shape[0], reset_offset=1))
-    return report
+        report.notes.append("lava-dl not installed here, so the file was checked by the fixed-point model only")
+        return
+    report.details["netx_network"] = str(hdf5.Network(net_config=str(path), reset_interval=steps, reset_offset=1))

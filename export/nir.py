@@ -23,7 +23,6 @@ import copy
 import graphlib
 from functools import reduce
 from pathlib import Path
-from typing import Any
 
 import nir
 import numpy as np
@@ -31,6 +30,7 @@ import torch
 
 from edge_agent.data import WindowSet
 from edge_agent.models import Forecaster
+from export.contract import ExportMismatchError, ExportReport, sample_windows, verified_write
 from export.stack import SpikingStack, spiking_stack
 
 DT = 1e-4  # seconds per step; with beta = 0.5 every Euler factor above is exact in binary floating point
@@ -38,11 +38,8 @@ SUPPORTED = (nir.Input, nir.Affine, nir.Linear, nir.LIF, nir.CubaLIF, nir.Output
 
 
 class UnsupportedNodeError(ValueError):
-    """A node ``simulate_nir`` does not implement; the message names the node and its NIR type."""
-
-
-class ExportMismatchError(RuntimeError):
-    """The written NIR file does not reproduce the model's spikes."""
+    """A node of a NIR file (ours or another tool's) that ``simulate_nir`` cannot run; the message
+    names the node and its NIR type. Reading-side; a model NIR cannot express is ``UnsupportedLayerError``."""
 
 
 def to_nir(stack: SpikingStack, dt: float = DT, steps: int | None = None, source: str = "") -> nir.NIRGraph:
@@ -166,45 +163,44 @@ def model_spikes(model: Forecaster, x: torch.Tensor, marks: torch.Tensor) -> tup
     return flat[0], flat[1:]
 
 
-def export_nir(model: Forecaster, path: str | Path, windows: WindowSet, limit: int = 256) -> dict[str, Any]:
-    """Write the model's on-chip stack to ``path`` and prove the file right before it lands there.
+def export_nir(model: Forecaster, out: Path, windows: WindowSet, n_windows: int = 256) -> ExportReport:
+    """Write the model's on-chip stack to file ``out`` and prove the file right before it lands there.
 
-    The file is read back and simulated on the encoder spikes of the first ``limit`` real
-    windows; unless every spike equals the model's own, ``ExportMismatchError`` is raised and
-    ``path`` keeps whatever it held before. An unsupported backbone fails before anything is written.
+    The file is read back and simulated on the encoder spikes of ``n_windows`` real windows; unless
+    every spike equals the model's own, ``ExportMismatchError`` is raised and ``out`` keeps whatever
+    it held before. An unsupported backbone fails before anything is written. Details: ``dt`` and
+    ``sequences`` (windows x positions, each run through the stack).
     """
     stack = spiking_stack(model.shared["backbone"])
-    if len(windows) == 0:
-        raise ValueError("export_nir: no windows to verify the export on")
-    x, marks, _ = windows.batch(torch.arange(min(limit, len(windows))))
+    x, marks = sample_windows(windows, n_windows)
     spikes, reference = model_spikes(model, x, marks)
-    path = Path(path)
-    partial = path.with_name(path.name + ".partial")
-    source = f"edgefl Forecaster {model.cfg.model_dump_json()}"
-    try:
-        write_nir(stack, partial, steps=spikes.shape[0], source=source)
+    path = Path(out)
+    with verified_write(path) as partial:
+        write_nir(stack, partial, steps=spikes.shape[0], source=f"edgefl Forecaster {model.cfg.model_dump_json()}")
         graph = read_nir(partial)
         simulated = simulate_nir(graph, spikes, float(graph.metadata["dt"]))
-        lifs = [f"lif{index}" for index in range(len(stack.layers))]
-        differ = [int((simulated[name] != expected).sum()) for name, expected in zip(lifs, reference)]
-        agreement = 1.0 - sum(differ) / sum(r.size for r in reference)
-        if agreement < 1.0:
-            first = stack.layers[next(i for i, count in enumerate(differ) if count)].name
-            raise ExportMismatchError(
-                f"{path}: NIR graph differs from the model in {sum(differ)} spikes, first in {first}; not written"
-            )
-    except BaseException:
-        partial.unlink(missing_ok=True)
-        raise
-    partial.replace(path)
-    return {
-        "path": str(path),
-        "layers": [
-            {"name": layer.name, "nodes": [f"affine{i}", f"lif{i}"], "shape": list(layer.weight.shape)}
-            for i, layer in enumerate(stack.layers)
-        ],
-        "windows": len(x), "sequences": spikes.shape[1], "steps": spikes.shape[0],
-        "dt": float(graph.metadata["dt"]),
-        "spike_agreement": agreement,
-        "firing_rates": {name: float(simulated[name].mean()) for name in ["input", *lifs]},
-    }
+        agreement = check_spikes(stack, simulated, reference, path)
+    lifs = [f"lif{index}" for index in range(len(stack.layers))]
+    return ExportReport(
+        "nir", [str(path)], len(x), agreement, steps=spikes.shape[0],
+        layers=[{"name": layer.name, "nodes": [f"affine{i}", f"lif{i}"], "shape": list(layer.weight.shape)}
+                for i, layer in enumerate(stack.layers)],
+        firing_rates={name: float(simulated[name].mean()) for name in ["input", *lifs]},
+        details={"dt": float(graph.metadata["dt"]), "sequences": spikes.shape[1], "off_chip": list(stack.off_chip)},
+    )
+
+
+def check_spikes(
+    stack: SpikingStack, simulated: dict[str, np.ndarray], reference: list[np.ndarray], path: Path
+) -> float:
+    """Fraction of the model's layer spikes that the simulated file's LIF nodes reproduce; anything
+    below 1 raises ``ExportMismatchError`` naming the first layer that differs and how many spikes do."""
+    differ = [int((simulated[f"lif{index}"] != expected).sum()) for index, expected in enumerate(reference)]
+    total = sum(expected.size for expected in reference)
+    if any(differ):
+        first = stack.layers[next(index for index, count in enumerate(differ) if count)].name
+        raise ExportMismatchError(
+            f"{path}: NIR graph differs from the model in {sum(differ)} of {total} spikes, "
+            f"first in {first}; not written"
+        )
+    return 1.0 - sum(differ) / total

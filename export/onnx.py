@@ -8,14 +8,13 @@ Two layouts:
   that step's spikes + the new state) and ``readout.onnx`` (mean rate, mean, std -> forecast).
   A gateway runs encode once, step T times and readout once; state lives in its memory.
 Every export is run in ONNX Runtime on real windows and compared with torch (see ``export_onnx``
-for the exact criteria), or ``ExportMismatch`` is raised.
+for the exact criteria), or ``ExportMismatchError`` is raised (the contract: ``export.contract``).
 """
 
 from __future__ import annotations
 
 import time
 import warnings
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -26,28 +25,11 @@ from torch import nn
 from edge_agent.data import WindowSet
 from edge_agent.models import Forecaster
 from edge_agent.models.backbones.spiking import LIF, SpikingBackbone
+from export.contract import ExportMismatchError, ExportReport, sample_windows
 
 TOLERANCE = 1e-5
 MIN_SPIKE_AGREEMENT = 0.999  # float32 rounding at threshold ties may flip a few spikes
 OPSET = 17
-
-
-class ExportMismatch(RuntimeError):
-    """ONNX Runtime disagrees with torch on real windows; the message says where and by how much."""
-
-
-@dataclass
-class OnnxReport:
-    """What was written and how closely ONNX Runtime reproduced torch on ``windows`` windows."""
-
-    files: list[str]
-    windows: int
-    max_abs_error: float
-    spikes_checked: int = 0
-    stream_max_abs_error: float | None = None
-    spike_agreement: float | None = None
-    flipped_windows: int = 0
-    timings_ms: dict[str, float] = field(default_factory=dict)
 
 
 class Unrolled(nn.Module):
@@ -61,9 +43,9 @@ class Unrolled(nn.Module):
         backbone = self.model.shared["backbone"]
         if not isinstance(backbone, SpikingBackbone):
             return self.model(x, marks)
-        z, mean, std = encode_input(self.model, x, marks)
+        z, mean, std = self.model.encode(x, marks)
         spikes = backbone.spike_steps(backbone.encoder(z))
-        return head(self.model, spikes.mean(0), mean, std), spikes
+        return self.model.readout(backbone.readout(spikes.mean(0)), mean, std), spikes
 
 
 class Encode(nn.Module):
@@ -74,7 +56,7 @@ class Encode(nn.Module):
         self.model = model
 
     def forward(self, x: torch.Tensor, marks: torch.Tensor):
-        z, mean, std = encode_input(self.model, x, marks)
+        z, mean, std = self.model.encode(x, marks)
         return self.model.shared["backbone"].encoder.currents(z), mean, std
 
 
@@ -106,69 +88,63 @@ class Readout(nn.Module):
         self.model = model
 
     def forward(self, rate: torch.Tensor, mean: torch.Tensor, std: torch.Tensor):
-        return head(self.model, rate, mean, std)
+        return self.model.readout(self.model.shared["backbone"].readout(rate), mean, std)
 
 
-def encode_input(model: Forecaster, x: torch.Tensor, marks: torch.Tensor):
-    """(x, marks) -> aligned, time-fused sequence z and the window stats used to undo the norm."""
-    if model.cfg.instance_norm:
-        mean, std = model.window_stats(x)
-    else:
-        mean, std = torch.zeros_like(x[:, :1]), torch.ones_like(x[:, :1])
-    return model.shared["time"](model.align((x - mean) / std), marks), mean, std
-
-
-def head(model: Forecaster, rate: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) -> torch.Tensor:
-    representation = model.shared["backbone"].readout(rate)
-    return model.personal["head"](representation) * std + mean
-
-
-def export_onnx(model: Forecaster, folder: Path, windows: WindowSet, n_windows: int = 64,
-                tolerance: float = TOLERANCE, min_spike_agreement: float = MIN_SPIKE_AGREEMENT) -> OnnxReport:
-    """Write the unrolled graph (and the streaming graphs for spiking backbones) and verify them.
+def export_onnx(model: Forecaster, out: Path, windows: WindowSet, n_windows: int = 64, *,
+                tolerance: float = TOLERANCE, min_agreement: float = MIN_SPIKE_AGREEMENT) -> ExportReport:
+    """Write the unrolled graph (and the streaming graphs for spiking backbones) to folder ``out`` and verify them.
 
     A spike is a threshold test: a membrane within float32 rounding of its threshold may fire in
     one runtime and not in the other (summation order differs), and what follows then differs
-    legitimately. So spikes must agree in at least ``min_spike_agreement`` of all entries (the
+    legitimately. So spikes must agree in at least ``min_agreement`` of all entries (the
     report says exactly how many differ), and on every window whose output spikes are identical
     the forecast must be within ``tolerance`` (the forecast depends on the output spikes only).
-    ANN forecasts must be within ``tolerance`` everywhere.
+    ANN forecasts must be within ``tolerance`` everywhere. Spiking details: ``spikes_checked``,
+    ``flipped_windows`` (windows left out of the forecast check) and ``stream_max_abs_error``.
     """
-    folder = Path(folder)
+    folder = Path(out)
     folder.mkdir(parents=True, exist_ok=True)
     model = model.eval()
-    x, marks = sample(windows, n_windows)
+    x, marks = sample_windows(windows, n_windows)
     spiking = isinstance(model.shared["backbone"], SpikingBackbone)
     outputs = ["forecast", "spikes"] if spiking else ["forecast"]
     _export(Unrolled(model), (x, marks), folder / "model.onnx", ["x", "marks"], outputs)
     with torch.no_grad():
         expected = tuple(o.numpy() for o in (Unrolled(model)(x, marks) if spiking else (model(x, marks),)))
     got = run_session(folder / "model.onnx", {"x": x.numpy(), "marks": marks.numpy()})
-    report = OnnxReport(["model.onnx"], len(x), 0.0)
-    report.max_abs_error, report.spike_agreement, report.flipped_windows = verify(
-        expected, got, tolerance, min_spike_agreement, "model.onnx")
+    error, agreement, flipped = verify(expected, got, tolerance, min_agreement, "model.onnx")
+    report = ExportReport("onnx", [str(folder / "model.onnx")], len(x), agreement, error)
     if spiking:
-        report.spikes_checked = int(expected[1].size)
-        report.stream_max_abs_error = _export_streaming(
-            model, folder, x, marks, expected, tolerance, min_spike_agreement)
-        report.files += ["encode.onnx", "step.onnx", "readout.onnx"]
+        stream_error = _export_streaming(model, folder, x, marks, expected, tolerance, min_agreement)
+        _add_streaming(report, folder, expected[1], flipped, stream_error)
     report.timings_ms = time_inference(model, folder / "model.onnx", x, marks)
     return report
+
+
+def _add_streaming(report: ExportReport, folder: Path, spikes: np.ndarray, flipped: int, stream_error: float) -> None:
+    """A spiking backbone's extras: the streaming graphs' files and the spike figures of ``model.onnx``."""
+    report.files += [str(folder / f"{name}.onnx") for name in ("encode", "step", "readout")]
+    report.steps, report.firing_rates = int(spikes.shape[0]), {"spikes": float(spikes.mean())}
+    report.details = {"spikes_checked": int(spikes.size), "flipped_windows": flipped,
+                      "stream_max_abs_error": stream_error}
+    report.notes.append("flipped_windows: windows with a spike flipped at a float32 threshold tie, "
+                        "left out of the forecast check")
 
 
 def verify(expected: tuple, got: list | tuple, tolerance: float, min_agreement: float,
            what: str) -> tuple[float, float | None, int]:
     """(max forecast error on windows with identical spikes, spike agreement, windows with a
-    flipped spike); raises ``ExportMismatch`` when either bound is broken."""
+    flipped spike); raises ``ExportMismatchError`` when either bound is broken."""
     if len(expected) == 1:
         return compare(expected, got, tolerance, what), None, 0
     want, have = expected[1], got[1]
     if want.shape != have.shape:
-        raise ExportMismatch(f"{what}: spikes have shape {have.shape}, torch gives {want.shape}")
+        raise ExportMismatchError(f"{what}: spikes have shape {have.shape}, torch gives {want.shape}")
     differ = want != have
     agreement = 1.0 - float(differ.mean())
     if agreement < min_agreement:
-        raise ExportMismatch(f"{what}: {int(differ.sum())} of {differ.size} spikes differ from torch "
+        raise ExportMismatchError(f"{what}: {int(differ.sum())} of {differ.size} spikes differ from torch "
                              f"(agreement {agreement:.5f} < {min_agreement})")
     same = ~differ.reshape(differ.shape[0], differ.shape[1], -1).any(axis=(0, 2))
     error = compare((expected[0][same],), (got[0][same],), tolerance, what)
@@ -263,11 +239,11 @@ def compare(expected: tuple, got: list | tuple, tolerance: float, what: str) -> 
     for index, (want, have) in enumerate(zip(expected, got)):
         want = want.detach().numpy() if isinstance(want, torch.Tensor) else want
         if want.shape != have.shape:
-            raise ExportMismatch(f"{what}: output {index} has shape {have.shape}, torch gives {want.shape}")
+            raise ExportMismatchError(f"{what}: output {index} has shape {have.shape}, torch gives {want.shape}")
         error = float(np.abs(want - have).max()) if want.size else 0.0
         if error > tolerance:
             differ = int((np.abs(want - have) > tolerance).sum())
-            raise ExportMismatch(
+            raise ExportMismatchError(
                 f"{what}: output {index} differs from torch by up to {error:.3g} "
                 f"({differ} of {want.size} values beyond {tolerance:g})"
             )
@@ -275,14 +251,8 @@ def compare(expected: tuple, got: list | tuple, tolerance: float, what: str) -> 
     return worst
 
 
-def sample(windows: WindowSet, n_windows: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(x, marks) of up to ``n_windows`` windows spread evenly over the split, float32."""
-    positions = torch.linspace(0, len(windows) - 1, min(n_windows, len(windows))).round().long().unique()
-    x, marks, _ = windows.batch(positions)
-    return x.float(), marks.float()
-
-
-def time_inference(model: Forecaster, path: Path, x: torch.Tensor, marks: torch.Tensor, repeats: int = 20) -> dict:
+def time_inference(model: Forecaster, path: Path, x: torch.Tensor, marks: torch.Tensor,
+                   repeats: int = 20) -> dict[str, float]:
     """Median milliseconds per batch: torch eager vs ONNX Runtime on the same windows."""
     session = ort_session(path)
     feeds = {"x": x.numpy(), "marks": marks.numpy()}
@@ -299,4 +269,4 @@ def time_inference(model: Forecaster, path: Path, x: torch.Tensor, marks: torch.
     with torch.no_grad():
         torch_ms = median(lambda: model(x, marks))
     onnx_ms = median(lambda: session.run(None, feeds))
-    return {"torch_ms": torch_ms, "onnx_ms": onnx_ms, "batch": len(x)}
+    return {"torch_ms": torch_ms, "onnx_ms": onnx_ms}

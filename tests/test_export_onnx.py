@@ -12,7 +12,8 @@ import torch
 
 from edge_agent.data import load_site, prepare_client
 from edge_agent.models import BACKBONES, CheckpointError, build_forecaster, load_checkpoint, save_checkpoint
-from export.onnx import ExportMismatch, compare, export_onnx, run_session, stream, verify
+from export.contract import ExportMismatchError
+from export.onnx import compare, export_onnx, run_session, stream, verify
 from tests.conftest import small_config, trained
 
 
@@ -25,17 +26,18 @@ def site():
 def test_every_backbone_exports_and_onnx_runtime_reproduces_it(backbone: str, site, tmp_path: Path) -> None:
     model = trained(backbone, site)
     report = export_onnx(model, tmp_path, site.test, n_windows=32)
-    assert report.windows == 32 and report.max_abs_error <= 1e-5
+    assert report.format == "onnx" and report.windows == 32 and report.max_abs_error <= 1e-5
     if BACKBONES[backbone].kind == "snn":
-        assert set(report.files) == {"model.onnx", "encode.onnx", "step.onnx", "readout.onnx"}
-        assert report.spikes_checked > 0 and report.stream_max_abs_error <= 1e-5
-        assert report.spike_agreement >= 0.999 and report.flipped_windows < report.windows / 4
+        assert report.files == [str(tmp_path / f"{name}.onnx") for name in ("model", "encode", "step", "readout")]
+        assert report.details["spikes_checked"] > 0 and report.details["stream_max_abs_error"] <= 1e-5
+        assert report.spike_agreement >= 0.999 and report.details["flipped_windows"] < report.windows / 4
         x, marks, _ = site.test.batch(torch.arange(8))
         forecast, spikes = stream(tmp_path, x.numpy(), marks.numpy())
         assert 0.0 < spikes.mean() < 1.0 and set(np.unique(spikes)) <= {0.0, 1.0}
         torch.testing.assert_close(torch.from_numpy(forecast), model(x, marks).detach(), atol=1e-5, rtol=0)
     else:
-        assert report.spike_agreement is None and report.files == ["model.onnx"]
+        assert report.spike_agreement is None and report.files == [str(tmp_path / "model.onnx")]
+        assert report.steps is None and report.details == {}
 
 
 def test_a_model_that_onnx_cannot_reproduce_is_refused(site, tmp_path: Path) -> None:
@@ -44,7 +46,7 @@ def test_a_model_that_onnx_cannot_reproduce_is_refused(site, tmp_path: Path) -> 
     x, marks, _ = site.test.batch(torch.arange(8))
     with torch.no_grad():
         expected = model(x, marks) + 1e-3  # what a broken export would be compared against
-    with pytest.raises(ExportMismatch, match="differs from torch"):
+    with pytest.raises(ExportMismatchError, match="differs from torch"):
         compare((expected,), run_session(tmp_path / "model.onnx", {"x": x.numpy(), "marks": marks.numpy()}), 1e-5, "x")
 
 
@@ -104,8 +106,8 @@ def test_spike_flips_are_counted_and_bounded() -> None:
     shifted[4] += 0.5
     error, agreement, windows = verify((forecast, spikes), (shifted, flipped), 1e-5, 0.99, "test")
     assert error == 0.0 and agreement == pytest.approx(1 - 1 / spikes.size) and windows == 1
-    with pytest.raises(ExportMismatch, match="1 of 120 spikes differ"):
+    with pytest.raises(ExportMismatchError, match="1 of 120 spikes differ"):
         verify((forecast, spikes), (shifted, flipped), 1e-5, 0.999, "test")
     shifted[0] += 1e-3  # a window with identical spikes must still match
-    with pytest.raises(ExportMismatch, match="differs from torch"):
+    with pytest.raises(ExportMismatchError, match="differs from torch"):
         verify((forecast, spikes), (shifted, flipped), 1e-5, 0.99, "test")

@@ -9,8 +9,8 @@ import torch
 
 from edge_agent.data import TIME_FEATURES, load_site, prepare_client
 from edge_agent.models import build_forecaster
+from export.contract import ExportMismatchError
 from export.lava import (
-    LavaMismatchError,
     cuba_dense,
     export_lava,
     quantized_stack,
@@ -174,13 +174,14 @@ def test_fixed_point_agrees_on_weather_windows(steps, client, tmp_path):
     path = tmp_path / "net.h5"
     report = export_lava(model, path, client.test, n_windows=64)
     names = [layer.name for layer in spiking_stack(model.shared["backbone"]).layers]
-    assert [layer["name"] for layer in report["layers"]] == names
-    assert report["windows"] == 64 and report["steps"] == steps and path.exists()
-    for name in names:
-        assert report["agreement_quantized"][name] >= (1.0 if steps <= 7 else 0.999)
-        assert report["agreement_float"][name] >= 0.95  # the cost of 8-bit weights (measured 0.964-0.9996)
-        assert 0.05 < report["firing_rates"][name] < 0.5
-    assert report["clipped_weights"] == 0
+    assert [layer["name"] for layer in report.layers] == names
+    assert report.windows == 64 and report.steps == steps and report.files == [str(path)] and path.exists()
+    for layer in report.layers:
+        assert layer["agreement_quantized"] >= (1.0 if steps <= 7 else 0.999)
+        assert layer["agreement_float"] >= 0.95  # the cost of 8-bit weights (measured 0.964-0.9996)
+        assert 0.05 < report.firing_rates[layer["name"]] < 0.5
+    assert report.spike_agreement == min(layer["agreement_quantized"] for layer in report.layers)
+    assert report.details["clipped_weights"] == 0
 
 
 def test_a_file_that_does_not_reproduce_the_model_is_refused(model, client, tmp_path, monkeypatch):
@@ -190,7 +191,7 @@ def test_a_file_that_does_not_reproduce_the_model_is_refused(model, client, tmp_
         return netx
 
     monkeypatch.setattr("export.lava.read_netx", misread)
-    with pytest.raises(LavaMismatchError, match=r"^shared\.backbone\.stack\.2: the netx file's fixed-point"):
+    with pytest.raises(ExportMismatchError, match=r"^shared\.backbone\.stack\.2: the netx file's fixed-point"):
         export_lava(model, tmp_path / "net.h5", client.test, n_windows=16)
 
 

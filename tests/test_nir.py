@@ -14,9 +14,9 @@ from edge_agent.data import TIME_FEATURES, ClientData, load_site, prepare_client
 from edge_agent.models import Forecaster, build_forecaster
 from edge_agent.train import make_optimizer, train_epochs
 from export import nir as nir_export
+from export.contract import ExportMismatchError
 from export.nir import (
     DT,
-    ExportMismatchError,
     UnsupportedNodeError,
     export_nir,
     model_spikes,
@@ -143,12 +143,13 @@ def test_float32_model_agrees_with_the_export(model, spikes) -> None:
 
 def test_export_nir_reports_and_writes_a_verified_file(model, data, tmp_path) -> None:
     path = tmp_path / "model.nir"
-    report = export_nir(model, path, data.test, limit=WINDOWS)
-    assert report["spike_agreement"] == 1.0
-    assert [layer["name"] for layer in report["layers"]] == [f"shared.backbone.stack.{i}" for i in range(3)]
-    assert set(report["firing_rates"]) == {"input", "lif0", "lif1", "lif2"}
-    assert all(0 < rate < 1 for rate in report["firing_rates"].values())
-    assert report["sequences"] == WINDOWS * 24 and report["steps"] == 4
+    report = export_nir(model, path, data.test, n_windows=WINDOWS)
+    assert report.format == "nir" and report.files == [str(path)] and report.windows == WINDOWS
+    assert report.spike_agreement == 1.0 and report.max_abs_error is None
+    assert [layer["name"] for layer in report.layers] == [f"shared.backbone.stack.{i}" for i in range(3)]
+    assert set(report.firing_rates) == {"input", "lif0", "lif1", "lif2"}
+    assert all(0 < rate < 1 for rate in report.firing_rates.values())
+    assert report.details["sequences"] == WINDOWS * 24 and report.steps == 4
     graph = read_nir(path)
     assert int(graph.metadata["steps"]) == 4 and '"backbone":"spikernn"' in graph.metadata["source"]
     assert list(tmp_path.iterdir()) == [path]
@@ -164,7 +165,7 @@ def test_export_nir_refuses_a_file_that_does_not_reproduce_the_model(model, data
     path = tmp_path / "model.nir"
     path.write_bytes(b"previous export")
     with pytest.raises(ExportMismatchError, match="shared.backbone.stack.1"):
-        export_nir(model, path, data.test, limit=8)
+        export_nir(model, path, data.test, n_windows=8)
     assert path.read_bytes() == b"previous export" and list(tmp_path.iterdir()) == [path]
 
 
@@ -177,7 +178,7 @@ def test_unsupported_backbones_name_the_layer(backbone: str, layer: str, data, t
     modules = model.shared["backbone"].named_modules()
     names = [name for name, module in modules if type(module).__name__ == "SpikingSelfAttention"]
     with pytest.raises(UnsupportedLayerError, match=layer) as err:
-        export_nir(model, tmp_path / "model.nir", data.test, limit=4)
+        export_nir(model, tmp_path / "model.nir", data.test, n_windows=4)
     if names:
         assert f"shared.backbone.{names[0]}:" in str(err.value)
     assert list(tmp_path.iterdir()) == []

@@ -58,20 +58,27 @@ class Forecaster(nn.Module):
         train, and QAP's LayerNorm over a scalar's projection saturates outside the trained
         range (measured on the weather pool: val MSE rose round after round without it).
         """
-        if not self.cfg.instance_norm:
-            return self.predict(x, marks)
-        mean, std = self.window_stats(x)
-        return self.predict((x - mean) / std, marks) * std + mean
+        z, mean, std = self.encode(x, marks)
+        return self.readout(self.shared["backbone"](z), mean, std)
 
     @staticmethod
     def window_stats(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Per-window, per-feature mean and std (B, 1, F) used by ``instance_norm``."""
         return x.mean(1, keepdim=True), (x.var(1, keepdim=True, unbiased=False) + 1e-5).sqrt()
 
-    def predict(self, x: torch.Tensor, marks: torch.Tensor) -> torch.Tensor:
-        """The network proper: alignment, time fusion, backbone, personal head."""
-        z = self.shared["time"](self.align(x), marks)
-        return self.personal["head"](self.shared["backbone"](z))
+    def encode(self, x: torch.Tensor, marks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Everything before the backbone: (x, marks) -> aligned, time-fused z (B, L, d_qap) and the
+        window mean and std (B, 1, F_i) that ``readout`` undoes (0 and 1 without ``instance_norm``)."""
+        if self.cfg.instance_norm:
+            mean, std = self.window_stats(x)
+        else:
+            mean, std = torch.zeros_like(x[:, :1]), torch.ones_like(x[:, :1])
+        return self.shared["time"](self.align((x - mean) / std), marks), mean, std
+
+    def readout(self, representation: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) -> torch.Tensor:
+        """Everything after the backbone: its representation (B, A, C) -> personal head -> forecast
+        (B, H, F_i) in the window's own scale (``encode``'s mean and std)."""
+        return self.personal["head"](representation) * std + mean
 
     def _shared_tensors(self) -> TensorDict:
         return {
