@@ -58,6 +58,14 @@ def bench_parser(doc: str, quick_help: str) -> argparse.ArgumentParser:
     return parser
 
 
+def configure(parser: argparse.ArgumentParser, quick: dict, full: dict) -> tuple[argparse.Namespace, dict, float]:
+    """Parsed arguments, a copy of the quick or full settings, and the start time of the run."""
+    import time
+
+    args = parser.parse_args()
+    return args, dict(quick if args.quick else full), time.perf_counter()
+
+
 def run_config(cfg: dict, quick: bool, started: float) -> dict:
     """The ``config`` block of every results file: the settings, the mode and what it took."""
     import time

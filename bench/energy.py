@@ -17,7 +17,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from common import bench_parser, run_config, run_parallel, save_figure, write_report
+from common import bench_parser, configure, run_config, run_parallel, save_figure, write_report
 
 QUICK = {"site": "greensboro", "lookback": 96, "horizon": 48, "stride": 12, "epochs": 1, "batch_size": 64,
          "lr": 1e-3, "test_windows": 128, "seed": 7}
@@ -117,10 +117,7 @@ def plot(summary: dict, path: Path) -> None:
 
 
 def main() -> None:
-    parser = bench_parser(__doc__, "one short epoch of training per backbone")
-    args = parser.parse_args()
-    cfg = dict(QUICK if args.quick else FULL)
-    started = time.perf_counter()
+    args, cfg, started = configure(bench_parser(__doc__, "one short epoch of training per backbone"), QUICK, FULL)
     jobs = run_parallel(run_job, [(b, cfg) for b in BACKBONES], args.workers,
                         lambda r: f"{r['backbone']:>12}: {r['rows'][0]['backbone_pj']:.3g} pJ backbone on "
                         f"{PROFILES[0]} ({r['seconds']:.0f} s)")

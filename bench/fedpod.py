@@ -17,7 +17,7 @@ import functools
 import time
 from pathlib import Path
 
-from common import bench_parser, run_config, run_parallel, save_figure, write_report
+from common import bench_parser, configure, run_config, run_parallel, save_figure, write_report
 
 QUICK = {"rounds": 4, "local_epochs": 1, "stride": 6, "pretrain_rounds": 5, "pretrain_stride": 3, "seed": 42,
          "seeds": [1, 2, 3]}
@@ -109,10 +109,7 @@ def plot(summary: dict, path: Path) -> None:
 
 
 def main() -> None:
-    parser = bench_parser(__doc__, "few rounds, sparse windows (minutes on 2 cores)")
-    args = parser.parse_args()
-    cfg = dict(QUICK if args.quick else FULL)
-    started = time.perf_counter()
+    args, cfg, started = configure(bench_parser(__doc__, "few rounds, sparse windows (minutes on 2 cores)"), QUICK, FULL)
     runs = run_parallel(run_job, [(v, t, s, cfg) for t in TASKS for v in VARIANTS for s in cfg["seeds"]],
                         args.workers, lambda r: f"{r['variant']:>16} {r['task']} seed {r['seed']}: MAE {r['mae']:.4f} "
                         f"RMSE {r['rmse']:.4f} ({r['seconds']:.0f} s)")

@@ -48,23 +48,23 @@ def write_tagged_tensors(path: Path, tensors: TensorDict, tag: str, metadata: di
     write_bytes_atomically(path, save(state, metadata={"format": tag, **metadata}))
 
 
-def read_tagged_tensors(path: Path, tag: str) -> tuple[TensorDict, dict[str, str]]:
+def read_tagged_tensors(path: Path, tag: str, error: type[ValueError] = ValueError) -> tuple[TensorDict, dict[str, str]]:
     """Tensors and string metadata of a safetensors file whose ``format`` metadata is ``tag``.
 
-    Never unpickles. Raises ``ValueError`` naming the file when it is missing, unreadable or of
+    Never unpickles. Raises ``error`` naming the file when it is missing, unreadable or of
     another format."""
     from safetensors import SafetensorError, safe_open
     from safetensors.torch import load_file
 
     path = Path(path)
     if not path.is_file():
-        raise ValueError(f"{path}: not found")
+        raise error(f"{path}: not found")
     try:
         with safe_open(str(path), framework="pt") as handle:
             metadata = handle.metadata() or {}
         tensors = load_file(str(path))
     except (SafetensorError, OSError) as err:
-        raise ValueError(f"{path}: not a readable safetensors file ({err})") from None
+        raise error(f"{path}: not a readable safetensors file ({err})") from None
     if metadata.get("format") != tag:
-        raise ValueError(f"{path}: format is {metadata.get('format')!r}, expected {tag!r}")
+        raise error(f"{path}: format is {metadata.get('format')!r}, expected {tag!r}")
     return tensors, metadata

@@ -2,7 +2,8 @@
 
 Two layouts:
 - ``model.onnx``: the unrolled graph, ``x`` (B, L, F) and ``marks`` (B, L, t) -> ``forecast``
-  (B, H, F); spiking backbones also output ``spikes``, the last layer's spikes over the T steps.
+  (B, H, F); spiking backbones also output ``spikes``, the backbone's output spikes over the T steps
+  (in spiking transformers residual sums of spikes, so small counts).
 - streaming (spiking backbones): ``encode.onnx`` (x, marks -> encoder currents (T, ...), window
   mean and std), ``step.onnx`` (one step's current + every LIF's membrane and last spike ->
   that step's spikes + the new state) and ``readout.onnx`` (mean rate, mean, std -> forecast).

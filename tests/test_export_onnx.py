@@ -33,7 +33,8 @@ def test_every_backbone_exports_and_onnx_runtime_reproduces_it(backbone: str, si
         assert report.spike_agreement >= 0.999 and report.details["flipped_windows"] < report.windows / 4
         x, marks, _ = site.test.batch(torch.arange(8))
         forecast, spikes = stream(tmp_path, x.numpy(), marks.numpy())
-        assert 0.0 < spikes.mean() < 1.0 and set(np.unique(spikes)) <= {0.0, 1.0}
+        assert 0.0 < spikes.mean() < 1.0  # a spiking transformer's block output sums residual spikes:
+        assert spikes.min() >= 0 and np.array_equal(spikes, np.round(spikes))  # counts, not only 0 / 1
         torch.testing.assert_close(torch.from_numpy(forecast), model(x, marks).detach(), atol=1e-5, rtol=0)
     else:
         assert report.spike_agreement is None and report.files == [str(tmp_path / "model.onnx")]

@@ -32,10 +32,7 @@ def save_checkpoint(model: Forecaster, path: Path, columns: list[str] | None = N
 def load_checkpoint(path: Path) -> tuple[Forecaster, list[str]]:
     """Rebuild the model in eval mode and return it with its feature names (possibly empty)."""
     path = Path(path)
-    try:
-        state, metadata = read_tagged_tensors(path, FORMAT)
-    except ValueError as err:
-        raise CheckpointError(str(err)) from None
+    state, metadata = read_tagged_tensors(path, FORMAT, CheckpointError)
     try:
         cfg = ModelConfig.model_validate_json(metadata["model"])
         n_features, time_features = int(metadata["n_features"]), int(metadata["time_features"])

@@ -115,10 +115,7 @@ def save_foundation(model: FoundationModel, path: Path) -> str:
 def load_foundation(path: Path, expected_hash: str | None = None) -> FoundationModel:
     """Load, check the stored hash against the tensors, and against ``expected_hash`` if given."""
     path = Path(path)
-    try:
-        state, metadata = read_tagged_tensors(path, FORMAT)
-    except ValueError as err:
-        raise FoundationError(str(err)) from None
+    state, metadata = read_tagged_tensors(path, FORMAT, FoundationError)
     try:
         model = FoundationModel(FoundationConfig.model_validate(json.loads(metadata["config"])))
         model.load_state_dict(state)
