@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pandas as pd
+import torch
 
 from edge_agent.config import dump_toml
 from edge_agent.data import allocate_features, build_pool, client_tables, load_csv, load_sites, prepare_client
@@ -63,9 +65,11 @@ def agent_config(folder: Path, port: int, index: int, csv: Path, **broker: objec
 
 
 def start(folder: Path, name: str, *args: str) -> subprocess.Popen:
-    """Run an ``edgefl`` command in the background, its output in ``<name>.log``."""
+    """Run an ``edgefl`` command in the background, its output in ``<name>.log``, with as many
+    torch threads as this process (float sums depend on it; the in-process replays must match)."""
     log = open(folder / f"{name}.log", "w")
-    return subprocess.Popen([sys.executable, "-m", "edgefl.cli", *args], stdout=log, stderr=subprocess.STDOUT)
+    env = {**os.environ, "OMP_NUM_THREADS": str(torch.get_num_threads())}
+    return subprocess.Popen([sys.executable, "-m", "edgefl.cli", *args], stdout=log, stderr=subprocess.STDOUT, env=env)
 
 
 def wait_for(condition, timeout: float, what: str) -> None:

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 TIMINGS = {"seconds", "torch_ms", "onnx_ms", "onnx_speedup"}  # wall-clock figures, different on every run
@@ -32,10 +33,15 @@ def numbers(result: object) -> object:
 
 
 def twice(job, first: tuple, other: tuple) -> tuple[object, object]:
-    """``job(*first)``, then another job in the same process, then ``job(*first)`` again."""
-    before = numbers(job(*first, 1))
-    job(*other, 1)
-    return before, numbers(job(*first, 1))
+    """``job(*first)``, then another job in the same process, then ``job(*first)`` again; jobs set
+    torch's thread count (one here), which is restored afterwards for the tests that follow."""
+    threads = torch.get_num_threads()
+    try:
+        before = numbers(job(*first, 1))
+        job(*other, 1)
+        return before, numbers(job(*first, 1))
+    finally:
+        torch.set_num_threads(threads)
 
 
 @pytest.mark.parametrize(("bench", "first", "other"), [
