@@ -59,7 +59,7 @@ class RoundEngine:
         missing = sorted((c.client_id, c.n_samples) for c in roster if c.client_id not in reported)
         imputation = impute_missing(missing, self.history, self.forecaster, round_number, self.max_age)
         if on_time or imputation.updates:
-            aggregate = self.strategy.aggregate(round_number, on_time, imputation.updates,
+            aggregate = self.strategy.aggregate(round_number, current, on_time, imputation.updates,
                                                 {c.client_id: c for c in roster})
             state, personal, metrics = aggregate.global_state, aggregate.personal, aggregate.metrics
         else:

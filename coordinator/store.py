@@ -188,6 +188,12 @@ class Store:
         """Each client's newest round with an update (on time or late)."""
         return dict(self.db.execute("SELECT client_id, MAX(round) FROM updates GROUP BY client_id"))
 
+    def latest_metrics(self) -> dict[str, dict]:
+        """Each client's metrics from its newest update (on time or late)."""
+        query = ("SELECT client_id, metrics FROM updates u WHERE round = "
+                 "(SELECT MAX(round) FROM updates WHERE client_id = u.client_id)")
+        return {client: json.loads(metrics) for client, metrics in self.db.execute(query)}
+
     def arrivals(self) -> list[tuple[int, str, bool, float]]:
         """Every stored update as (round, client, late, received at), oldest first."""
         query = "SELECT round, client_id, late, received_at FROM updates ORDER BY received_at"

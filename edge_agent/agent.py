@@ -122,10 +122,11 @@ class Agent:
         """Train for one round, make the result durable, then publish the learner's wire state."""
         cfg = self.cfg
         started = time.perf_counter()
+        serving = self.learner.serving_metrics(round_index)
         loss = self.learner.train(round_index)
         header = UpdateHeader(
             fleet=cfg.fleet, sender=cfg.client_id, round=round_index, n_samples=self.learner.n_samples,
-            metrics={"loss": loss, "seconds": time.perf_counter() - started},
+            metrics={"loss": loss, "seconds": time.perf_counter() - started, **serving},
         )
         payload = encode(header, self.learner.wire_state(round_index))
         self.files.save_round(self.learner, round_index, payload)

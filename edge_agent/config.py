@@ -15,7 +15,7 @@ from edge_agent.models import ModelConfig
 from edge_agent.models.prompts import PromptModeSettings
 from edge_agent.mqtt import BrokerConfig
 from edge_agent.protocol import NAME_PATTERN
-from edge_agent.train import LocalTraining
+from edge_agent.train import HeadTraining
 
 Config = TypeVar("Config", bound=BaseModel)
 
@@ -61,7 +61,7 @@ class DataSource(BaseModel):
         return table.select(self.columns) if self.columns else table
 
 
-class AgentTraining(LocalTraining):
+class AgentTraining(HeadTraining):
     """Local training plus how densely the gateway cuts its history into training windows."""
 
     stride: int = Field(1, ge=1, description="step between training windows")
@@ -84,9 +84,12 @@ class AgentConfig(FleetModel):
     broker: BrokerConfig = BrokerConfig()
 
     @model_validator(mode="after")
-    def _noise_needs_prompts(self) -> "AgentConfig":
+    def _settings_of_this_mode(self) -> "AgentConfig":
         if self.dp_sigma > 0 and self.mode != "prompt":
             raise ValueError("dp_sigma: noise applies to uploaded prompts (mode 'prompt')")
+        head_only = sorted({"personal_epochs", "alternate", "prox_mu"} & self.training.model_fields_set)
+        if head_only and self.mode != "head":
+            raise ValueError(f"training.{', '.join(head_only)}: head-mode options, not used in mode {self.mode!r}")
         return self
 
 

@@ -26,6 +26,7 @@ class Stream(IntEnum):
     GRAPH_INIT = 7  # the coordinator's FedPoD graph parameters
     PARTICIPATION = 8  # who takes part in a round (sampling, dropout scenarios)
     MASKS = 9  # masked-reconstruction masks (evaluation: batch start)
+    PERSONAL_PHASE = 10  # the personal part fitted to a newly installed global state (round, client index)
 
 
 def derive_seed(*parts: int) -> int:

@@ -25,6 +25,27 @@ class LocalTraining(BaseModel):
     lr: float = Field(1e-3, gt=0)
 
 
+class HeadTraining(LocalTraining):
+    """Head mode's local training and the remedies for FedAvg's averaging penalty (installing an
+    averaged shared part under a personal part trained against another one):
+
+    - ``personal_epochs``: first fit the personal part alone to the received shared part (FedRep,
+      Collins et al. 2021, section 3; the local adaptation step of personalized FL);
+    - ``alternate``: then train the shared part with the personal part frozen (FedRep's body
+      update) instead of both together (FedPer);
+    - ``prox_mu``: FedProx's proximal term mu/2 ||theta_s - theta_global||^2 (Li et al. 2020, eq. 2).
+
+    ``keep_local`` makes joining never worse than staying alone: the gateway also trains its own
+    local-only model (one epoch per round, nothing sent) and serves whichever validates better.
+    """
+
+    personal_epochs: int = Field(0, ge=0, description="epochs on the personal part alone before the shared part")
+    alternate: bool = Field(False, description="train the shared part with the personal part frozen (FedRep)")
+    prox_mu: float = Field(0.0, ge=0.0, description="FedProx proximal weight on the shared part")
+    keep_local: bool = Field(False, description="also train a local-only model and serve it where it validates better")
+    local_patience: int = Field(3, ge=1, description="early stopping of that local-only model (epochs)")
+
+
 @dataclass(frozen=True)
 class Metrics:
     """Mean squared and absolute error over every predicted element (FedQAPer A.1)."""
@@ -34,7 +55,7 @@ class Metrics:
 
 
 def make_optimizer(model: nn.Module, lr: float) -> torch.optim.Optimizer:
-    """Adam, as in the paper's training setup (A.2: lr 1e-3)."""
+    """Adam over every parameter of ``model``, as in the paper's training setup (A.2: lr 1e-3)."""
     return torch.optim.Adam(model.parameters(), lr=lr)
 
 
@@ -45,8 +66,10 @@ def train_epochs(
     batch_size: int,
     optimizer: torch.optim.Optimizer,
     seed: int,
+    penalty: Callable[[], torch.Tensor] | None = None,
 ) -> float:
-    """Train with MSE for ``epochs`` passes over shuffled windows; returns the mean batch loss.
+    """Train with MSE (plus ``penalty()``, e.g. FedProx's proximal term) for ``epochs`` passes over
+    shuffled windows; returns the mean batch MSE.
 
     Shuffling and dropout draw only from ``seed``, so a run is reproducible.
     """
@@ -59,7 +82,7 @@ def train_epochs(
             for x, marks, y in windows.batches(batch_size, shuffle=True, generator=generator):
                 optimizer.zero_grad(set_to_none=True)
                 loss = F.mse_loss(model(x, marks), y)
-                loss.backward()
+                (loss if penalty is None else loss + penalty()).backward()
                 optimizer.step()
                 total += loss.item() * len(x)
                 count += len(x)

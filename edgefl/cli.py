@@ -129,6 +129,14 @@ def simulate(
     absence: Annotated[float, typer.Option(help="share of missing updates under --dropout")] = 0.5,
     twin: Annotated[str, typer.Option(help="impute missing clients: drop | stale | maf | wsf (FedDTW)")] = "drop",
     twin_max_age: Annotated[Optional[int], typer.Option(help="drop instead of imputing clients unseen for more rounds")] = None,
+    strategy: Annotated[str, typer.Option(help="fedavg | fedavgm | fedadam (server optimizers)")] = "fedavg",
+    server_lr: Annotated[float, typer.Option(help="fedavgm / fedadam: server learning rate")] = 1.0,
+    server_momentum: Annotated[float, typer.Option(help="fedavgm / fedadam: server momentum (beta1)")] = 0.9,
+    personal_epochs: Annotated[int, typer.Option(help="FedRep: epochs on the personal part alone first")] = 0,
+    alternate: Annotated[bool, typer.Option(help="FedRep: then train the shared part alone")] = False,
+    prox_mu: Annotated[float, typer.Option(help="FedProx: proximal weight on the shared part")] = 0.0,
+    keep_local: Annotated[bool, typer.Option(help="each client also keeps a local-only model, serves the better")] = False,
+    history_days: Annotated[Optional[int], typer.Option(help="keep only the last N days of training history per client")] = None,
     baselines: Annotated[bool, typer.Option(help="also train local-only and centralized baselines")] = False,
     json_out: Annotated[Optional[Path], typer.Option("--json", help="write the results here")] = None,
     save_models: Annotated[Optional[Path], typer.Option(help="folder: one checkpoint per client (best round)")] = None,
@@ -136,7 +144,7 @@ def simulate(
     """Run an in-process FedPer federation over feature-level non-IID clients and print each round."""
     from coordinator.simulation.participation import participation
     from coordinator.simulation.federation import FederationConfig, run_federation
-    from edge_agent.data import build_pool, feature_clients, load_csv, load_sites
+    from edge_agent.data import build_pool, feature_clients, load_csv, load_sites, steps_per_day
     from edge_agent.models import ModelConfig
 
     try:
@@ -146,12 +154,14 @@ def simulate(
         )
         fed = FederationConfig(
             rounds=rounds, local_epochs=local_epochs, batch_size=batch_size, lr=lr, seed=seed, twin=twin,
-            twin_max_age=twin_max_age,
+            twin_max_age=twin_max_age, strategy=strategy, server={"lr": server_lr, "momentum": server_momentum},
+            personal_epochs=personal_epochs, alternate=alternate, prox_mu=prox_mu, keep_local=keep_local,
         )
         matrix = participation(dropout, rounds, clients, absence, seed)
         sites = [] if data else load_sites()
         pool = load_csv(data, date_column) if data else build_pool(sites)
-        fleet = feature_clients(pool, clients, f_max, seed, lookback, horizon, stride)
+        history = None if history_days is None else history_days * steps_per_day(pool)
+        fleet = feature_clients(pool, clients, f_max, seed, lookback, horizon, stride, history=history)
     except (DataError, ValidationError, ValueError) as exc:
         fail(str(exc))
     counts = [c.n_features for c in fleet]
@@ -194,7 +204,7 @@ def simulate(
             save_checkpoint(model, save_models / f"{client.name}.safetensors", list(client.columns))
         console.print(f"wrote {len(fleet)} checkpoints to {save_models}")
     if baselines:
-        summary.update(run_baselines(fleet, cfg, fed, max_epochs=rounds * local_epochs))
+        summary.update(run_baselines(fleet, cfg, fed))
     if json_out:
         json_out.parent.mkdir(parents=True, exist_ok=True)
         json_out.write_text(json.dumps(summary, indent=2))
@@ -233,14 +243,14 @@ def pretrain_command(
     console.print(f"\nwrote {out} (sha256 {digest})", soft_wrap=True)
 
 
-def run_baselines(fleet, cfg, fed, max_epochs: int) -> dict[str, dict[str, float]]:
+def run_baselines(fleet, cfg, fed) -> dict[str, dict[str, float]]:
     """Local-only and centralized baselines with the same epoch budget as the federation."""
     from coordinator.simulation.baselines import TrainingBudget, run_centralized, run_local_only
 
     out = {}
     for name, runner in (("local", run_local_only), ("centralized", run_centralized)):
         with console.status(f"training {name} baseline"):
-            budget = TrainingBudget(max_epochs, max(1, max_epochs // 5), fed.batch_size, fed.lr, fed.seed)
+            budget = TrainingBudget.matching(fed)
             res = runner(fleet, cfg, budget)
         console.print(f"{name:>11}: test MSE {res.test.mse:.4f}, MAE {res.test.mae:.4f}")
         out[name] = {"mse": res.test.mse, "mae": res.test.mae}

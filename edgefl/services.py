@@ -96,14 +96,22 @@ def coordinator_status(config: ConfigPath) -> None:
             f"{row.metrics['loss']:.4f}" if row.metrics else "-", row.metrics.get("closed_by", "-"),
         )
     Console().print(rounds)
-    clients = Table("client", "features", "samples", "online", "last update (round)")
-    last = store.last_reported()
+    clients = Table("client", "features", "samples", "online", "last update (round)", "serves")
+    last, latest = store.last_reported(), store.latest_metrics()
     for client in store.clients().values():
         clients.add_row(client.client_id, str(client.n_features), str(client.n_samples), str(client.online),
-                        str(last.get(client.client_id, "-")))
+                        str(last.get(client.client_id, "-")), _serves(latest.get(client.client_id, {})))
     Console().print(clients)
     for event in store.events(accepted=False)[-10:]:
         Console().print(f"rejected {event['kind']} from {event['client_id']} (round {event['round']}): {event['reason']}")
+
+
+def _serves(metrics: dict) -> str:
+    """Which model a gateway said it serves, with both validation MSEs when it keeps a local one."""
+    if "serving_local" not in metrics:
+        return "federated"
+    which = "local" if metrics["serving_local"] else "federated"
+    return f"{which} (val {metrics['federated_val_mse']:.4f} fed / {metrics['local_val_mse']:.4f} local)"
 
 
 def _agent_config(config: Path):
@@ -147,19 +155,20 @@ def agent_forecast(
 
     cfg = _agent_config(config)
     try:
-        stamps, columns, values = forecast(cfg, onnx)
+        result = forecast(cfg, onnx)
     except (DataError, ValueError) as err:
         _fail(str(err))
+    console.print(f"{cfg.client_id}: forecast by the {result.model} model")
     if csv:
-        print(",".join(["time", *columns]))
-        for stamp, row in zip(stamps, values.tolist()):
+        print(",".join(["time", *result.columns]))
+        for stamp, row in zip(result.stamps, result.values.tolist()):
             print(",".join([stamp, *(f"{v:.6g}" for v in row)]))
         return
-    table = Table(title=f"{cfg.client_id}: next {len(stamps)} steps")
+    table = Table(title=f"{cfg.client_id}: next {len(result.stamps)} steps ({result.model} model)")
     table.add_column("time", no_wrap=True)
-    for column in columns:
+    for column in result.columns:
         table.add_column(column, justify="right")
-    for stamp, row in zip(stamps, values.tolist()):
+    for stamp, row in zip(result.stamps, result.values.tolist()):
         table.add_row(stamp, *(f"{v:.3f}" for v in row))
     Console().print(table)
 

@@ -53,11 +53,12 @@ def coordinator_config(
     return path
 
 
-def agent_config(folder: Path, port: int, index: int, csv: Path, **broker: object) -> Path:
+def agent_config(folder: Path, port: int, index: int, csv: Path, training: dict | None = None,
+                 **broker: object) -> Path:
     data = {
         "fleet": "test", "client_id": f"client{index:02d}", "state_dir": str(folder / f"agent{index}"),
         "seed": SEED, "client_index": index, "data": {"csv": str(csv)}, "model": MODEL,
-        "training": TRAINING, "broker": {"port": port, "keepalive_s": 5, **broker},
+        "training": {**TRAINING, **(training or {})}, "broker": {"port": port, "keepalive_s": 5, **broker},
     }
     path = folder / f"agent{index}.toml"
     path.write_text(dump_toml(data))

@@ -81,7 +81,7 @@ def test_the_fedpod_strategy_sends_each_on_time_client_its_references_and_keeps_
     roster = {t.name: ClientInfo(t.name, 10 * (i + 1), t.latitude, t.longitude) for i, t in enumerate(tables)}
     updates = [ClientUpdate(t.name, initial_prompt_state(foundation, PromptConfig(), i + 5), 10 * (i + 1))
                for i, t in enumerate(tables)]
-    result = strategy.aggregate(1, updates[:3], updates[3:], roster)
+    result = strategy.aggregate(1, initial, updates[:3], updates[3:], roster)
     assert set(result.personal) == {t.name for t in tables[:3]}  # imputed clients get no message
     size = sum(v.numel() for k, v in initial.items() if k.startswith("prompts."))
     for message in result.personal.values():

@@ -99,21 +99,22 @@ def on_time_rounds(store: Store, client: str) -> int:
     return sum(client in {u.client_id for u in store.updates(r.round)} for r in store.rounds())
 
 
-def run_agents(tmp_path: Path, port: int, paths: list[Path], **broker: object) -> list:
-    return [start(tmp_path, f"agent{i}", "agent", "run", "-c", str(agent_config(tmp_path, port, i, p, **broker)))
-            for i, p in enumerate(paths)]
+def run_agents(tmp_path: Path, port: int, paths: list[Path], training: dict | None = None, **broker: object) -> list:
+    return [start(tmp_path, f"agent{i}", "agent", "run", "-c",
+                  str(agent_config(tmp_path, port, i, p, training, **broker))) for i, p in enumerate(paths)]
 
 
 def start_fleet(
     tmp_path: Path, port: int, n_agents: int, rounds: int = ROUNDS, agent_broker: dict | None = None,
-    **overrides: object,
+    training: dict | None = None, **overrides: object,
 ):
     """Client CSVs, a coordinator and one agent per CSV, all started: (coordinator, agents, state dir).
     Round 1 waits for the whole fleet, so a slow-starting agent is never late for it."""
     paths = write_client_csvs(tmp_path, n_agents)
     config = coordinator_config(tmp_path, port, rounds, **{"start_clients": n_agents, **overrides})
     coordinator = start(tmp_path, "coordinator", "coordinator", "serve", "-c", str(config))
-    return coordinator, run_agents(tmp_path, port, paths, **(agent_broker or {})), tmp_path / "coordinator"
+    agents = run_agents(tmp_path, port, paths, training, **(agent_broker or {}))
+    return coordinator, agents, tmp_path / "coordinator"
 
 
 def finish(processes: list, timeout: float = 120) -> None:
@@ -121,15 +122,29 @@ def finish(processes: list, timeout: float = 120) -> None:
         process.wait(timeout)
 
 
-def test_the_forecast_command_prints_the_horizon_after_a_short_run(tmp_path: Path, mosquitto) -> None:
-    coordinator, agents, _ = start_fleet(tmp_path, mosquitto.port, 2, 1, min_clients=2)
+def test_gateways_keeping_a_local_model_say_which_model_they_serve(tmp_path: Path, mosquitto) -> None:
+    """With keep_local each agent reports both candidates' validation MSE; the coordinator's
+    status shows which model each gateway serves, and the forecast says which one made it."""
+    coordinator, agents, db = start_fleet(tmp_path, mosquitto.port, 2, 2, training={"keep_local": True},
+                                          min_clients=2)
     finish([coordinator, *agents])
     assert coordinator.returncode == 0, (tmp_path / "coordinator.log").read_text()
+    store = Store(db)
+    metrics = store.latest_metrics()
+    store.close()
+    assert set(metrics) == {"client00", "client01"}
+    assert all(m["serving_local"] == float(m["local_val_mse"] < m["federated_val_mse"]) for m in metrics.values())
+    status = subprocess.run(
+        [sys.executable, "-m", "edgefl.cli", "coordinator", "status", "-c", str(tmp_path / "coordinator.toml")],
+        capture_output=True, text=True, timeout=120, env={**os.environ, "COLUMNS": "250"},
+    )
+    assert status.returncode == 0 and status.stdout.count(" fed / ") == 2, status.stdout
     forecast = subprocess.run(
         [sys.executable, "-m", "edgefl.cli", "agent", "forecast", "--csv", "-c", str(tmp_path / "agent0.toml")],
         capture_output=True, text=True, timeout=120,
     )
     assert forecast.returncode == 0, forecast.stderr
+    assert "client00: forecast by the " in forecast.stderr
     lines = forecast.stdout.strip().splitlines()
     assert len(lines) == 1 + MODEL["horizon"] and lines[0].startswith("time,")
     assert lines[1].startswith("2022-01-01 00:00:00,") and lines[-1].startswith("2022-01-01 11:00:00,")

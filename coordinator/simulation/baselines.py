@@ -8,11 +8,13 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from coordinator.simulation.federation import FederationConfig
 from edge_agent.data import ClientData
+from edge_agent.learners.companion import LocalCompanion
 from edge_agent.learners.head import client_model, initial_shared_state
 from edge_agent.models import Forecaster, ModelConfig
 from edge_agent.seeds import Stream, seed_for
-from edge_agent.train import Metrics, early_stopping, evaluate, make_optimizer, train_epochs, weighted_metrics
+from edge_agent.train import LocalTraining, Metrics, early_stopping, evaluate, make_optimizer, weighted_metrics
 
 
 @dataclass(frozen=True)
@@ -24,6 +26,12 @@ class TrainingBudget:
     batch_size: int
     lr: float
     seed: int
+
+    @classmethod
+    def matching(cls, fed: FederationConfig) -> TrainingBudget:
+        """The one baseline definition: as many epochs as the federation's rounds x local epochs,
+        the companion's patience, the same batch size, learning rate and seed."""
+        return cls(fed.rounds * fed.local_epochs, fed.local_patience, fed.batch_size, fed.lr, fed.seed)
 
 
 @dataclass
@@ -41,20 +49,16 @@ def fleet_models(clients: Sequence[ClientData], cfg: ModelConfig, seed: int) -> 
 
 
 def run_local_only(clients: Sequence[ClientData], cfg: ModelConfig, budget: TrainingBudget) -> BaselineResult:
-    """Each client trains its own full model on its own data with early stopping (FedQAPer 4.3.1)."""
-    models = fleet_models(clients, cfg, budget.seed)
+    """Each client trains its own full model on its own data with early stopping (FedQAPer 4.3.1):
+    the ``LocalCompanion`` a federated gateway keeps, run for ``budget.max_epochs``."""
+    training = LocalTraining(batch_size=budget.batch_size, lr=budget.lr)
     tests, epochs = {}, {}
-    for i, (model, client) in enumerate(zip(models, clients)):
-        optimizer = make_optimizer(model, budget.lr)
-
-        def run_epoch(epoch: int, model: nn.Module = model, client: ClientData = client) -> None:
-            seed = seed_for(budget.seed, Stream.LOCAL_ONLY_EPOCH, i, epoch)
-            train_epochs(model, client.train, 1, budget.batch_size, optimizer, seed)
-
-        epochs[client.name] = early_stopping(
-            model, run_epoch, lambda: evaluate(model, client.val).mse, budget.max_epochs, budget.patience
-        )
-        tests[client.name] = evaluate(model, client.test)
+    for i, (model, client) in enumerate(zip(fleet_models(clients, cfg, budget.seed), clients)):
+        alone = LocalCompanion(model, client, training, budget.seed, i, budget.patience)
+        while alone.epochs < budget.max_epochs and not alone.stopped:
+            alone.step()
+        epochs[client.name] = alone.epochs
+        tests[client.name] = evaluate(alone.best_model(), client.test)
     sizes = [c.n_train for c in clients]
     return BaselineResult(weighted_metrics(list(tests.values()), sizes), tests, epochs)
 

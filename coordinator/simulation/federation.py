@@ -19,10 +19,10 @@ from edge_agent.learners import HeadLearner
 from edge_agent.learners.head import initial_shared_state
 from edge_agent.models import Forecaster, ModelConfig
 from edge_agent.tensors import TensorDict
-from edge_agent.train import LocalTraining, Metrics, evaluate, weighted_metrics
+from edge_agent.train import HeadTraining, Metrics, evaluate, weighted_metrics
 
 
-class FederationConfig(LocalTraining, TwinSettings, StrategySettings):
+class FederationConfig(HeadTraining, TwinSettings, StrategySettings):
     """Rounds, local training, the strategy and how missing clients are handled (``twin``: a
     FedDTW forecaster name, ``drop`` = plain FedAvg over present ones)."""
 
@@ -48,7 +48,8 @@ class RoundRecord:
     ``test`` is None when the federation was told not to evaluate the test split every round.
     ``imputed`` clients entered aggregation as forecasts of the ``twin`` forecaster; ``dropped``
     ones were missing and had no (recent enough) history; ``late`` ones trained but arrived after
-    the round closed (twin history only). ``global_state`` is the round's aggregate.
+    the round closed (twin history only); ``serving_local`` ones serve their local-only model
+    (``keep_local``), all others the federated one. Metrics are those of the served models.
     """
 
     round: int
@@ -61,6 +62,7 @@ class RoundRecord:
     dropped: tuple[str, ...] = ()
     late: tuple[str, ...] = ()
     twin: str = "drop"
+    serving_local: tuple[str, ...] = ()
 
 
 @dataclass
@@ -68,7 +70,7 @@ class FederationResult:
     """Per-round history; ``test`` is taken at the round with the best global validation MSE.
 
     ``shared`` is the global shared state after the last round, ``states`` the global state of
-    every round; ``models`` are the clients' models as of the best round.
+    every round; ``models`` are the models the clients served as of the best round.
     """
 
     records: list[RoundRecord]
@@ -80,7 +82,7 @@ class FederationResult:
     models: list[Forecaster]
 
 
-def head_learners(clients: Sequence[ClientData], cfg: ModelConfig, training: LocalTraining,
+def head_learners(clients: Sequence[ClientData], cfg: ModelConfig, training: HeadTraining,
                   seed: int) -> list[HeadLearner]:
     """One learner per client, each seeded by its index in the fleet (as ``client_index`` in agent.toml)."""
     return [HeadLearner(cfg, client, training, seed, i) for i, client in enumerate(clients)]
@@ -103,28 +105,29 @@ def run_federation(
         raise ValueError(f"participation matrix is {participation.present.shape}, "
                          f"expected (rounds, clients) = {(fed.rounds, len(clients))}")
     learners = head_learners(clients, cfg, fed, fed.seed)
-    models = [learner.model for learner in learners]
     roster = [ClientInfo(c.name, c.n_train) for c in clients]
     initial = initial_shared_state(cfg, fed.seed)
     engine = RoundEngine(make_strategy(fed, initial, fed.seed), fed)
     sizes = [c.n_train for c in clients]
-    records, states, best = [], [], {"val": float("inf"), "round": 0, "states": None}
+    records, states, best = [], [], {"val": float("inf"), "round": 0, "models": None}
 
     def after_round(done: SimulatedRound) -> None:
         r = done.result
-        val = weighted_metrics([evaluate(m, c.val) for m, c in zip(models, clients)], sizes)
-        test = evaluate_fleet(models, clients)[0] if fed.test_every_round else None
+        choices = [lr.serving_model(r.round + 1) for lr in learners]
+        served = [choice.model for choice in choices]
+        val = weighted_metrics([evaluate(m, c.val) for m, c in zip(served, clients)], sizes)
+        test = evaluate_fleet(served, clients)[0] if fed.test_every_round else None
+        local = tuple(c.name for c, choice in zip(clients, choices) if choice.which == "local")
         records.append(RoundRecord(r.round, r.loss, val, test, done.seconds, r.on_time, r.imputed, r.dropped,
-                                   done.late, r.twin))
+                                   done.late, r.twin, local))
         states.append(r.global_state)
         if val.mse < best["val"]:
-            best.update(val=val.mse, round=r.round, states=[copy.deepcopy(m.state_dict()) for m in models])
+            best.update(val=val.mse, round=r.round, models=[copy.deepcopy(m) for m in served])
         if on_round:
             on_round(records[-1])
 
     final = run_rounds(learners, roster, engine, initial, participation, after_round)
-    for model, state in zip(models, best["states"] or []):
-        model.load_state_dict(state)
+    models = best["models"] or [learner.model for learner in learners]
     test, client_test = evaluate_fleet(models, clients)
     return FederationResult(records, best["round"], test, client_test, final, states, models)
 

@@ -8,6 +8,7 @@ from pydantic import BaseModel, Field, field_validator
 
 from coordinator.strategies.base import Aggregate, ClientInfo, ClientUpdate, Strategy, weighted_mean
 from coordinator.strategies.fedavg import FedAvg
+from coordinator.strategies.fedopt import FedAdam, FedAvgM, ServerSettings
 from coordinator.strategies.fedpod import FedPoD, GraphSettings
 from edge_agent.registry import registered
 from edge_agent.tensors import TensorDict
@@ -19,6 +20,7 @@ class StrategySettings(BaseModel):
 
     strategy: str = Field("fedavg", description="how a round's updates are combined")
     fedpod: GraphSettings = Field(GraphSettings(), description="fedpod: graph training and personalization")
+    server: ServerSettings = Field(ServerSettings(), description="fedavgm / fedadam: the server optimizer")
 
     @field_validator("strategy")
     @classmethod
@@ -28,6 +30,8 @@ class StrategySettings(BaseModel):
 
 STRATEGIES: dict[str, Callable[[TensorDict, StrategySettings, int], Strategy]] = {
     FedAvg.name: lambda initial, settings, seed: FedAvg(),
+    FedAvgM.name: lambda initial, settings, seed: FedAvgM(settings.server),
+    FedAdam.name: lambda initial, settings, seed: FedAdam(settings.server),
     FedPoD.name: lambda initial, settings, seed: FedPoD(initial, settings.fedpod, seed),
 }
 
@@ -38,6 +42,7 @@ def make_strategy(settings: StrategySettings, initial: TensorDict, seed: int) ->
 
 
 __all__ = [
-    "STRATEGIES", "Aggregate", "ClientInfo", "ClientUpdate", "GraphSettings", "Strategy", "StrategySettings",
+    "STRATEGIES", "Aggregate", "ClientInfo", "ClientUpdate", "GraphSettings", "ServerSettings", "Strategy",
+    "StrategySettings",
     "make_strategy", "weighted_mean",
 ]

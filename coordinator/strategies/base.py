@@ -50,10 +50,10 @@ class Strategy(ABC):
     name: ClassVar[str]
 
     @abstractmethod
-    def aggregate(self, round_number: int, on_time: Sequence[ClientUpdate], imputed: Sequence[ClientUpdate],
-                  roster: Mapping[str, ClientInfo]) -> Aggregate:
-        """Combine the on-time updates and the twins' forecasts (at least one update in all);
-        ``roster`` holds every registered client."""
+    def aggregate(self, round_number: int, current: TensorDict, on_time: Sequence[ClientUpdate],
+                  imputed: Sequence[ClientUpdate], roster: Mapping[str, ClientInfo]) -> Aggregate:
+        """Combine the on-time updates and the twins' forecasts (at least one update in all) into
+        the state that follows ``current``; ``roster`` holds every registered client."""
 
     def state_dict(self) -> TensorDict:
         """What the strategy keeps between rounds (persisted by the service after every round)."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from coordinator.strategies.base import Aggregate, ClientInfo, ClientUpdate, Strategy, weighted_mean
+from edge_agent.tensors import TensorDict
 
 
 class FedAvg(Strategy):
@@ -13,6 +14,6 @@ class FedAvg(Strategy):
 
     name = "fedavg"
 
-    def aggregate(self, round_number: int, on_time: Sequence[ClientUpdate], imputed: Sequence[ClientUpdate],
-                  roster: Mapping[str, ClientInfo]) -> Aggregate:
+    def aggregate(self, round_number: int, current: TensorDict, on_time: Sequence[ClientUpdate],
+                  imputed: Sequence[ClientUpdate], roster: Mapping[str, ClientInfo]) -> Aggregate:
         return Aggregate(weighted_mean([*on_time, *imputed]))

@@ -37,8 +37,8 @@ class FedPoD(Strategy):
         sizes = {name: view.shape[1] for name, view in views_from_states([initial]).items()}
         self.settings, self.graphs = settings, DynamicGraphs(sizes, seed_for(seed, Stream.GRAPH_INIT))
 
-    def aggregate(self, round_number: int, on_time: Sequence[ClientUpdate], imputed: Sequence[ClientUpdate],
-                  roster: Mapping[str, ClientInfo]) -> Aggregate:
+    def aggregate(self, round_number: int, current: TensorDict, on_time: Sequence[ClientUpdate],
+                  imputed: Sequence[ClientUpdate], roster: Mapping[str, ClientInfo]) -> Aggregate:
         state = weighted_mean([*on_time, *imputed])
         if not on_time:
             return Aggregate(state)

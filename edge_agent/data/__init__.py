@@ -4,7 +4,7 @@ from edge_agent.data.csv import load_csv
 from edge_agent.data.fleet import feature_clients
 from edge_agent.data.pool import allocate_features, build_pool, client_tables, feature_sites, site_coordinates
 from edge_agent.data.synthetic import synthetic_clients, synthetic_table
-from edge_agent.data.table import DataError, SeriesTable
+from edge_agent.data.table import DataError, SeriesTable, steps_per_day
 from edge_agent.data.weather import SITES, WEATHER_VARIABLES, SiteSpec, list_sites, load_site, load_sites
 from edge_agent.data.windows import (
     TIME_FEATURES,
@@ -23,6 +23,7 @@ __all__ = [
     "ClientData",
     "DataError",
     "SeriesTable",
+    "steps_per_day",
     "SiteSpec",
     "StandardScaler",
     "WindowSet",

@@ -16,8 +16,10 @@ def feature_clients(
     horizon: int,
     stride: int = 1,
     val_stride: int = 1,
+    history: int | None = None,
 ) -> list[ClientData]:
-    """Feature-level non-IID clients (FedQAPer 3.1), windowed, split and scaled per client.
+    """Feature-level non-IID clients (FedQAPer 3.1), windowed, split and scaled per client
+    (``history``: training rows each client keeps, see ``prepare_client``).
 
     The pool's length is checked first so a short file is reported by its own name.
     """
@@ -27,6 +29,6 @@ def feature_clients(
         raise DataError(f"{pool.name}: {err}") from err
     allocation = allocate_features(pool.n_features, n_clients, f_max, seed)
     return [
-        prepare_client(table, lookback, horizon, stride, val_stride=val_stride)
+        prepare_client(table, lookback, horizon, stride, val_stride=val_stride, history=history)
         for table in client_tables(pool, allocation)
     ]

@@ -70,3 +70,11 @@ class SeriesTable:
         return SeriesTable(
             self.name, self.index, self.values[:, picked], tuple(columns), self.latitude, self.longitude
         )
+
+
+def steps_per_day(table: SeriesTable) -> int:
+    """Rows per day at the table's most common sampling step (24 for hourly data)."""
+    if table.n_rows < 2:
+        raise DataError(f"{table.name}: one row has no sampling step")
+    step = pd.Series(table.index).diff().mode().iloc[0]
+    return max(1, round(pd.Timedelta(days=1) / step))

@@ -195,11 +195,14 @@ def prepare_client(
     stride: int = 1,
     ratios: Ratios = (0.8, 0.1, 0.1),
     val_stride: int = 1,
+    history: int | None = None,
 ) -> ClientData:
     """Split, scale (fitted on train rows only) and window one table.
 
     Train windows start every `stride` rows and validation windows every `val_stride` rows
-    (subsampling both only saves compute); test windows always start at every row.
+    (subsampling both only saves compute); test windows always start at every row. With
+    `history`, only the last `history` rows of the training split are kept (a gateway that has
+    collected only that much), while validation and test stay where they are.
     """
     for name, value in (("stride", stride), ("val_stride", val_stride)):
         if value < 1:
@@ -208,8 +211,10 @@ def prepare_client(
         bounds = split_bounds(table.n_rows, lookback, horizon, ratios)
     except DataError as err:
         raise DataError(f"{table.name}: {err}") from err
-    train_end = bounds["train"][1]
-    scaler = StandardScaler().fit(table.values[:train_end])
+    if history is not None:
+        bounds["train"] = _recent(table.name, bounds["train"], history, lookback + horizon)
+    train_start, train_end = bounds["train"]
+    scaler = StandardScaler().fit(table.values[train_start:train_end])
     series = torch.from_numpy(np.ascontiguousarray(scaler.transform(table.values), dtype=np.float32))
     marks = torch.from_numpy(time_features(table.index))
     strides = {"train": stride, "val": val_stride, "test": 1}
@@ -218,6 +223,14 @@ def prepare_client(
         for split, (a, b) in bounds.items()
     }
     return ClientData(table.name, table.n_features, table.columns, scaler, table.latitude, table.longitude, **sets)
+
+
+def _recent(name: str, train: tuple[int, int], history: int, window: int) -> tuple[int, int]:
+    """The last ``history`` rows of the training range, which must hold one full window."""
+    if history < window:
+        raise DataError(f"{name}: history of {history} rows holds no window of {window} rows")
+    start, end = train
+    return max(start, end - history), end
 
 
 def _window_set(series: torch.Tensor, marks: torch.Tensor, lookback: int, horizon: int, stride: int) -> WindowSet:

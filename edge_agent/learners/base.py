@@ -42,6 +42,11 @@ class Learner(ABC):
     def restore(self, state: TensorDict) -> None:
         """Reinstall a ``personal_state`` saved earlier."""
 
+    def serving_metrics(self, round_index: int) -> dict[str, float]:
+        """Figures about the model this gateway serves once ``round_index`` is announced, sent
+        with its update (none by default)."""
+        return {}
+
     def install_personal(self, tensors: TensorDict) -> None:
         """A per-client message of the round's strategy (e.g. FedPoD's personalized prompts)."""
         raise ValueError(f"a {self.kind} learner takes no personal messages")

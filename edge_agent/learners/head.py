@@ -3,15 +3,22 @@ the forecast head stay on the device."""
 
 from __future__ import annotations
 
+import copy
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import ClassVar
+
+import torch
 
 from edge_agent.data import TIME_FEATURES, ClientData
 from edge_agent.learners.base import Learner
+from edge_agent.learners.companion import LocalCompanion
 from edge_agent.models import Forecaster, ModelConfig, build_forecaster
 from edge_agent.protocol import signature
 from edge_agent.seeds import Stream, seed_for
 from edge_agent.tensors import TensorDict, check_layout, layout_of
-from edge_agent.train import LocalTraining, make_optimizer, train_epochs
+from edge_agent.train import HeadTraining, evaluate, make_optimizer, train_epochs
 
 
 def client_model(cfg: ModelConfig, n_features: int, seed: int, client_index: int) -> Forecaster:
@@ -29,30 +36,95 @@ def head_signature(cfg: ModelConfig, shared: TensorDict) -> str:
 
 
 class HeadLearner(Learner):
-    """Everything under ``shared`` goes on the wire; the personal part stays."""
+    """Everything under ``shared`` goes on the wire; the personal part stays. Each round first fits
+    the personal part to the received shared part (``personal_epochs``), then trains the shared
+    part, alone (``alternate``) or with the personal part, optionally held near the received
+    shared part (``prox_mu``)."""
 
     kind: ClassVar[str] = "head"
 
-    def __init__(self, cfg: ModelConfig, data: ClientData, training: LocalTraining, seed: int, client_index: int):
+    def __init__(self, cfg: ModelConfig, data: ClientData, training: HeadTraining, seed: int, client_index: int):
         self.data, self.training, self.seed, self.client_index = data, training, seed, client_index
         self.model = client_model(cfg, data.n_features, seed, client_index)
         self.n_features, self.n_samples = data.n_features, data.n_train
         self.signature = head_signature(cfg, self.model.shared_state())
+        self.received: TensorDict = self.model.shared_state()
+        self.alone = LocalCompanion(client_model(cfg, data.n_features, seed, client_index), data, training, seed,
+                                    client_index, training.local_patience) if training.keep_local else None
 
     def load_global(self, state: TensorDict) -> None:
         self.model.load_shared_state(state)
+        self.received = {k: v.clone() for k, v in state.items()}
 
     def train(self, round_index: int) -> float:
+        fit_personal(self.model, self.data, self.training,
+                     seed_for(self.seed, Stream.PERSONAL_PHASE, round_index, self.client_index))
         t = self.training
-        return train_epochs(self.model, self.data.train, t.local_epochs, t.batch_size, make_optimizer(self.model, t.lr),
-                            seed_for(self.seed, Stream.LOCAL_TRAINING, round_index, self.client_index))
+        trained = self.model.shared if t.alternate else self.model
+        loss = train_epochs(self.model, self.data.train, t.local_epochs, t.batch_size, make_optimizer(trained, t.lr),
+                            seed_for(self.seed, Stream.LOCAL_TRAINING, round_index, self.client_index),
+                            self._proximal() if t.prox_mu > 0 else None)
+        if self.alone is not None:
+            self.alone.step()
+        return loss
+
+    def serving_model(self, round_index: int) -> Served:
+        """What this gateway serves once ``round_index`` is announced: the federated model (its
+        personal part fitted to the installed global state, as the round's training starts), or
+        with ``keep_local`` its local-only model where that validates better."""
+        model = self.model
+        if self.training.personal_epochs:
+            model = copy.deepcopy(self.model)
+            fit_personal(model, self.data, self.training,
+                         seed_for(self.seed, Stream.PERSONAL_PHASE, round_index, self.client_index))
+        federated = evaluate(model, self.data.val).mse
+        local = self.alone.best_val if self.alone is not None else math.nan
+        if local < federated:
+            return Served(self.alone.best_model(), "local", federated, local)
+        return Served(model, "federated", federated, local)
+
+    def serving_metrics(self, round_index: int) -> dict[str, float]:
+        """With ``keep_local``: both candidates' validation MSE and whether the local one is served."""
+        if self.alone is None:
+            return {}
+        served = self.serving_model(round_index)
+        return {"federated_val_mse": served.federated_val, "local_val_mse": served.local_val,
+                "serving_local": float(served.which == "local")}
 
     def wire_state(self, round_index: int) -> TensorDict:
         return self.model.shared_state()
 
     def personal_state(self) -> TensorDict:
-        return self.model.personal_state()
+        alone = {f"alone.{k}": v for k, v in self.alone.state().items()} if self.alone else {}
+        return {**self.model.personal_state(), **alone}
 
     def restore(self, state: TensorDict) -> None:
-        check_layout(state, layout_of(self.model.personal_state()), "personal state")
-        self.model.load_state_dict(state, strict=False)
+        own = {k: v for k, v in state.items() if not k.startswith("alone.")}
+        check_layout(own, layout_of(self.model.personal_state()), "personal state")
+        self.model.load_state_dict(own, strict=False)
+        if self.alone is not None and "alone.progress" in state:
+            self.alone.restore({k[6:]: v for k, v in state.items() if k.startswith("alone.")})
+
+    def _proximal(self) -> Callable[[], torch.Tensor]:
+        """FedProx: mu/2 times the squared distance of the shared parameters from the received ones."""
+        anchors = [(p, self.received[f"shared.{name}"]) for name, p in self.model.shared.named_parameters()]
+        mu = self.training.prox_mu
+        return lambda: mu / 2 * sum((p - anchor).pow(2).sum() for p, anchor in anchors)
+
+
+@dataclass(frozen=True)
+class Served:
+    """The model a gateway serves, which one it is ("federated" or "local"), and the validation MSE
+    of both candidates (the local one NaN without ``keep_local``)."""
+
+    model: Forecaster
+    which: str
+    federated_val: float
+    local_val: float
+
+
+def fit_personal(model: Forecaster, data: ClientData, training: HeadTraining, seed: int) -> None:
+    """``training.personal_epochs`` epochs on the personal part alone, the shared part frozen."""
+    if training.personal_epochs:
+        train_epochs(model, data.train, training.personal_epochs, training.batch_size,
+                     make_optimizer(model.personal, training.lr), seed)

@@ -1,0 +1,71 @@
+"""Never worse than alone: a gateway's own local-only model, trained beside the federated one.
+
+It trains one epoch per call with a persistent Adam and the local-only baseline's early stopping
+(FedQAPer 4.3.1): the state with the best validation MSE is kept, and training stops after
+``patience`` epochs without improvement. Nothing of it is ever sent. ``run_local_only`` is
+this class run for ``max_epochs``, so the companion of a federation equals the baseline.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import torch
+
+from edge_agent.data import ClientData
+from edge_agent.models import Forecaster
+from edge_agent.seeds import Stream, seed_for
+from edge_agent.tensors import TensorDict, check_layout, layout_of
+from edge_agent.train import LocalTraining, evaluate, make_optimizer, train_epochs
+
+
+class LocalCompanion:
+    """One client's local-only model and its early-stopping bookkeeping."""
+
+    def __init__(self, model: Forecaster, data: ClientData, training: LocalTraining, seed: int, client_index: int,
+                 patience: int):
+        self.model, self.data, self.training, self.patience = model, data, training, patience
+        self.seed, self.client_index = seed, client_index
+        self.optimizer = make_optimizer(model, training.lr)
+        self.best_val, self.best = math.inf, copy.deepcopy(model.state_dict())
+        self.epochs, self.waited = 0, 0
+
+    @property
+    def stopped(self) -> bool:
+        return self.waited >= self.patience
+
+    def step(self) -> None:
+        """One more epoch unless early stopping has ended training; keeps the best state."""
+        if self.stopped:
+            return
+        self.epochs += 1
+        train_epochs(self.model, self.data.train, 1, self.training.batch_size, self.optimizer,
+                     seed_for(self.seed, Stream.LOCAL_ONLY_EPOCH, self.client_index, self.epochs))
+        val = evaluate(self.model, self.data.val).mse
+        if val < self.best_val:
+            self.best_val, self.best, self.waited = val, copy.deepcopy(self.model.state_dict()), 0
+        else:
+            self.waited += 1
+
+    def best_model(self) -> Forecaster:
+        """A copy of the model in its best validation state."""
+        model = copy.deepcopy(self.model)
+        model.load_state_dict(self.best)
+        return model.eval()
+
+    def state(self) -> TensorDict:
+        """Everything needed to go on after a restart (Adam's moments start afresh)."""
+        out = {f"model.{k}": v for k, v in self.model.state_dict().items()}
+        out.update({f"best.{k}": v for k, v in self.best.items()})
+        out["progress"] = torch.tensor([self.best_val, float(self.epochs), float(self.waited)], dtype=torch.float64)
+        return {k: v.detach().clone() for k, v in out.items()}
+
+    def restore(self, state: TensorDict) -> None:
+        own = layout_of(self.model.state_dict())
+        check_layout({k[6:]: v for k, v in state.items() if k.startswith("model.")}, own, "local companion")
+        check_layout({k[5:]: v for k, v in state.items() if k.startswith("best.")}, own, "local companion")
+        self.model.load_state_dict({k[6:]: v for k, v in state.items() if k.startswith("model.")})
+        self.best = {k[5:]: v.clone() for k, v in state.items() if k.startswith("best.")}
+        best_val, epochs, waited = state["progress"].tolist()
+        self.best_val, self.epochs, self.waited = best_val, int(epochs), int(waited)
