@@ -213,7 +213,8 @@ def _refuse_missing_steps(
         return
     missing = np.diff(rows)[jumps] - 1
     shown = ", ".join(
-        f"{n} steps ({duration(n * step)}) between line {lines[i]} ({index[i]}) and line {lines[i + 1]} ({index[i + 1]})"
+        f"{n} steps ({duration(n * step)}) between line {lines[i]} ({index[i]}) "
+        f"and line {lines[i + 1]} ({index[i + 1]})"
         for i, n in zip(jumps[:_MAX_LISTED], missing)
     )
     more = ", ..." if jumps.size > _MAX_LISTED else ""

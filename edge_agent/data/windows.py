@@ -245,7 +245,7 @@ def _require_windows(
     if empty:
         missing = int((~table.present).sum())
         raise DataError(
-            f"{table.name}: no {' / '.join(empty)} window of {lookback} + {horizon} steps without a gap "
+            f"{table.name}: no {' or '.join(empty)} window of {lookback} + {horizon} steps without a gap "
             f"({missing} of {table.n_rows} steps miss a value); fill short gaps (fill = 'ffill' or "
             "'interpolate') or use a shorter lookback"
         )
