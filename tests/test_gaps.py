@@ -93,8 +93,8 @@ def test_timestamps_off_the_step_and_single_rows_are_refused(tmp_path: Path) -> 
     stamps = pd.DatetimeIndex(["2021-01-01 00:00", "2021-01-01 01:00", "2021-01-01 02:30", "2021-01-01 03:00",
                                "2021-01-01 04:00"])
     expected = (
-        "offgrid.csv: 1 timestamps are off the 1:00:00 step from line 2 (2021-01-01 00:00:00): "
-        "line 4 (2021-01-01 02:30:00) (header is line 1)"
+        "offgrid.csv: 1 timestamps are off the 1:00:00 step (the most common interval) from line 2 "
+        "(2021-01-01 00:00:00): line 4 (2021-01-01 02:30:00) (header is line 1)"
     )
     with pytest.raises(DataError) as caught:
         load_csv(_write(tmp_path, _hourly(stamps, np.arange(5.0)), "offgrid.csv"), gaps=FFILL)

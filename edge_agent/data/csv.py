@@ -198,8 +198,8 @@ def _grid_rows(name: str, index: pd.DatetimeIndex, step: pd.Timedelta, lines: np
     if bad.size:
         shown = ", ".join(f"line {lines[i]} ({index[i]})" for i in bad[:_MAX_LISTED])
         raise DataError(
-            f"{name}: {bad.size} timestamps are off the {duration(step)} step from line {lines[0]} "
-            f"({index[0]}): {shown} {_LINES}"
+            f"{name}: {bad.size} timestamps are off the {duration(step)} step (the most common interval) "
+            f"from line {lines[0]} ({index[0]}): {shown} {_LINES}"
         )
     return np.asarray(offsets // step)
 
