@@ -10,7 +10,7 @@ from typing import TypeVar
 import tomli_w
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from edge_agent.data import SeriesTable, load_csv, load_site
+from edge_agent.data import GapPolicy, SeriesTable, load_csv, load_site
 from edge_agent.models import ModelConfig
 from edge_agent.models.prompts import PromptModeSettings
 from edge_agent.mqtt import BrokerConfig
@@ -49,15 +49,20 @@ class DataSource(BaseModel):
     date_column: str | None = None
     site: str | None = None
     columns: list[str] | None = Field(None, description="subset of columns to use (default: all)")
+    gaps: GapPolicy = Field(GapPolicy(), description="missing timestamps and empty cells in csv: refuse, skip or fill")
 
     @model_validator(mode="after")
     def _one_source(self) -> "DataSource":
         if (self.csv is None) == (self.site is None):
             raise ValueError("give exactly one of csv or site")
+        if self.site is not None and "gaps" in self.model_fields_set:
+            raise ValueError("gaps: applies to csv data (the bundled sites have no gaps)")
         return self
 
     def load(self) -> SeriesTable:
-        table = load_csv(self.csv, self.date_column) if self.csv else load_site(self.site)
+        if self.csv:
+            return load_csv(self.csv, self.date_column, self.columns, self.gaps)
+        table = load_site(self.site)
         return table.select(self.columns) if self.columns else table
 
 

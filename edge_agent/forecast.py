@@ -48,6 +48,8 @@ def forecast(cfg: AgentConfig, onnx_model: Path | None = None) -> Forecast:
     with the served torch model or, given ``onnx_model`` (an ``edgefl export onnx`` model.onnx),
     ONNX Runtime."""
     table = cfg.data.load()
+    if not table.present[-cfg.model.lookback :].all():
+        raise ValueError(f"{table.name}: the latest {cfg.model.lookback} steps have a gap; no forecast from them")
     data = prepare_client(table, cfg.model.lookback, cfg.model.horizon)
     series = data.scaler.transform(table.values[-cfg.model.lookback :]).astype("float32")[None]
     marks = time_features(table.index[-cfg.model.lookback :])[None]

@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from edge_agent.data import DataError
+from edge_agent.data import DataError, GapPolicy
 from edgefl.export_cli import energy_command, export_app
 from edgefl.services import agent_app, coordinator_app
 
@@ -125,6 +125,8 @@ def simulate(
     lr: float = 1e-3,
     data: Annotated[Optional[Path], typer.Option(help="your own CSV (date column + numeric columns); default: bundled weather sites")] = None,
     date_column: Annotated[Optional[str], typer.Option(help="name of the date column in --data")] = None,
+    fill: Annotated[str, typer.Option(help="gaps in --data: refuse | skip | ffill | interpolate")] = GapPolicy().fill,
+    max_fill_steps: Annotated[int, typer.Option(help="longest gap (steps) that --fill fills")] = GapPolicy().max_fill_steps,
     dropout: Annotated[str, typer.Option(help="participation scenario: fpr (everyone) | rcd | vcpr | np | du")] = "fpr",
     absence: Annotated[float, typer.Option(help="share of missing updates under --dropout")] = 0.5,
     twin: Annotated[str, typer.Option(help="impute missing clients: drop | stale | maf | wsf (FedDTW)")] = "drop",
@@ -158,18 +160,24 @@ def simulate(
             personal_epochs=personal_epochs, alternate=alternate, prox_mu=prox_mu, keep_local=keep_local,
         )
         matrix = participation(dropout, rounds, clients, absence, seed)
+        gaps = GapPolicy(fill=fill, max_fill_steps=max_fill_steps)
+        if not data and gaps != GapPolicy():
+            raise ValueError("--fill and --max-fill-steps apply to --data (the bundled weather sites have no gaps)")
         sites = [] if data else load_sites()
-        pool = load_csv(data, date_column) if data else build_pool(sites)
+        pool = load_csv(data, date_column, gaps=gaps) if data else build_pool(sites)
         history = None if history_days is None else history_days * steps_per_day(pool)
         fleet = feature_clients(pool, clients, f_max, seed, lookback, horizon, stride, history=history)
     except (DataError, ValidationError, ValueError) as exc:
         fail(str(exc))
+    if pool.gaps and pool.gaps.gaps:
+        console.print(f"{pool.name}: {pool.gaps.summary()}", soft_wrap=True)
     counts = [c.n_features for c in fleet]
+    dropped = sum(c.train.dropped for c in fleet)
     console.print(
         f"[bold]{len(fleet)} clients[/] from a pool of {pool.n_features} features "
         f"({pool.name if data else f'{len(sites)} pvlib weather sites'}); "
-        f"features per client {min(counts)}..{max(counts)}; {sum(c.n_train for c in fleet)} train windows; "
-        f"backbone {backbone} ({projection})"
+        f"features per client {min(counts)}..{max(counts)}; {sum(c.n_train for c in fleet)} train windows"
+        f"{f' ({dropped} dropped at gaps)' if dropped else ''}; backbone {backbone} ({projection})"
     )
     table = round_table()
     with Live(table, console=console, refresh_per_second=4):

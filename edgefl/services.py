@@ -141,6 +141,8 @@ def agent_run(config: ConfigPath, verbose: bool = False) -> None:
         agent = Agent(cfg, on_event=_print_agent_event)
     except (DataError, ValueError) as err:
         _fail(str(err))
+    if agent.table.gaps and agent.table.gaps.gaps:
+        console.print(f"{agent.table.name}: {agent.table.gaps.summary()}", soft_wrap=True)
     agent.run(stop=_Stopper())
 
 

@@ -74,6 +74,25 @@ def test_simulate_reports_bad_input_clearly(tmp_path: Path) -> None:
     assert proc.returncode == 2 and "resnet" in proc.stdout and "dlinear" in proc.stdout
 
 
+def test_simulate_refuses_gaps_unless_told_to_fill_or_skip_them(tmp_path: Path) -> None:
+    csv = write_csv(tmp_path / "gaps.csv")
+    lines = csv.read_text().splitlines()
+    csv.write_text("\n".join(lines[:100] + lines[102:250] + lines[270:]) + "\n")  # 2 and 20 missing hours
+    proc = edgefl("simulate", "--data", str(csv), "--lookback", "24", "--horizon", "12")
+    out = " ".join(proc.stdout.split())
+    assert proc.returncode == 2 and "2 gaps in the timestamps (22 missing steps" in out and "--fill" in out
+    proc = edgefl(
+        "simulate", "--data", str(csv), "--clients", "3", "--f-max", "2", "--rounds", "1", "--lookback", "24",
+        "--horizon", "12", "--d-qap", "16", "--fill", "ffill", "--max-fill-steps", "2",
+    )
+    out = " ".join(proc.stdout.split())
+    assert proc.returncode == 0, proc.stderr
+    assert "gaps.csv: one row every 1:00:00; 2 gaps (22 missing steps); filled 1 (2 steps) by ffill" in out
+    assert "dropped at gaps" in out and "best round" in out
+    proc = edgefl("simulate", "--fill", "skip", "--rounds", "1")
+    assert proc.returncode == 2 and "--fill and --max-fill-steps apply to --data" in " ".join(proc.stdout.split())
+
+
 def test_sites_lists_the_bundled_weather_stations() -> None:
     proc = edgefl("sites")
     assert proc.returncode == 0, proc.stderr

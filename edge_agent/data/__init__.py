@@ -2,6 +2,7 @@
 
 from edge_agent.data.csv import load_csv
 from edge_agent.data.fleet import feature_clients
+from edge_agent.data.gaps import Cell, GapPolicy, GapReport, fill_gaps
 from edge_agent.data.pool import allocate_features, build_pool, client_tables, feature_sites, site_coordinates
 from edge_agent.data.synthetic import synthetic_clients, synthetic_table
 from edge_agent.data.table import DataError, SeriesTable, steps_per_day
@@ -20,8 +21,11 @@ __all__ = [
     "SITES",
     "TIME_FEATURES",
     "WEATHER_VARIABLES",
+    "Cell",
     "ClientData",
     "DataError",
+    "GapPolicy",
+    "GapReport",
     "SeriesTable",
     "steps_per_day",
     "SiteSpec",
@@ -32,6 +36,7 @@ __all__ = [
     "client_tables",
     "feature_clients",
     "feature_sites",
+    "fill_gaps",
     "list_sites",
     "load_csv",
     "load_site",

@@ -1,6 +1,8 @@
 """Loader for the standard long-horizon CSV layout (ETTh1, Electricity, Traffic): a date then numeric columns.
 
-Row numbers in error messages are file line numbers, counting the header as line 1.
+The sampling step is the most common interval between rows. Missing timestamps and empty cells are
+gaps: refused unless a GapPolicy skips or fills them. Row numbers in error messages are file line
+numbers, counting the header as line 1.
 """
 
 from __future__ import annotations
@@ -11,18 +13,24 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from edge_agent.data.gaps import Cell, GapPolicy, GapReport, duration, fill_gaps
 from edge_agent.data.table import DataError, SeriesTable
 
 _MAX_LISTED = 5
 _LINES = "(header is line 1)"
+_FILL_HINT = "to skip or fill them, pass --fill skip|ffill|interpolate (in agent.toml: data.gaps.fill)"
 
 
 def load_csv(
-    path: str | Path, date_column: str | None = None, columns: Sequence[str] | None = None
+    path: str | Path,
+    date_column: str | None = None,
+    columns: Sequence[str] | None = None,
+    gaps: GapPolicy = GapPolicy(),
 ) -> SeriesTable:
-    """Read a date-indexed numeric CSV into a float32 SeriesTable, validating every field.
+    """Read a date-indexed numeric CSV into a float32 SeriesTable on its regular step, validating every field.
 
-    With `columns=None` all numeric columns are kept and purely textual ones are ignored.
+    With `columns=None` all numeric columns are kept and purely textual ones are ignored. Gaps are
+    handled as `gaps` says; the table's `gaps` attribute reports what was found and filled.
     """
     path = Path(path)
     frame, lines = _read_frame(path)
@@ -31,9 +39,16 @@ def load_csv(
     index = _parse_dates(name, frame[date_name], lines)
     wanted = _pick_value_columns(name, frame, date_name, columns)
     values = np.column_stack([_numeric(name, frame[c], lines) for c in wanted])
-    _check_finite(name, values, wanted, lines)
+    _check_finite(name, values, wanted, lines, gaps)
     _check_float32_range(name, values, wanted, lines)
-    return SeriesTable(name, index, values.astype(np.float32), tuple(wanted))
+    step = _infer_step(name, index)
+    rows = _grid_rows(name, index, step, lines)
+    if gaps.fill == "refuse":
+        _refuse_missing_steps(name, index, rows, step, lines)
+    index, values = _on_grid(index, rows, step, values)
+    values, status = fill_gaps(values, gaps)
+    report = GapReport.of(index, status, step, gaps)
+    return SeriesTable(name, index, values, tuple(wanted), observed=status != Cell.MISSING, gaps=report)
 
 
 def _read_frame(path: Path) -> tuple[pd.DataFrame, np.ndarray]:
@@ -133,16 +148,20 @@ def _numeric(name: str, raw: pd.Series, lines: np.ndarray) -> np.ndarray:
     return parsed.to_numpy(dtype=np.float64, na_value=np.nan)
 
 
-def _check_finite(name: str, values: np.ndarray, columns: list[str], lines: np.ndarray) -> None:
-    """Raise listing, per column, the count and first lines of NaN/inf cells."""
+def _check_finite(name: str, values: np.ndarray, columns: list[str], lines: np.ndarray, gaps: GapPolicy) -> None:
+    """Raise listing, per column, the count and first lines of inf cells, and of NaN (empty) cells
+    too when the policy refuses gaps."""
+    refused = np.isinf(values) | (np.isnan(values) if gaps.fill == "refuse" else False)
+    kind = "NaN/inf" if gaps.fill == "refuse" else "inf"
     problems = []
-    for j in np.flatnonzero(~np.isfinite(values).all(axis=0)):
-        bad = np.flatnonzero(~np.isfinite(values[:, j]))
+    for j in np.flatnonzero(refused.any(axis=0)):
+        bad = np.flatnonzero(refused[:, j])
         shown = ", ".join(str(lines[i]) for i in bad[:_MAX_LISTED])
         more = ", ..." if bad.size > _MAX_LISTED else ""
-        problems.append(f"column '{columns[j]}' has {bad.size} NaN/inf values at lines {shown}{more}")
+        problems.append(f"column '{columns[j]}' has {bad.size} {kind} values at lines {shown}{more}")
     if problems:
-        raise DataError(f"{name}: " + "; ".join(problems) + f" {_LINES}")
+        hint = f"; {_FILL_HINT}" if (refused & np.isnan(values)).any() else ""
+        raise DataError(f"{name}: " + "; ".join(problems) + f" {_LINES}{hint}")
 
 
 def _check_float32_range(name: str, values: np.ndarray, columns: list[str], lines: np.ndarray) -> None:
@@ -154,6 +173,70 @@ def _check_float32_range(name: str, values: np.ndarray, columns: list[str], line
             f"{name}: column '{columns[j]}' has {int(too_big[:, j].sum())} values beyond float32 range, "
             f"first at line {lines[i]} ({values[i, j]:g}) {_LINES}"
         )
+
+
+def _infer_step(name: str, index: pd.DatetimeIndex) -> pd.Timedelta:
+    """The sampling step: the most common interval between consecutive rows, refused unless it is
+    at least half of them (otherwise the file has no regular step to fill or window on)."""
+    if len(index) < 2:
+        raise DataError(f"{name}: only one data row; the sampling step needs at least two")
+    intervals, counts = np.unique(np.asarray(index[1:] - index[:-1]), return_counts=True)
+    order = np.argsort(-counts, kind="stable")
+    if 2 * counts[order[0]] < counts.sum():
+        seen = ", ".join(f"{duration(intervals[i])} ({counts[i]} times)" for i in order[:_MAX_LISTED])
+        raise DataError(
+            f"{name}: no regular sampling step: the most common interval between rows covers only "
+            f"{counts[order[0]]} of {counts.sum()}; intervals seen: {seen}"
+        )
+    return pd.Timedelta(intervals[order[0]])
+
+
+def _grid_rows(name: str, index: pd.DatetimeIndex, step: pd.Timedelta, lines: np.ndarray) -> np.ndarray:
+    """Each row's position on the regular grid from the first timestamp; rows off the grid are refused."""
+    offsets = index - index[0]
+    bad = np.flatnonzero(np.asarray(offsets % step) != np.timedelta64(0))
+    if bad.size:
+        shown = ", ".join(f"line {lines[i]} ({index[i]})" for i in bad[:_MAX_LISTED])
+        raise DataError(
+            f"{name}: {bad.size} timestamps are off the {duration(step)} step (the most common interval) "
+            f"from line {lines[0]} ({index[0]}): {shown} {_LINES}"
+        )
+    return np.asarray(offsets // step)
+
+
+def _refuse_missing_steps(
+    name: str, index: pd.DatetimeIndex, rows: np.ndarray, step: pd.Timedelta, lines: np.ndarray
+) -> None:
+    """Raise listing where timestamps are missing (the file lines either side) and for how many steps."""
+    jumps = np.flatnonzero(np.diff(rows) > 1)
+    if not jumps.size:
+        return
+    missing = np.diff(rows)[jumps] - 1
+    shown = ", ".join(
+        f"{n} steps ({duration(n * step)}) between line {lines[i]} ({index[i]}) "
+        f"and line {lines[i + 1]} ({index[i + 1]})"
+        for i, n in zip(jumps[:_MAX_LISTED], missing)
+    )
+    more = ", ..." if jumps.size > _MAX_LISTED else ""
+    raise DataError(
+        f"{name}: {jumps.size} gaps in the timestamps ({missing.sum()} missing steps of {duration(step)}): "
+        f"{shown}{more} {_LINES}; {_FILL_HINT}"
+    )
+
+
+def _on_grid(
+    index: pd.DatetimeIndex, rows: np.ndarray, step: pd.Timedelta, values: np.ndarray
+) -> tuple[pd.DatetimeIndex, np.ndarray]:
+    """Put the rows on the regular grid from the first to the last timestamp, missing steps as NaN rows.
+
+    A file without missing timestamps keeps its own index and values as they are.
+    """
+    if rows[-1] + 1 == len(index):
+        return index, values
+    grid = pd.date_range(index[0], periods=rows[-1] + 1, freq=step, unit=index.unit)
+    full = np.full((len(grid), values.shape[1]), np.nan)
+    full[rows] = values
+    return grid, full
 
 
 def _short(columns: pd.Index) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 import numpy as np
 
@@ -24,7 +25,8 @@ def build_pool(tables: Sequence[SeriesTable]) -> SeriesTable:
             raise DataError(f"build_pool: '{table.name}' has a different time index than '{reference.name}'")
     columns = tuple(f"{t.name}{SEPARATOR}{c}" for t in tables for c in t.columns)
     values = np.concatenate([t.values for t in tables], axis=1)
-    return SeriesTable("pool", reference.index, values, columns)
+    observed = np.concatenate([t.observed for t in tables], axis=1)
+    return SeriesTable("pool", reference.index, values, columns, observed=observed)
 
 
 def feature_sites(pool: SeriesTable) -> list[str]:
@@ -67,7 +69,7 @@ def client_tables(pool: SeriesTable, allocation: list[list[int]]) -> list[Series
         name = f"client{k:0{width}d}"
         _check_features(name, features, pool.n_features)
         columns = tuple(pool.columns[i] for i in features)
-        clients.append(SeriesTable(name, pool.index, pool.values[:, list(features)], columns))
+        clients.append(replace(pool.select(columns), name=name))
     return clients
 
 

@@ -8,6 +8,8 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from edge_agent.data.gaps import GapReport
+
 
 class DataError(ValueError):
     """Bad input data: the message names the file/column and the reason."""
@@ -18,6 +20,8 @@ class SeriesTable:
     """A regular multivariate time series: timestamps plus named float columns, with optional site coordinates.
 
     `values` is stored as a read-only float32 array so cached tables cannot be changed by accident.
+    `observed` (same shape, default all True) marks the cells that hold a value; the others are NaN
+    and no window may cover their rows. `gaps` is the loader's report of what it found and filled.
     """
 
     name: str
@@ -26,11 +30,18 @@ class SeriesTable:
     columns: tuple[str, ...]
     latitude: float | None = None
     longitude: float | None = None
+    observed: np.ndarray | None = None
+    gaps: GapReport | None = None
 
     def __post_init__(self) -> None:
         values = np.array(self.values, dtype=np.float32, copy=True)
-        values.flags.writeable = False
+        observed = np.ones(values.shape, dtype=bool) if self.observed is None else np.array(self.observed, dtype=bool)
+        if observed.shape != values.shape:
+            raise DataError(f"{self.name}: observed mask shape {observed.shape} differs from values {values.shape}")
+        values[~observed] = np.nan
+        values.flags.writeable = observed.flags.writeable = False
         object.__setattr__(self, "values", values)
+        object.__setattr__(self, "observed", observed)
         object.__setattr__(self, "columns", tuple(self.columns))
         self._validate()
 
@@ -46,8 +57,9 @@ class SeriesTable:
             raise DataError(f"{self.name}: duplicate column names in {list(self.columns)}")
         if len(self.index) > 1 and not (np.diff(self.index.asi8) > 0).all():
             raise DataError(f"{self.name}: timestamps are not strictly increasing")
-        if not np.isfinite(self.values).all():
-            bad = [c for c, ok in zip(self.columns, np.isfinite(self.values).all(axis=0)) if not ok]
+        finite = (np.isfinite(self.values) | ~self.observed).all(axis=0)
+        if not finite.all():
+            bad = [c for c, ok in zip(self.columns, finite) if not ok]
             raise DataError(f"{self.name}: non-finite values in columns {bad}")
 
     @property
@@ -60,15 +72,24 @@ class SeriesTable:
         """Number of value columns F."""
         return len(self.columns)
 
+    @property
+    def present(self) -> np.ndarray:
+        """(T,) bool: rows with a value in every column, the only rows a window may cover."""
+        return self.observed.all(axis=1)
+
     def select(self, columns: Sequence[str]) -> SeriesTable:
-        """Return a table with only `columns`, in the given order; unknown names raise DataError."""
+        """Return a table with only `columns`, in the given order; unknown names raise DataError.
+
+        The loader's gap report describes all columns, so the selection does not carry it.
+        """
         position = {c: i for i, c in enumerate(self.columns)}
         unknown = [c for c in columns if c not in position]
         if unknown:
             raise DataError(f"{self.name}: unknown columns {unknown}; available: {list(self.columns)}")
         picked = [position[c] for c in columns]
         return SeriesTable(
-            self.name, self.index, self.values[:, picked], tuple(columns), self.latitude, self.longitude
+            self.name, self.index, self.values[:, picked], tuple(columns), self.latitude, self.longitude,
+            self.observed[:, picked],
         )
 
 

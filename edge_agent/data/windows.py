@@ -138,13 +138,15 @@ def _min_rows(lookback: int, horizon: int, ratios: Ratios) -> int:
 
 @dataclass(eq=False)
 class WindowSet:
-    """Windows over one split: scaled series (rows, F), time features (rows, 4) and window start rows."""
+    """Windows over one split: scaled series (rows, F), time features (rows, 4) and window start rows,
+    plus how many windows were left out because they would cross a gap."""
 
     series: torch.Tensor
     marks: torch.Tensor
     starts: torch.Tensor
     lookback: int
     horizon: int
+    dropped: int = 0
 
     def __len__(self) -> int:
         """Number of windows."""
@@ -197,12 +199,13 @@ def prepare_client(
     val_stride: int = 1,
     history: int | None = None,
 ) -> ClientData:
-    """Split, scale (fitted on train rows only) and window one table.
+    """Split, scale (fitted on present train rows only) and window one table.
 
     Train windows start every `stride` rows and validation windows every `val_stride` rows
-    (subsampling both only saves compute); test windows always start at every row. With
-    `history`, only the last `history` rows of the training split are kept (a gateway that has
-    collected only that much), while validation and test stay where they are.
+    (subsampling both only saves compute); test windows always start at every row. Windows that
+    would cover a row with a missing value are left out. With `history`, only the last `history`
+    rows of the training split are kept (a gateway that has collected only that much), while
+    validation and test stay where they are.
     """
     for name, value in (("stride", stride), ("val_stride", val_stride)):
         if value < 1:
@@ -213,13 +216,18 @@ def prepare_client(
         raise DataError(f"{table.name}: {err}") from err
     if history is not None:
         bounds["train"] = _recent(table.name, bounds["train"], history, lookback + horizon)
+    present = table.present
+    strides = {"train": stride, "val": val_stride, "test": 1}
+    starts = {
+        split: _window_starts(present[a:b], lookback + horizon, strides[split]) for split, (a, b) in bounds.items()
+    }
+    _require_windows(table, starts, lookback, horizon)
     train_start, train_end = bounds["train"]
-    scaler = StandardScaler().fit(table.values[train_start:train_end])
+    scaler = StandardScaler().fit(table.values[train_start:train_end][present[train_start:train_end]])
     series = torch.from_numpy(np.ascontiguousarray(scaler.transform(table.values), dtype=np.float32))
     marks = torch.from_numpy(time_features(table.index))
-    strides = {"train": stride, "val": val_stride, "test": 1}
     sets = {
-        split: _window_set(series[a:b], marks[a:b], lookback, horizon, strides[split])
+        split: WindowSet(series[a:b], marks[a:b], starts[split][0], lookback, horizon, starts[split][1])
         for split, (a, b) in bounds.items()
     }
     return ClientData(table.name, table.n_features, table.columns, scaler, table.latitude, table.longitude, **sets)
@@ -233,7 +241,24 @@ def _recent(name: str, train: tuple[int, int], history: int, window: int) -> tup
     return max(start, end - history), end
 
 
-def _window_set(series: torch.Tensor, marks: torch.Tensor, lookback: int, horizon: int, stride: int) -> WindowSet:
-    """All windows of one split that fit completely, starting every `stride` rows."""
-    starts = torch.arange(0, series.shape[0] - lookback - horizon + 1, stride, dtype=torch.long)
-    return WindowSet(series, marks, starts, lookback, horizon)
+def _window_starts(present: np.ndarray, length: int, stride: int) -> tuple[torch.Tensor, int]:
+    """Start rows of one split's windows, every `stride` rows, without those that would cover a
+    missing row; and how many of those were left out."""
+    starts = np.arange(0, len(present) - length + 1, stride)
+    missing_before = np.concatenate([[0], np.cumsum(~present)])
+    complete = missing_before[starts + length] == missing_before[starts]
+    return torch.from_numpy(starts[complete]), int((~complete).sum())
+
+
+def _require_windows(
+    table: SeriesTable, starts: dict[str, tuple[torch.Tensor, int]], lookback: int, horizon: int
+) -> None:
+    """Refuse a table whose gaps leave a split without a single window."""
+    empty = [split for split, (kept, _) in starts.items() if not kept.numel()]
+    if empty:
+        missing = int((~table.present).sum())
+        raise DataError(
+            f"{table.name}: no {' or '.join(empty)} window of {lookback} + {horizon} steps without a gap "
+            f"({missing} of {table.n_rows} steps miss a value); fill short gaps (fill = 'ffill' or "
+            "'interpolate') or use a shorter lookback"
+        )
