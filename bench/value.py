@@ -1,17 +1,18 @@
 """Does joining the fleet pay? Fed variants vs Local-only vs Centralized where sharing can help.
 
 Two real multi-site datasets: the bundled weather stations (feature-level non-IID clients carved
-from the seven pvlib sites, as in bench/fedqaper.py) and 17 homes of CityLearn 2022 (load and PV
+from the seven pvlib sites, as in bench/fedqaper.py) and 16 homes of CityLearn 2022 (load and PV
 per home, bench/datasets.py). Each client keeps only the last K days of training history
 (K in 14, 30, 90 and the full training split); validation and test stay fixed. Methods: Local-only
 (each client alone, early stopping), Centralized (one shared part trained on every client's
-batches), FedAvg (FedPer), FedAvgM (server momentum), and FedAvg with ``keep_local`` (each gateway
-serves its local-only model where that validates better). Reported per (dataset, K, backbone,
+batches), FedAvg (FedPer), FedRep-style FedPer (2 epochs fitting the personal part to each new
+global state before the joint local epoch), and the same with ``keep_local`` (each gateway serves
+its local-only model where that validates better). Reported per (dataset, K, backbone,
 method) over seeds: test MSE mean and half-range, how many clients beat their Local-only model,
 and the share of the centralized gain that federation captures, (Local - Fed) / (Local -
 Centralized), where Centralized beats Local. Usage:
 
-    python bench/value.py --quick     # 2 backbones, about 15 min on 2 cores
+    python bench/value.py --quick     # DLinear, about 15 min on 2 cores
     python bench/value.py             # 4 backbones, more rounds
 """
 
@@ -24,15 +25,15 @@ from pathlib import Path
 from common import bench_parser, configure, run_config, run_parallel, save_figure, write_report
 
 QUICK = {
-    "datasets": ["stations", "homes"], "history_days": [14, 30, 90, 0], "backbones": ["dlinear", "spikernn"],
+    "datasets": ["stations", "homes"], "history_days": [14, 30, 90, 0], "backbones": ["dlinear"],
     "seeds": [1, 2, 3], "clients": 20, "f_max": 20, "lookback": 48, "horizon": 24, "d_qap": 32, "qap_heads": 4,
-    "hidden": 32, "d_ff": 64, "heads": 4, "batch_size": 32, "lr": 3e-3, "rounds": 8, "local_epochs": 1,
-    "patience": 3, "max_windows": 256, "val_stride": 7, "server_lr": 1.0, "server_momentum": 0.5,
+    "hidden": 32, "d_ff": 64, "heads": 4, "batch_size": 32, "lr": 3e-3, "rounds": 6, "local_epochs": 1,
+    "patience": 3, "max_windows": 96, "val_stride": 7,
 }
 FULL = {**QUICK, "backbones": ["dlinear", "itransformer", "spikernn", "ispikformer"], "rounds": 24,
-        "max_windows": 1024, "val_stride": 1}
-METHODS = ("local", "centralized", "fedavg", "fedavgm", "fedavg_select")
-FEDERATED = {"fedavg": {}, "fedavgm": {"strategy": "fedavgm"}, "fedavg_select": {"keep_local": True}}
+        "max_windows": 512, "val_stride": 1}
+METHODS = ("local", "centralized", "fedavg", "fedrep", "fedrep_select")
+FEDERATED = {"fedavg": {}, "fedrep": {"personal_epochs": 2}, "fedrep_select": {"personal_epochs": 2, "keep_local": True}}
 
 
 @functools.lru_cache(maxsize=8)
@@ -69,7 +70,6 @@ def run_job(dataset: str, days: int, backbone: str, method: str, seed: int, cfg:
                         qap_heads=cfg["qap_heads"], hidden=cfg["hidden"], d_ff=cfg["d_ff"], heads=cfg["heads"])
     fed = FederationConfig(rounds=cfg["rounds"], local_epochs=cfg["local_epochs"], batch_size=cfg["batch_size"],
                            lr=cfg["lr"], seed=seed, local_patience=cfg["patience"], test_every_round=False,
-                           server={"lr": cfg["server_lr"], "momentum": cfg["server_momentum"]},
                            **FEDERATED.get(method, {}))
     if method in ("local", "centralized"):
         result = (run_local_only if method == "local" else run_centralized)(fleet, model, TrainingBudget.matching(fed))
@@ -154,7 +154,7 @@ def plot(summary: dict, path: Path) -> None:
 
 
 def main() -> None:
-    args, cfg, started = configure(bench_parser(__doc__, "2 backbones, 8 rounds (about 15 min on 2 cores)"),
+    args, cfg, started = configure(bench_parser(__doc__, "DLinear only, 6 rounds (about 15 min on 2 cores)"),
                                    QUICK, FULL)
     runs = run_parallel(run_job, jobs(cfg), args.workers,
                         lambda r: f"{r['dataset']:>8} K={r['history_days'] or 'full':>4} {r['backbone']:>8} "

@@ -49,16 +49,18 @@ class HeadLearner(Learner):
         self.n_features, self.n_samples = data.n_features, data.n_train
         self.signature = head_signature(cfg, self.model.shared_state())
         self.received: TensorDict = self.model.shared_state()
+        self._fitted: tuple[int, TensorDict] | None = None
         self.alone = LocalCompanion(client_model(cfg, data.n_features, seed, client_index), data, training, seed,
                                     client_index, training.local_patience) if training.keep_local else None
 
     def load_global(self, state: TensorDict) -> None:
         self.model.load_shared_state(state)
+        if any(not torch.equal(state[k], self.received[k]) for k in state):
+            self._fitted = None  # a remembered personal phase belongs to the previous global state
         self.received = {k: v.clone() for k, v in state.items()}
 
     def train(self, round_index: int) -> float:
-        fit_personal(self.model, self.data, self.training,
-                     seed_for(self.seed, Stream.PERSONAL_PHASE, round_index, self.client_index))
+        self._fit_personal(self.model, round_index)
         t = self.training
         trained = self.model.shared if t.alternate else self.model
         loss = train_epochs(self.model, self.data.train, t.local_epochs, t.batch_size, make_optimizer(trained, t.lr),
@@ -75,8 +77,7 @@ class HeadLearner(Learner):
         model = self.model
         if self.training.personal_epochs:
             model = copy.deepcopy(self.model)
-            fit_personal(model, self.data, self.training,
-                         seed_for(self.seed, Stream.PERSONAL_PHASE, round_index, self.client_index))
+            self._fit_personal(model, round_index)
         federated = evaluate(model, self.data.val).mse
         local = self.alone.best_val if self.alone is not None else math.nan
         if local < federated:
@@ -105,6 +106,20 @@ class HeadLearner(Learner):
         if self.alone is not None and "alone.progress" in state:
             self.alone.restore({k[6:]: v for k, v in state.items() if k.startswith("alone.")})
 
+    def _fit_personal(self, model: Forecaster, round_index: int) -> None:
+        """The round's personal phase on ``model``. Its result is remembered for the round, so
+        serving a round and then training it (the simulation does both) fits only once; the fit
+        is deterministic, so reusing it changes nothing."""
+        if not self.training.personal_epochs:
+            return
+        if self._fitted is not None and self._fitted[0] == round_index:
+            model.load_state_dict(self._fitted[1], strict=False)
+            return
+        train_epochs(model, self.data.train, self.training.personal_epochs, self.training.batch_size,
+                     make_optimizer(model.personal, self.training.lr),
+                     seed_for(self.seed, Stream.PERSONAL_PHASE, round_index, self.client_index))
+        self._fitted = (round_index, model.personal_state())
+
     def _proximal(self) -> Callable[[], torch.Tensor]:
         """FedProx: mu/2 times the squared distance of the shared parameters from the received ones."""
         anchors = [(p, self.received[f"shared.{name}"]) for name, p in self.model.shared.named_parameters()]
@@ -121,10 +136,3 @@ class Served:
     which: str
     federated_val: float
     local_val: float
-
-
-def fit_personal(model: Forecaster, data: ClientData, training: HeadTraining, seed: int) -> None:
-    """``training.personal_epochs`` epochs on the personal part alone, the shared part frozen."""
-    if training.personal_epochs:
-        train_epochs(model, data.train, training.personal_epochs, training.batch_size,
-                     make_optimizer(model.personal, training.lr), seed)
