@@ -55,7 +55,7 @@ def run_job(model: str, seed: int, scenario: str, method: str, cfg: dict, thread
     )
     fed = FederationConfig(
         rounds=cfg["rounds"], local_epochs=cfg["local_epochs"], batch_size=cfg["batch_size"], lr=cfg["lr"],
-        seed=seed, twin="drop" if method == "fpr" else method,
+        seed=seed, twin="drop" if method == "fpr" else method, personal_epochs=cfg.get("personal_epochs", 0),
     )
     matrix = None if scenario == "fpr" else participation(
         scenario, cfg["rounds"], len(clients), cfg["absence"], seed, cfg["clusters"], cfg["stretch"]
@@ -209,10 +209,12 @@ def main() -> None:
     parser.add_argument("--models", nargs="+", help="subset of backbones to run")
     parser.add_argument("--rounds", type=int, help="override the number of rounds")
     parser.add_argument("--seeds", type=int, nargs="+", help="override the seeds")
+    parser.add_argument("--personal-epochs", type=int, help="FedRep-style personal phase of every client (epochs)")
     parser.add_argument("--report-only", action="store_true", help="re-render the report from --out/feddtw.json")
     args = parser.parse_args()
     cfg = dict(QUICK if args.quick else FULL)
-    cfg.update({k: v for k, v in {"models": args.models, "rounds": args.rounds, "seeds": args.seeds}.items() if v})
+    overrides = {"models": args.models, "rounds": args.rounds, "seeds": args.seeds, "personal_epochs": args.personal_epochs}
+    cfg.update({k: v for k, v in overrides.items() if v})
     if args.report_only:
         previous = json.loads((args.out / "feddtw.json").read_text())
         config = previous["config"]

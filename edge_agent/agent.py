@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import math
 import queue
 import time
 from collections.abc import Callable
@@ -124,9 +125,12 @@ class Agent:
         started = time.perf_counter()
         serving = self.learner.serving_metrics(round_index)
         loss = self.learner.train(round_index)
+        metrics = {"loss": loss, "seconds": time.perf_counter() - started, **serving}
+        if not all(math.isfinite(v) for v in metrics.values()):
+            log.warning("round %d: leaving out non-finite metrics %s", round_index, metrics)
         header = UpdateHeader(
             fleet=cfg.fleet, sender=cfg.client_id, round=round_index, n_samples=self.learner.n_samples,
-            metrics={"loss": loss, "seconds": time.perf_counter() - started, **serving},
+            metrics={k: v for k, v in metrics.items() if math.isfinite(v)},
         )
         payload = encode(header, self.learner.wire_state(round_index))
         self.files.save_round(self.learner, round_index, payload)

@@ -111,7 +111,8 @@ def _serves(metrics: dict) -> str:
     if "serving_local" not in metrics:
         return "federated"
     which = "local" if metrics["serving_local"] else "federated"
-    return f"{which} (val {metrics['federated_val_mse']:.4f} fed / {metrics['local_val_mse']:.4f} local)"
+    local = f"{metrics['local_val_mse']:.4f}" if "local_val_mse" in metrics else "-"
+    return f"{which} (val {metrics['federated_val_mse']:.4f} fed / {local} local)"
 
 
 def _agent_config(config: Path):

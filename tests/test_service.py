@@ -89,6 +89,15 @@ def last_on_time(store: Store, client: str) -> int:
     return max((r.round for r in store.rounds() if client in {u.client_id for u in store.updates(r.round)}), default=0)
 
 
+def store_metrics(db: Path, number: int) -> dict[str, dict]:
+    """Each client's reported metrics for round ``number``."""
+    store = Store(db)
+    try:
+        return {u.client_id: u.metrics for u in store.updates(number, include_late=True)}
+    finally:
+        store.close()
+
+
 def missed_after(store: Store, client: str, after: int) -> list[int]:
     """Closed rounds after ``after`` that closed without an on-time update of ``client``."""
     return [r.round for r in store.rounds() if r.round > after and r.closed_at and client not in r.metrics["clients"]]
@@ -134,6 +143,8 @@ def test_gateways_keeping_a_local_model_say_which_model_they_serve(tmp_path: Pat
     store.close()
     assert set(metrics) == {"client00", "client01"}
     assert all(m["serving_local"] == float(m["local_val_mse"] < m["federated_val_mse"]) for m in metrics.values())
+    first = store_metrics(db, 1)  # before round 1 no local model exists yet: the federated one is served
+    assert all(m["serving_local"] == 0.0 and "local_val_mse" not in m for m in first.values())
     status = subprocess.run(
         [sys.executable, "-m", "edgefl.cli", "coordinator", "status", "-c", str(tmp_path / "coordinator.toml")],
         capture_output=True, text=True, timeout=120, env={**os.environ, "COLUMNS": "250"},

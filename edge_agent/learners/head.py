@@ -89,8 +89,8 @@ class HeadLearner(Learner):
         if self.alone is None:
             return {}
         served = self.serving_model(round_index)
-        return {"federated_val_mse": served.federated_val, "local_val_mse": served.local_val,
-                "serving_local": float(served.which == "local")}
+        local = {"local_val_mse": served.local_val} if math.isfinite(served.local_val) else {}  # none before round 1
+        return {"federated_val_mse": served.federated_val, **local, "serving_local": float(served.which == "local")}
 
     def wire_state(self, round_index: int) -> TensorDict:
         return self.model.shared_state()
