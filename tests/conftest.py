@@ -39,6 +39,15 @@ def make_config():
     return small_config
 
 
+@pytest.fixture(autouse=True)
+def no_leftover_processes():
+    """Service processes a test started do not outlive it, whether it passed or failed."""
+    yield
+    from tests.fleet import stop_started
+
+    stop_started()
+
+
 @pytest.fixture
 def mosquitto(tmp_path):
     """A fresh broker for one test."""

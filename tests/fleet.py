@@ -65,12 +65,27 @@ def agent_config(folder: Path, port: int, index: int, csv: Path, training: dict 
     return path
 
 
+STARTED: list[subprocess.Popen] = []  # every process a test started, killed after it (see conftest)
+
+
 def start(folder: Path, name: str, *args: str) -> subprocess.Popen:
     """Run an ``edgefl`` command in the background, its output in ``<name>.log``, with as many
     torch threads as this process (float sums depend on it; the in-process replays must match)."""
     log = open(folder / f"{name}.log", "w")
     env = {**os.environ, "OMP_NUM_THREADS": str(torch.get_num_threads())}
-    return subprocess.Popen([sys.executable, "-m", "edgefl.cli", *args], stdout=log, stderr=subprocess.STDOUT, env=env)
+    process = subprocess.Popen([sys.executable, "-m", "edgefl.cli", *args], stdout=log, stderr=subprocess.STDOUT,
+                               env=env)
+    STARTED.append(process)
+    return process
+
+
+def stop_started() -> None:
+    """Kill whatever a test left running (a failed test must not leave a coordinator behind)."""
+    while STARTED:
+        process = STARTED.pop()
+        if process.poll() is None:
+            process.kill()
+            process.wait(30)
 
 
 def wait_for(condition, timeout: float, what: str) -> None:
