@@ -28,7 +28,7 @@ from coordinator.strategies import ClientInfo, ClientUpdate, StrategySettings, m
 from coordinator.twins import TwinSettings
 from edge_agent.config import FleetModel
 from edge_agent.learners import fleet_template
-from edge_agent.mqtt import BrokerConfig, Connection, Incoming
+from edge_agent.mqtt import COORDINATOR_RECEIVE_WINDOW, DEFAULT_MAX_PAYLOAD_BYTES, BrokerConfig, Connection, Incoming
 from edge_agent.protocol import (
     NAME_PATTERN,
     HelloHeader,
@@ -60,7 +60,7 @@ class CoordinatorConfig(FleetModel, TwinSettings, StrategySettings):
     min_clients: int = Field(1, ge=1, description="quorum: updates needed to close a round")
     start_clients: int = Field(0, ge=0, description="hold round 1 until this many clients have registered")
     round_timeout_s: float = Field(300.0, gt=0, description="deadline of a round after its announcement")
-    max_payload_bytes: int = Field(64 * 1024 * 1024, ge=1024)
+    max_payload_bytes: int = Field(DEFAULT_MAX_PAYLOAD_BYTES, ge=1024)
     registration: Literal["open", "closed"] = "open"
     allowed_clients: list[str] = Field(default_factory=list)
     seed: int = 42
@@ -104,6 +104,7 @@ class Coordinator:
             will_topic=self.topics.coordinator_status,
             subscriptions=[self.topics.agents(leaf) for leaf in ("hello", "update", "status")],
             manual_ack=True,
+            receive_maximum=COORDINATOR_RECEIVE_WINDOW,
         )
         self.connection.on_connected.append(self._announce_presence)
         self._decoded: dict[tuple[int, str], dict] = {}  # this round's accepted tensors, kept for aggregation
@@ -241,7 +242,7 @@ class Coordinator:
 
     # messages --------------------------------------------------------------------------------
 
-    def _drain(self, limit: int = 256) -> list[Incoming]:
+    def _drain(self, limit: int = COORDINATOR_RECEIVE_WINDOW) -> list[Incoming]:
         """Wait briefly for one message, then take whatever else is already queued."""
         try:
             batch = [self.connection.inbox.get(timeout=0.05)]
