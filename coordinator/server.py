@@ -179,16 +179,16 @@ class Coordinator:
         (agents do when they see the end), at most ``linger_s``: the store's presence is then
         true when the process exits."""
         deadline = time.time() + self.cfg.linger_s
-        while not stop() and time.time() < deadline:
-            online = sorted(c for c, info in self.store.clients().items() if info.online)
-            if not online:
-                return
+        while self._online() and not stop() and time.time() < deadline:
             batch = self._drain()
             if batch:
                 self._process(batch)
-        still = sorted(c for c, info in self.store.clients().items() if info.online)
-        if still:
-            log.info("exiting with clients still online (their Last Will or a retained 'offline' will tell): %s", still)
+        if self._online():
+            log.info("exiting with clients still online (their Last Will or a retained 'offline' will tell): %s",
+                     sorted(self._online()))
+
+    def _online(self) -> set[str]:
+        return {c for c, info in self.store.clients().items() if info.online}
 
     def _announce_presence(self) -> None:
         self.connection.publish(self.topics.coordinator_status, b"online", retain=True)
@@ -209,7 +209,7 @@ class Coordinator:
 
     def _maybe_close(self, row: RoundRow) -> RoundRow:
         updates = self.store.updates(row.round)
-        online = {c for c, info in self.store.clients().items() if info.online}
+        online = self._online()
         submitted = {u.client_id for u in updates}
         quorum = len(updates) >= self.cfg.min_clients
         if quorum and online <= submitted:
@@ -321,7 +321,7 @@ class Coordinator:
         else:
             if header.campaign == self.campaign:
                 return
-            ended = " (finished)" if getattr(header, "finished", False) else ""
+            ended = " (finished)" if isinstance(header, RoundHeader) and header.finished else ""
             stale = f"round {header.round}{ended} of campaign {header.campaign or '(none)'}"
         log.warning("cleared the retained %s from the broker: this is campaign %s", stale, self.campaign)
         self.on_event("cleared", {"retained": stale, "campaign": self.campaign})
