@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 import tomllib
 from pathlib import Path
 
@@ -99,3 +100,22 @@ def test_presence_after_a_run_and_a_second_campaign_on_the_same_broker(tmp_path:
     assert "ignoring a retained update of client00" in log_of(second, "coordinator")
     assert f"state of campaign {campaign_of(db)} (round {ROUNDS}) dropped" in log_of(second, "agent1")
     assert log_of(second, "agent1").count("update sent") == ROUNDS
+
+
+def test_a_state_keeps_its_campaign_and_each_clients_last_sign_of_life(tmp_path: Path) -> None:
+    from edge_agent.protocol import HelloHeader
+
+    store = Store(tmp_path)
+    campaign = store.campaign()
+    store.register(HelloHeader(fleet="f", sender="a", n_features=1, n_samples=1, model_signature="ab" * 8))
+    registered = store.clients()["a"].last_seen
+    store.set_online("a", False)
+    assert store.clients()["a"].last_seen == registered, "a retained status is no sign of life"
+    before = time.time()
+    store.seen("a")
+    assert store.clients()["a"].last_seen >= before >= registered and not store.clients()["a"].online
+    store.close()
+    again, other = Store(tmp_path), Store(tmp_path / "other")
+    assert again.campaign() == campaign and other.campaign() != campaign
+    again.close()
+    other.close()
