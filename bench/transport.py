@@ -113,7 +113,7 @@ def ingest(port: int, fleet: str, workdir: Path, d_qap: int, clients: int, round
     model = {"backbone": "dlinear", "lookback": 96, "horizon": 48, "d_qap": d_qap, "qap_heads": 4}
     cfg = CoordinatorConfig(
         fleet=fleet, state_dir=workdir, rounds=rounds, min_clients=clients, round_timeout_s=600,
-        model=model, broker={"port": port},
+        model=model, broker={"port": port}, linger_s=0,
     )
     times: dict[str, list[float]] = {"accepted": [], "announced": []}
     coordinator = Coordinator(cfg, on_event=lambda kind, _d: kind in times and times[kind].append(time.perf_counter()))
@@ -127,7 +127,8 @@ def ingest(port: int, fleet: str, workdir: Path, d_qap: int, clients: int, round
         hello = encode(HelloHeader(fleet=fleet, sender=cid, n_features=1, n_samples=100,
                                    model_signature=coordinator.signature))
         noisy = {k: v + torch.randn_like(v) * 0.01 for k, v in state.items()}
-        updates = {r: encode(UpdateHeader(fleet=fleet, sender=cid, round=r, n_samples=100), noisy)
+        updates = {r: encode(UpdateHeader(fleet=fleet, sender=cid, round=r, n_samples=100,
+                                          campaign=coordinator.campaign), noisy)
                    for r in range(1, rounds + 1)}
         process = context.Process(target=publisher_process, args=(port, fleet, cid, hello, updates, ready))
         process.start()

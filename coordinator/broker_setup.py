@@ -3,6 +3,21 @@
 Each agent may publish only its own hello/update/status topics and read only its own task topic,
 the round announcement and the coordinator's presence; the coordinator reads every agent topic
 and writes the task topics and the round. Optional TLS with a CA this module creates.
+
+Against a buggy or hostile device with valid credentials the broker itself enforces:
+
+- client id = username (``use_username_as_clientid``): a device connecting with another
+  client's id gets its own username as id, so it cannot kick the victim off or take over its
+  persistent session (it can only replace its own connection);
+- ``message_size_limit`` = the fleet's ``max_payload_bytes``: a bigger publish is refused by the
+  broker (PUBACK "implementation specific error") and never reaches the coordinator;
+- queues sized for the fleet (``max_queued_messages``, ``max_inflight_messages``), so a burst of
+  honest updates is held for the coordinator instead of silently dropped.
+
+mosquitto's ACL cannot restrict the retain flag (only topics), so a device can keep one
+retained message on each of its own three topics, and nowhere else. The coordinator therefore
+ignores retained messages on hello/update topics (a retained copy would come back at every
+resubscribe); a retained status is presence and is used.
 """
 
 from __future__ import annotations
@@ -27,9 +42,12 @@ from cryptography.x509.oid import NameOID
 
 from edge_agent.config import dump_toml
 from edge_agent.data import list_sites
+from edge_agent.mqtt import COORDINATOR_RECEIVE_WINDOW, DEFAULT_MAX_PAYLOAD_BYTES
 from edge_agent.protocol import Topics
 
 COORDINATOR_USER = "coordinator"
+QUEUED_PER_AGENT = 200  # messages the broker holds for the coordinator per agent (it may be down a while)
+MIN_QUEUED = 10_000
 
 
 def mosquitto_password_hash(password: str, salt: bytes | None = None) -> str:
@@ -106,13 +124,37 @@ def make_tls(out: Path, host: str, days: int = 825) -> TlsFiles:
 
 
 def _write_secret(path: Path, data: bytes) -> None:
-    path.write_bytes(data)
-    os.chmod(path, 0o600)
+    """Replace ``path`` with ``data``, readable by the owner only from the first byte: a new
+    temporary file is created with mode 0600 (``O_EXCL``: never an existing file or link),
+    written, then renamed over ``path``."""
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+    handle = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        with os.fdopen(handle, "wb") as file:
+            file.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def mosquitto_conf(out: Path, listener: list[str], n_agents: int, max_payload_bytes: int) -> str:
+    """The broker config: authenticated listener, client ids bound to usernames, the payload
+    limit and queues sized for ``n_agents`` (see the module docstring)."""
+    return "\n".join([
+        "# written by edgefl broker-config", "per_listener_settings false", *listener,
+        "use_username_as_clientid true", "allow_anonymous false",
+        f"password_file {out / 'passwords'}", f"acl_file {out / 'acl'}",
+        f"message_size_limit {max_payload_bytes}",
+        f"max_inflight_messages {COORDINATOR_RECEIVE_WINDOW}",
+        f"max_queued_messages {max(MIN_QUEUED, QUEUED_PER_AGENT * n_agents)}",
+        "persistence true", f"persistence_location {out}/", "",
+    ])
 
 
 def write_fleet_setup(
     fleet: str, agent_ids: list[str], out: Path, host: str = "127.0.0.1", port: int = 1883,
-    tls: bool = False, state_root: Path | None = None,
+    tls: bool = False, state_root: Path | None = None, max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
 ) -> dict[str, Path]:
     """Write mosquitto.conf, passwords, acl and one TOML per service; returns what was written."""
     out.mkdir(parents=True, exist_ok=True)
@@ -126,16 +168,13 @@ def write_fleet_setup(
     if tls_files:
         listener += [f"cafile {tls_files.ca_cert}", f"certfile {tls_files.server_cert}",
                      f"keyfile {tls_files.server_key}", "tls_version tlsv1.2"]
-    (out / "mosquitto.conf").write_text("\n".join([
-        "# written by edgefl broker-config", "per_listener_settings false", *listener,
-        "allow_anonymous false", f"password_file {out / 'passwords'}", f"acl_file {out / 'acl'}",
-        "persistence true", f"persistence_location {out}/", "",
-    ]))
+    (out / "mosquitto.conf").write_text(mosquitto_conf(out, listener, len(agent_ids), max_payload_bytes))
     state_root = state_root or out / "state"
     broker = {"host": host, "port": port, "tls_ca": str(tls_files.ca_cert) if tls_files else None}
     written = {"mosquitto.conf": out / "mosquitto.conf", "passwords": out / "passwords", "acl": out / "acl"}
     coordinator = {
         "fleet": fleet, "state_dir": str(state_root / "coordinator"), "rounds": 10,
+        "max_payload_bytes": max_payload_bytes,
         "min_clients": max(1, len(agent_ids) // 2),
         "start_clients": max(1, len(agent_ids) // 2), "registration": "closed", "allowed_clients": agent_ids,
         "broker": {**broker, "username": COORDINATOR_USER, "password": users[COORDINATOR_USER]},
@@ -146,6 +185,7 @@ def write_fleet_setup(
     for index, agent in enumerate(agent_ids):
         config = {
             "fleet": fleet, "client_id": agent, "state_dir": str(state_root / agent), "client_index": index,
+            "max_payload_bytes": max_payload_bytes,
             "data": {"site": sites[index % len(sites)]},
             "broker": {**broker, "username": agent, "password": users[agent]},
         }

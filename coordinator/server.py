@@ -28,7 +28,7 @@ from coordinator.strategies import ClientInfo, ClientUpdate, StrategySettings, m
 from coordinator.twins import TwinSettings
 from edge_agent.config import FleetModel
 from edge_agent.learners import fleet_template
-from edge_agent.mqtt import BrokerConfig, Connection, Incoming
+from edge_agent.mqtt import COORDINATOR_RECEIVE_WINDOW, DEFAULT_MAX_PAYLOAD_BYTES, BrokerConfig, Connection, Incoming
 from edge_agent.protocol import (
     NAME_PATTERN,
     HelloHeader,
@@ -60,10 +60,12 @@ class CoordinatorConfig(FleetModel, TwinSettings, StrategySettings):
     min_clients: int = Field(1, ge=1, description="quorum: updates needed to close a round")
     start_clients: int = Field(0, ge=0, description="hold round 1 until this many clients have registered")
     round_timeout_s: float = Field(300.0, gt=0, description="deadline of a round after its announcement")
-    max_payload_bytes: int = Field(64 * 1024 * 1024, ge=1024)
+    max_payload_bytes: int = Field(DEFAULT_MAX_PAYLOAD_BYTES, ge=1024)
     registration: Literal["open", "closed"] = "open"
     allowed_clients: list[str] = Field(default_factory=list)
     seed: int = 42
+    linger_s: float = Field(30.0, ge=0, description="after the last round, how long to wait for the clients to say "
+                            "they went offline (so status tells the truth)")
     broker: BrokerConfig = BrokerConfig()
 
     @model_validator(mode="before")
@@ -102,12 +104,15 @@ class Coordinator:
             cfg.broker,
             client_id=f"edgefl-coordinator-{cfg.fleet}",
             will_topic=self.topics.coordinator_status,
-            subscriptions=[self.topics.agents(leaf) for leaf in ("hello", "update", "status")],
+            subscriptions=[*(self.topics.agents(leaf) for leaf in ("hello", "update", "status")), self.topics.round],
             manual_ack=True,
+            receive_maximum=COORDINATOR_RECEIVE_WINDOW,
         )
         self.connection.on_connected.append(self._announce_presence)
         self._decoded: dict[tuple[int, str], dict] = {}  # this round's accepted tensors, kept for aggregation
         self._replies: list[tuple[str, bytes]] = []
+        self.campaign = self.store.campaign()
+        self._announced: RoundRow | None = None  # the round on the broker as of our last announcement
 
     # lifecycle -------------------------------------------------------------------------------
 
@@ -129,6 +134,7 @@ class Coordinator:
                 if batch:
                     self._process(batch)
                 current = self._maybe_close(current)
+            self._await_goodbyes(stop)
         finally:
             self.connection.stop(self.topics.coordinator_status)
             self.store.close()
@@ -143,7 +149,8 @@ class Coordinator:
                 self.strategy.load_state_dict(saved)
         if latest is None:
             latest = self.store.open_first_round(time.time() + self.cfg.round_timeout_s, self.initial)
-            log.info("fleet %s: opened round 1", self.cfg.fleet)
+            log.info("fleet %s: campaign %s opened round 1", self.cfg.fleet, self.campaign)
+            self.on_event("campaign", {"campaign": self.campaign})
         elif latest.closed_at is None:
             accepted = [u.client_id for u in self.store.updates(latest.round)]
             log.info("resuming round %d with %d accepted updates %s", latest.round, len(accepted), accepted)
@@ -167,6 +174,22 @@ class Coordinator:
         self.store.extend_deadline(1, time.time() + self.cfg.round_timeout_s)
         return self.store.round(1)
 
+    def _await_goodbyes(self, stop: Callable[[], bool]) -> None:
+        """After the last round, stay subscribed until every client has said it went offline
+        (agents do when they see the end), at most ``linger_s``: the store's presence is then
+        true when the process exits."""
+        deadline = time.time() + self.cfg.linger_s
+        while self._online() and not stop() and time.time() < deadline:
+            batch = self._drain()
+            if batch:
+                self._process(batch)
+        if self._online():
+            log.info("exiting with clients still online (their Last Will or a retained 'offline' will tell): %s",
+                     sorted(self._online()))
+
+    def _online(self) -> set[str]:
+        return {c for c, info in self.store.clients().items() if info.online}
+
     def _announce_presence(self) -> None:
         self.connection.publish(self.topics.coordinator_status, b"online", retain=True)
 
@@ -176,16 +199,17 @@ class Coordinator:
         state = self.store.load_file(row.result_file if finished else row.global_file)
         header = RoundHeader(
             fleet=self.cfg.fleet, sender=SENDER, round=row.round, deadline_unix=row.deadline,
-            model_signature=self.signature, finished=finished,
+            model_signature=self.signature, finished=finished, campaign=self.campaign,
         )
         self.connection.publish(self.topics.round, encode(header, state), retain=True)
+        self._announced = row
         self.on_event("announced", {"round": row.round, "finished": finished})
 
     # rounds ----------------------------------------------------------------------------------
 
     def _maybe_close(self, row: RoundRow) -> RoundRow:
         updates = self.store.updates(row.round)
-        online = {c for c, info in self.store.clients().items() if info.online}
+        online = self._online()
         submitted = {u.client_id for u in updates}
         quorum = len(updates) >= self.cfg.min_clients
         if quorum and online <= submitted:
@@ -236,12 +260,12 @@ class Coordinator:
         """Each client's own tensors of round ``number`` (FedPoD: personalized prompts) on its task
         topic (QoS 1), before the next round's announcement."""
         for client, tensors in messages.items():
-            header = PersonalHeader(fleet=self.cfg.fleet, sender=SENDER, round=number)
+            header = PersonalHeader(fleet=self.cfg.fleet, sender=SENDER, round=number, campaign=self.campaign)
             self.connection.publish(self.topics.agent(client, "task"), encode(header, tensors))
 
     # messages --------------------------------------------------------------------------------
 
-    def _drain(self, limit: int = 256) -> list[Incoming]:
+    def _drain(self, limit: int = COORDINATOR_RECEIVE_WINDOW) -> list[Incoming]:
         """Wait briefly for one message, then take whatever else is already queued."""
         try:
             batch = [self.connection.inbox.get(timeout=0.05)]
@@ -266,14 +290,45 @@ class Coordinator:
             self.connection.ack(message)
 
     def _handle(self, message: Incoming) -> None:
+        if message.topic == self.topics.round:
+            self._on_round_message(message)
+            return
         client = self.topics.client_of(message.topic)
         leaf = message.topic.rsplit("/", 1)[-1]
         if client is None:
             return
+        if message.retain and leaf != "status":
+            log.warning("ignoring a retained %s of %s: only presence may be retained", leaf, client)
+            self.on_event("ignored", {"client": client, "topic": message.topic, "why": "retained"})
+            return
+        if not message.retain:
+            self.store.seen(client)
         if leaf == "status":
             self._on_status(client, message.payload)
         elif leaf in ("hello", "update"):
             self._on_envelope(client, leaf, message.payload)
+
+    def _on_round_message(self, message: Incoming) -> None:
+        """A retained round of another campaign (or unreadable) left on the broker would tell new
+        agents the fleet is finished or on another model: overwrite it with ours (or clear it
+        until we announce) and say what was there. Our own announcements echo back: ignored."""
+        if not message.retain or not message.payload:
+            return
+        try:
+            header, _ = decode(message.payload, self.cfg.max_payload_bytes)
+        except ProtocolError as err:
+            stale = f"an unreadable round message ({err})"
+        else:
+            if header.campaign == self.campaign:
+                return
+            ended = " (finished)" if isinstance(header, RoundHeader) and header.finished else ""
+            stale = f"round {header.round}{ended} of campaign {header.campaign or '(none)'}"
+        log.warning("cleared the retained %s from the broker: this is campaign %s", stale, self.campaign)
+        self.on_event("cleared", {"retained": stale, "campaign": self.campaign})
+        if self._announced is None:
+            self.connection.publish(self.topics.round, b"", retain=True)
+        else:
+            self._announce(self._announced)
 
     def _on_status(self, client: str, payload: bytes) -> None:
         if payload not in (b"online", b"offline") or client not in self.store.clients():
@@ -316,6 +371,8 @@ class Coordinator:
 
     def _accept_update(self, header: UpdateHeader, tensors: dict, body: bytes, current: RoundRow) -> None:
         client = header.sender
+        if header.campaign != self.campaign:
+            raise ProtocolError("wrong_campaign", f"update for campaign {header.campaign!r}, this is {self.campaign!r}")
         if client not in self.store.clients():
             raise ProtocolError("unknown_client", f"{client!r} has not registered (send hello first)")
         if header.round > current.round:
@@ -345,7 +402,7 @@ class Coordinator:
         ``number`` is the round the message was about."""
         header = ReplyHeader(
             fleet=self.cfg.fleet, sender=SENDER, round=number, accepted=accepted, about=about, code=code,
-            reason=reason[:500],
+            reason=reason[:500], campaign=self.campaign,
         )
         self._replies.append((self.topics.agent(client, "task"), encode(header)))
 

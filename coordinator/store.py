@@ -4,6 +4,7 @@ safetensors files for tensors, each written atomically so a crash never leaves h
 from __future__ import annotations
 
 import json
+import secrets
 import sqlite3
 import time
 from contextlib import contextmanager
@@ -26,6 +27,7 @@ CREATE TABLE IF NOT EXISTS updates (
     round INTEGER NOT NULL, client_id TEXT NOT NULL, n_samples INTEGER NOT NULL, file TEXT NOT NULL,
     sha256 TEXT NOT NULL, metrics TEXT NOT NULL, received_at REAL NOT NULL, late INTEGER NOT NULL DEFAULT 0,
     PRIMARY KEY (round, client_id));
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS events (
     id INTEGER PRIMARY KEY AUTOINCREMENT, at REAL NOT NULL, client_id TEXT, round INTEGER,
     kind TEXT NOT NULL, accepted INTEGER NOT NULL, code TEXT, reason TEXT);
@@ -62,6 +64,7 @@ class ClientRow:
     longitude: float | None
     signature: str
     online: bool
+    last_seen: float | None
 
 
 class Store:
@@ -107,15 +110,26 @@ class Store:
         )
 
     def set_online(self, client_id: str, online: bool) -> None:
-        self.db.execute(
-            "UPDATE clients SET online=?, last_seen=? WHERE client_id=?", (int(online), time.time(), client_id)
-        )
+        self.db.execute("UPDATE clients SET online=? WHERE client_id=?", (int(online), client_id))
+
+    def seen(self, client_id: str) -> None:
+        """A message from ``client_id`` arrived just now (a registered client's last sign of life)."""
+        self.db.execute("UPDATE clients SET last_seen=? WHERE client_id=?", (time.time(), client_id))
 
     def clients(self) -> dict[str, ClientRow]:
         rows = self.db.execute(
-            "SELECT client_id, n_features, n_samples, latitude, longitude, signature, online FROM clients"
+            "SELECT client_id, n_features, n_samples, latitude, longitude, signature, online, last_seen FROM clients"
         )
-        return {r[0]: ClientRow(*r[:6], bool(r[6])) for r in rows}
+        return {r[0]: ClientRow(*r[:6], bool(r[6]), r[7]) for r in rows}
+
+    # campaign --------------------------------------------------------------------------------
+
+    def campaign(self) -> str:
+        """The id of the federation run this state belongs to, made on first use (a fresh state
+        starts a new campaign): UTC time of creation plus random digits."""
+        fresh = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + "-" + secrets.token_hex(3)
+        self.db.execute("INSERT OR IGNORE INTO meta VALUES ('campaign', ?)", (fresh,))
+        return self.db.execute("SELECT value FROM meta WHERE key='campaign'").fetchone()[0]
 
     # rounds ----------------------------------------------------------------------------------
 

@@ -58,13 +58,16 @@ class Agent:
         """Serve rounds until the coordinator announces the end (or ``stop`` says so)."""
         importlib.import_module("torch._dynamo")  # torch optimizers load it on first use (~1.3 s): not in round 1
         self.connection.start()
+        why = "an error (traceback follows)"
         try:
             while not self.finished and not stop():
                 try:
                     self._handle(self.connection.inbox.get(timeout=0.1))
                 except queue.Empty:
                     pass
+            why = f"campaign {self.files.campaign} finished" if self.finished else "asked to stop"
         finally:
+            log.info("%s exits: %s", self.cfg.client_id, why)
             self.connection.stop(self.topics.agent(self.cfg.client_id, "status"))
 
     def _on_connected(self) -> None:
@@ -92,12 +95,17 @@ class Agent:
             if message.payload == b"online":
                 self._introduce(resend=False)
             return
+        if message.topic == self.topics.round and not message.payload:
+            log.info("the coordinator cleared the round left by an earlier campaign: waiting for its announcement")
+            return
         try:
             header, tensors = decode(message.payload, self.cfg.max_payload_bytes)
         except ProtocolError as err:
             log.warning("ignoring a bad message on %s: %s", message.topic, err)
             return
-        if isinstance(header, RoundHeader):
+        if self._stale(header):
+            log.info("ignoring a %s of campaign %s: ours is %s", header.kind, header.campaign, self.files.campaign)
+        elif isinstance(header, RoundHeader):
             self._on_round(header, tensors)
         elif isinstance(header, ReplyHeader):
             self._on_reply(header)
@@ -110,14 +118,43 @@ class Agent:
                       self.learner.signature)
             self.on_event("signature_mismatch", {"round": header.round})
             return
+        if not self._in_campaign(header):
+            return
         self.learner.load_global(global_state)
         self.files.save_global(global_state)
         if header.finished:
+            log.info("campaign %s finished with round %d", header.campaign, header.round)
             self.finished = True
             self.on_event("finished", {"round": header.round})
             return
         if header.round > self.trained_round:
             self._train_and_send(header.round)
+
+    def _stale(self, header) -> bool:
+        """A reply or personal message of another campaign (queued in our broker session since
+        then): it must not touch this campaign's state. A fresh agent still takes replies."""
+        if isinstance(header, PersonalHeader):
+            return header.campaign != self.files.campaign
+        return isinstance(header, ReplyHeader) and self.files.campaign not in (None, header.campaign)
+
+    def _in_campaign(self, header: RoundHeader) -> bool:
+        """Whether ``header`` is of the campaign this agent takes part in. A running campaign
+        that is not ours is joined (state of an older one is dropped first); a finished one we
+        took no part in is left alone: its retained end is no reason to exit."""
+        if header.campaign == self.files.campaign:
+            return True
+        if header.finished:
+            log.info("round %d of campaign %s is its end and this agent (campaign %s) took no part in it: "
+                     "waiting for a new campaign", header.round, header.campaign, self.files.campaign)
+            self.on_event("waiting", {"campaign": header.campaign})
+            return False
+        if self.files.campaign is not None or self.trained_round:
+            log.warning("state of campaign %s (round %d) dropped: starting over for campaign %s",
+                        self.files.campaign, self.trained_round, header.campaign)
+            self.learner, self.trained_round = make_learner(self.cfg, self.table), 0
+        self.files.join(header.campaign)
+        self.on_event("joined", {"campaign": header.campaign})
+        return True
 
     def _train_and_send(self, round_index: int) -> None:
         """Train for one round, make the result durable, then publish the learner's wire state."""
@@ -130,7 +167,7 @@ class Agent:
             log.warning("round %d: leaving out non-finite metrics %s", round_index, metrics)
         header = UpdateHeader(
             fleet=cfg.fleet, sender=cfg.client_id, round=round_index, n_samples=self.learner.n_samples,
-            metrics={k: v for k, v in metrics.items() if math.isfinite(v)},
+            metrics={k: v for k, v in metrics.items() if math.isfinite(v)}, campaign=self.files.campaign,
         )
         payload = encode(header, self.learner.wire_state(round_index))
         self.files.save_round(self.learner, round_index, payload)

@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from edge_agent.data import GapPolicy, SeriesTable, load_csv, load_site
 from edge_agent.models import ModelConfig
 from edge_agent.models.prompts import PromptModeSettings
-from edge_agent.mqtt import BrokerConfig
+from edge_agent.mqtt import DEFAULT_MAX_PAYLOAD_BYTES, BrokerConfig
 from edge_agent.protocol import NAME_PATTERN
 from edge_agent.train import HeadTraining
 
@@ -85,7 +85,7 @@ class AgentConfig(FleetModel):
     training: AgentTraining = AgentTraining()
     seed: int = 42
     client_index: int = Field(0, ge=0, description="this client's index in the fleet's seed schedule")
-    max_payload_bytes: int = Field(64 * 1024 * 1024, ge=1024)
+    max_payload_bytes: int = Field(DEFAULT_MAX_PAYLOAD_BYTES, ge=1024)
     broker: BrokerConfig = BrokerConfig()
 
     @model_validator(mode="after")

@@ -17,6 +17,8 @@ from paho.mqtt.properties import Properties
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 QOS = 1
+DEFAULT_MAX_PAYLOAD_BYTES = 64 * 1024 * 1024
+COORDINATOR_RECEIVE_WINDOW = 256  # unacknowledged messages the broker may hand the coordinator at once
 
 
 class BrokerConfig(BaseModel):
@@ -62,8 +64,11 @@ class Connection:
         will_topic: str,
         subscriptions: list[str],
         manual_ack: bool = False,
+        receive_maximum: int | None = None,
     ):
-        self.broker, self.subscriptions = broker, subscriptions
+        """``receive_maximum`` (MQTT 5): how many QoS 1 messages the broker may send before we
+        acknowledge; with ``manual_ack`` that is the batch a slow consumer can hold."""
+        self.broker, self.subscriptions, self.receive_maximum = broker, subscriptions, receive_maximum
         self.inbox: queue.Queue[Incoming] = queue.Queue()
         self.connected = threading.Event()
         self.client = mqtt.Client(
@@ -84,6 +89,8 @@ class Connection:
         """Connect (clean_start=False, session expiry) and run the network loop in the background."""
         props = Properties(PacketTypes.CONNECT)
         props.SessionExpiryInterval = self.broker.session_expiry_s
+        if self.receive_maximum is not None:
+            props.ReceiveMaximum = self.receive_maximum
         self.client.connect_async(
             self.broker.host, self.broker.port, self.broker.keepalive_s, clean_start=False, properties=props
         )

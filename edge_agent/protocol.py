@@ -29,6 +29,7 @@ MAGIC = b"EDFL"
 SCHEMA_VERSION = 1
 PREFIX = struct.Struct(">4sBI")
 NAME_PATTERN = r"^[A-Za-z0-9_.-]{1,64}$"
+CAMPAIGN_PATTERN = r"^[A-Za-z0-9_.-]{0,64}$"
 
 class ProtocolError(ValueError):
     """A message that cannot be accepted; ``code`` is a stable machine-readable reason."""
@@ -47,6 +48,8 @@ class _Header(BaseModel):
     body_sha256: str = Field("", pattern=r"^([0-9a-f]{64})?$")
     body_bytes: int = Field(0, ge=0)
     encoding: Literal["safetensors"] = "safetensors"
+    campaign: str = Field("", pattern=CAMPAIGN_PATTERN,
+                          description="the federation run this message belongs to; '' where the sender knows none yet")
 
 
 class HelloHeader(_Header):

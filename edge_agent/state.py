@@ -1,6 +1,7 @@
-"""The files an agent keeps in its ``state_dir``, each replaced atomically: progress (the last
-round trained), the learner's personal state, the last global state, and an update not yet
-acknowledged (re-sent after every reconnect until the coordinator answers)."""
+"""The files an agent keeps in its ``state_dir``, each replaced atomically: progress (the campaign
+it takes part in and the last round trained), the learner's personal state, the last global
+state, and an update not yet acknowledged (re-sent after every reconnect until the coordinator
+answers). All of it belongs to one campaign; joining another starts over."""
 
 from __future__ import annotations
 
@@ -23,6 +24,8 @@ class AgentState:
         self.pending = self.dir / "pending_update.edfl"
         self._progress, self._personal, self._global = (
             self.dir / "agent.json", self.dir / "personal.safetensors", self.dir / "global.safetensors")
+        progress = json.loads(self._progress.read_text()) if self._progress.is_file() else {}
+        self.campaign: str | None = progress.get("campaign")
 
     def trained_round(self) -> int:
         return int(json.loads(self._progress.read_text())["trained_round"]) if self._progress.is_file() else 0
@@ -31,7 +34,19 @@ class AgentState:
         """After training: the personal state, the update to (re)send, then the round as done."""
         write_tensors_atomically(self._personal, learner.personal_state())
         write_bytes_atomically(self.pending, payload)
-        write_bytes_atomically(self._progress, json.dumps({"trained_round": round_index}).encode())
+        self._save_progress(round_index)
+
+    def join(self, campaign: str) -> None:
+        """Belong to ``campaign`` from now on, forgetting everything of the one before (models,
+        progress, an update not yet answered)."""
+        for path in (self.pending, self._personal, self._global):
+            path.unlink(missing_ok=True)
+        self.campaign = campaign
+        self._save_progress(0)
+
+    def _save_progress(self, round_index: int) -> None:
+        progress = {"trained_round": round_index, "campaign": self.campaign}
+        write_bytes_atomically(self._progress, json.dumps(progress).encode())
 
     def save_personal(self, learner: Learner) -> None:
         write_tensors_atomically(self._personal, learner.personal_state())

@@ -13,6 +13,7 @@ from rich.live import Live
 from rich.table import Table
 
 from edge_agent.data import DataError, GapPolicy
+from edge_agent.mqtt import DEFAULT_MAX_PAYLOAD_BYTES
 from edgefl.export_cli import energy_command, export_app
 from edgefl.services import agent_app, coordinator_app
 
@@ -82,13 +83,16 @@ def broker_config(
     host: str = "127.0.0.1",
     port: int = 1883,
     tls: Annotated[bool, typer.Option(help="create a CA and a server certificate and listen with TLS")] = False,
+    max_payload_bytes: Annotated[int, typer.Option(
+        min=1024, help="largest message the broker accepts (message_size_limit) and the services expect",
+    )] = DEFAULT_MAX_PAYLOAD_BYTES,
 ) -> None:
     """Write a mosquitto config, password file and ACL for a fleet, plus every service's config."""
     from coordinator.broker_setup import write_fleet_setup
 
     ids = [n.strip() for n in names.split(",")] if names else [f"agent{i:02d}" for i in range(1, agents + 1)]
     try:
-        written = write_fleet_setup(fleet, ids, out, host, port, tls)
+        written = write_fleet_setup(fleet, ids, out, host, port, tls, max_payload_bytes=max_payload_bytes)
     except ValueError as exc:
         fail(str(exc))
     for name, path in written.items():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import signal
+import time
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -52,7 +53,8 @@ def _print_event(kind: str, data: dict) -> None:
             f"round {data['round']:>3} closed: {data['accepted']} accepted, {data['rejected']} rejected, "
             f"loss {data['loss']:.4f} ({data['why']})"
         )
-    elif kind in ("rejected", "resumed", "registered") or (kind == "presence" and not data["online"]):
+    elif kind in ("rejected", "resumed", "registered", "campaign", "cleared", "ignored") or (
+            kind == "presence" and not data["online"]):
         console.print(f"{kind}: {data}")
 
 
@@ -85,7 +87,7 @@ def coordinator_status(config: ConfigPath) -> None:
         _fail(str(err))
     store = Store(cfg.state_dir)
     rounds = Table("round", "state", "updates", "late", "imputed", "dropped", "loss", "closed by",
-                   title=f"fleet {cfg.fleet}")
+                   title=f"fleet {cfg.fleet}, campaign {store.campaign()}")
     for row in store.rounds():
         on_time, received = len(store.updates(row.round)), len(store.updates(row.round, include_late=True))
         imputed = row.metrics.get("imputed", [])
@@ -96,14 +98,24 @@ def coordinator_status(config: ConfigPath) -> None:
             f"{row.metrics['loss']:.4f}" if row.metrics else "-", row.metrics.get("closed_by", "-"),
         )
     Console().print(rounds)
-    clients = Table("client", "features", "samples", "online", "last update (round)", "serves")
+    clients = Table("client", "features", "samples", "online", "last seen", "last update (round)", "serves")
     last, latest = store.last_reported(), store.latest_metrics()
     for client in store.clients().values():
         clients.add_row(client.client_id, str(client.n_features), str(client.n_samples), str(client.online),
-                        str(last.get(client.client_id, "-")), _serves(latest.get(client.client_id, {})))
+                        _ago(client.last_seen), str(last.get(client.client_id, "-")),
+                        _serves(latest.get(client.client_id, {})))
     Console().print(clients)
     for event in store.events(accepted=False)[-10:]:
         Console().print(f"rejected {event['kind']} from {event['client_id']} (round {event['round']}): {event['reason']}")
+
+
+def _ago(at: float | None) -> str:
+    """When a client was last heard from: UTC time and how long ago."""
+    if at is None:
+        return "-"
+    seconds = max(0, int(time.time() - at))
+    age = f"{seconds} s" if seconds < 120 else f"{seconds // 60} min" if seconds < 7200 else f"{seconds // 3600} h"
+    return f"{time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(at))} UTC ({age} ago)"
 
 
 def _serves(metrics: dict) -> str:

@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import os
 import threading
 import time
+import tomllib
 from pathlib import Path
 
 import paho.mqtt.client as mqtt
 import pytest
 
-from coordinator.broker_setup import mosquitto_password_hash, write_fleet_setup
-from edge_agent.config import AgentConfig, load_config
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
+
+from coordinator.broker_setup import COORDINATOR_USER, mosquitto_password_hash, write_fleet_setup
+from edge_agent.config import AgentConfig, dump_toml, load_config
 from coordinator.server import CoordinatorConfig
 from tests.broker import Mosquitto, free_port
 
@@ -19,9 +24,11 @@ def credentials(path: Path) -> dict:
     return load_config(path, AgentConfig).broker.model_dump()
 
 
-def connect(port: int, username: str, password: str, tls_ca: Path | None = None) -> tuple[mqtt.Client, int]:
-    """Connect and return the client with the CONNACK reason code (0 = accepted)."""
-    client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=f"t-{username}-{time.time()}",
+def connect(port: int, username: str, password: str, tls_ca: Path | None = None, client_id: str | None = None,
+            persistent: bool = False) -> tuple[mqtt.Client, int]:
+    """Connect and return the client with the CONNACK reason code (0 = accepted); ``persistent``:
+    resume (or start) a session that outlives the connection, as the services do."""
+    client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=client_id or f"t-{username}-{time.time()}",
                          protocol=mqtt.MQTTv5)
     client.username_pw_set(username, password)
     if tls_ca:
@@ -34,16 +41,47 @@ def connect(port: int, username: str, password: str, tls_ca: Path | None = None)
         connected.set()
 
     client.on_connect = on_connect
-    client.connect("127.0.0.1", port)
+    props = Properties(PacketTypes.CONNECT)
+    props.SessionExpiryInterval = 3600
+    client.connect("127.0.0.1", port, clean_start=not persistent, properties=props)
     client.loop_start()
     connected.wait(10)
     return client, result.get("rc", -1)
 
 
+def password(written: dict[str, Path], user: str) -> str:
+    """``user``'s password from the TOML written for it."""
+    if user == COORDINATOR_USER:
+        return load_config(written["coordinator.toml"], CoordinatorConfig).broker.password
+    return credentials(written[f"{user}.toml"])["password"]
+
+
+def collect(client: mqtt.Client, topic: str) -> list[bytes]:
+    """Subscribe ``client`` to ``topic`` (QoS 1); the payloads it receives land in the list."""
+    received: list[bytes] = []
+    subscribed = threading.Event()
+    client.on_message = lambda _c, _u, message: received.append(bytes(message.payload))
+    client.on_subscribe = lambda *_: subscribed.set()
+    client.subscribe(topic, qos=1)
+    assert subscribed.wait(10), f"no SUBACK for {topic}"
+    return received
+
+
+def wait_until(condition, what: str, timeout: float = 20) -> None:
+    deadline = time.time() + timeout
+    while not condition():
+        if time.time() > deadline:
+            raise TimeoutError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+LIMIT = 4096  # max_payload_bytes of the test fleet
+
+
 @pytest.fixture
 def fleet(tmp_path: Path):
     port = free_port()
-    written = write_fleet_setup("farm", ["agent01", "agent02"], tmp_path / "setup", port=port)
+    written = write_fleet_setup("farm", ["agent01", "agent02"], tmp_path / "setup", port=port, max_payload_bytes=LIMIT)
     broker = Mosquitto(tmp_path / "broker", port=port, config=written["mosquitto.conf"]).start()
     yield port, written
     broker.stop()
@@ -112,3 +150,101 @@ def test_tls_with_the_generated_ca(tmp_path: Path) -> None:
         assert rc != 0
     finally:
         broker.stop()
+
+
+def test_a_device_cannot_take_over_another_clients_session(fleet) -> None:
+    """agent01, with its own valid credentials, connects with the coordinator's and with
+    agent02's client id: the broker binds the id to the username, so both victims stay online."""
+    port, written = fleet
+    victims = {user: connect(port, user, password(written, user), client_id=client_id, persistent=True)[0]
+               for user, client_id in (("coordinator", "edgefl-coordinator-farm"), ("agent02", "edgefl-agent-farm-agent02"))}
+    dropped: list[str] = []
+    for user, client in victims.items():
+        client.on_disconnect = lambda *_args, user=user: dropped.append(user)
+    inbox = collect(victims["coordinator"], "edgefl/farm/agents/+/update")
+    for stolen in ("edgefl-coordinator-farm", "edgefl-agent-farm-agent02"):
+        attacker, rc = connect(port, "agent01", password(written, "agent01"), client_id=stolen, persistent=True)
+        assert rc == 0
+        attacker.publish("edgefl/farm/agents/agent01/update", stolen.encode(), qos=1).wait_for_publish(5)
+        attacker.disconnect()
+        attacker.loop_stop()
+    victims["agent02"].publish("edgefl/farm/agents/agent02/update", b"still here", qos=1).wait_for_publish(5)
+    wait_until(lambda: b"still here" in inbox, "agent02's update")
+    assert dropped == [] and all(client.is_connected() for client in victims.values())
+
+
+def test_persistent_sessions_still_work_with_client_ids_bound_to_usernames(fleet) -> None:
+    """What the broker queued for an offline agent is delivered when it comes back, whatever
+    client id its software sends."""
+    port, written = fleet
+    agent, _ = connect(port, "agent01", password(written, "agent01"), client_id="first", persistent=True)
+    collect(agent, "edgefl/farm/agents/agent01/task")
+    agent.disconnect()
+    agent.loop_stop()
+    coordinator, _ = connect(port, "coordinator", password(written, "coordinator"))
+    coordinator.publish("edgefl/farm/agents/agent01/task", b"queued for you", qos=1).wait_for_publish(5)
+    received: list[bytes] = []
+    back = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="second", protocol=mqtt.MQTTv5)
+    back.username_pw_set("agent01", password(written, "agent01"))
+    back.on_message = lambda _c, _u, message: received.append(bytes(message.payload))
+    props = Properties(PacketTypes.CONNECT)
+    props.SessionExpiryInterval = 3600
+    back.connect("127.0.0.1", port, clean_start=False, properties=props)
+    back.loop_start()
+    try:
+        wait_until(lambda: received == [b"queued for you"], "the queued message")
+    finally:
+        back.loop_stop()
+
+
+def test_the_broker_refuses_a_publish_over_max_payload_bytes(fleet, tmp_path: Path) -> None:
+    """The oversized publish never reaches the coordinator. (mosquitto 2.0.11 answers it with
+    PUBACK reason 0x95, which paho 2.2 cannot decode: the sender drops its connection and, on
+    reconnecting, resends and is refused again; only the sender is hurt.)"""
+    port, written = fleet
+    assert f"message_size_limit {LIMIT}" in written["mosquitto.conf"].read_text()
+    assert load_config(written["coordinator.toml"], CoordinatorConfig).max_payload_bytes == LIMIT
+    assert load_config(written["agent01.toml"], AgentConfig).max_payload_bytes == LIMIT
+    coordinator, _ = connect(port, "coordinator", password(written, "coordinator"))
+    inbox = collect(coordinator, "edgefl/farm/agents/+/update")
+    agent, _ = connect(port, "agent01", password(written, "agent01"))
+    agent.publish("edgefl/farm/agents/agent01/update", b"x" * (LIMIT + 1), qos=1)
+    agent.publish("edgefl/farm/agents/agent01/update", b"y" * LIMIT, qos=1)
+    try:
+        wait_until(lambda: inbox and "Dropped too large PUBLISH from agent01" in broker_log(tmp_path),
+                   "the small message and the broker's refusal of the big one")
+    finally:
+        agent.disconnect()
+        agent.loop_stop()
+    assert set(inbox) == {b"y" * LIMIT}
+
+
+def broker_log(tmp_path: Path) -> str:
+    return (tmp_path / "broker" / "mosquitto.log").read_text()
+
+
+def test_secret_files_are_never_readable_by_others(tmp_path: Path, monkeypatch) -> None:
+    """Created 0600 from the first byte (no chmod afterwards), even with a permissive umask,
+    and again when the setup is written over an existing one."""
+    monkeypatch.setattr("os.chmod", lambda *_: pytest.fail("secrets must be created 0600, not chmod-ed"))
+    old = os.umask(0)
+    try:
+        for _ in range(2):
+            written = write_fleet_setup("farm", ["agent01"], tmp_path / "setup", tls=True)
+    finally:
+        os.umask(old)
+    secrets = [written["passwords"], written["coordinator.toml"], written["agent01.toml"], tmp_path / "setup" / "server.key"]
+    assert {oct(path.stat().st_mode & 0o777) for path in secrets} == {"0o600"}
+    assert not list((tmp_path / "setup").rglob("*.tmp"))
+
+
+def test_toml_round_trips_strings_with_newlines_and_quotes(tmp_path: Path) -> None:
+    data = {"fleet": "farm", "note": 'line one\nline "two" \\ \'three\'', "broker": {"password": '"\n\t"'}}
+    path = tmp_path / "x.toml"
+    path.write_text(dump_toml(data))
+    assert tomllib.loads(path.read_text()) == data
+
+
+def test_the_broker_queues_a_burst_for_the_whole_fleet(tmp_path: Path) -> None:
+    conf = write_fleet_setup("farm", [f"agent{i:03d}" for i in range(300)], tmp_path)["mosquitto.conf"].read_text()
+    assert "max_queued_messages 60000" in conf and "use_username_as_clientid true" in conf
