@@ -31,6 +31,10 @@ class AgentState:
         """After training: the personal state, the update to (re)send, then the round as done."""
         write_tensors_atomically(self._personal, learner.personal_state())
         write_bytes_atomically(self.pending, payload)
+        self.mark_trained(round_index)
+
+    def mark_trained(self, round_index: int) -> None:
+        """The round is done (trained and sent, or given up): it is not trained again after a restart."""
         write_bytes_atomically(self._progress, json.dumps({"trained_round": round_index}).encode())
 
     def save_personal(self, learner: Learner) -> None:
