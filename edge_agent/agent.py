@@ -47,8 +47,8 @@ class Agent:
     def __init__(self, cfg: AgentConfig, on_event: Callable[[str, dict], None] | None = None):
         self.cfg = cfg
         self.topics = Topics(cfg.fleet)
-        self.table = cfg.data.load()
         self.files = AgentState(writable_folder(cfg.state_dir, "state_dir"))
+        self.table = cfg.data.load()
         self._restore_saved()
         self.trained_round = self.files.trained_round()
         wire = self.learner.wire_state(self.trained_round)
