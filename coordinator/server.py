@@ -32,6 +32,7 @@ from edge_agent.config import FleetModel
 from edge_agent.learners import fleet_template
 from edge_agent.mqtt import BrokerConfig, Connection, Incoming
 from edge_agent.protocol import (
+    MAX_ROUND,
     NAME_PATTERN,
     HelloHeader,
     PersonalHeader,
@@ -58,7 +59,7 @@ class CoordinatorConfig(FleetModel, TwinSettings, StrategySettings):
 
     fleet: str = Field(pattern=NAME_PATTERN)
     state_dir: Path
-    rounds: int = Field(10, ge=1)
+    rounds: int = Field(10, ge=1, le=MAX_ROUND)
     min_clients: int = Field(1, ge=1, description="quorum: updates needed to close a round")
     start_clients: int = Field(0, ge=0, description="hold round 1 until this many clients have registered")
     round_timeout_s: float = Field(300.0, gt=0, description="deadline of a round after its announcement")

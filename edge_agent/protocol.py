@@ -106,7 +106,7 @@ class ReplyHeader(_Header):
     kind: Literal["reply"] = "reply"
     accepted: bool
     about: Literal["hello", "update", "other"]
-    code: str = Field("", pattern=r"^[a-z_]{0,32}$")
+    code: str = Field("", pattern=r"^[A-Za-z0-9_.-]{0,64}$")
     reason: str = Field("", max_length=MAX_REASON)
 
 
