@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 
 from edge_agent.config import AgentConfig
-from edge_agent.learners import make_learner
+from edge_agent.learners import Learner, make_learner
 from edge_agent.mqtt import Connection, Incoming
 from edge_agent.protocol import (
     HelloHeader,
@@ -49,7 +49,7 @@ class Agent:
         self.topics = Topics(cfg.fleet)
         self.files = AgentState(writable_folder(cfg.state_dir, "state_dir"))
         self.table = cfg.data.load()
-        self._restore_saved()
+        self.learner = self._saved_learner()
         self.trained_round = self.files.trained_round()
         wire = self.learner.wire_state(self.trained_round)
         self.layout, self.global_norm = layout_of(wire), l2_norm(wire)
@@ -135,7 +135,7 @@ class Agent:
         else:
             log.error("round %d: refusing the global model (%s); keeping the last good one", header.round, problem)
             self.on_event("global_refused", {"round": header.round, "reason": problem})
-            self._restore_saved()
+            self.learner = self._saved_learner()
         if header.finished:
             self.finished = True
             self.on_event("finished", {"round": header.round})
@@ -156,10 +156,10 @@ class Agent:
             return f"its norm {norm:.3g} exceeds {self.cfg.max_global_growth:g} x the last accepted one's"
         return None
 
-    def _restore_saved(self) -> None:
+    def _saved_learner(self) -> Learner:
         """The learner as of the last good round: rebuilt and restored from the state folder
         (personal state and last accepted global state), as after a restart."""
-        self.learner = self.files.restore(make_learner(self.cfg, self.table))
+        return self.files.restore(make_learner(self.cfg, self.table))
 
     def _train_and_send(self, round_index: int) -> None:
         """Train for one round, make the result durable, then publish the learner's wire state;
@@ -188,7 +188,7 @@ class Agent:
     def _skip_failed_round(self, round_index: int, loss: float) -> None:
         log.error("round %d: local training diverged (loss %s or non-finite parameters); no update sent, "
                   "model restored as of the last good round", round_index, loss)
-        self._restore_saved()
+        self.learner = self._saved_learner()
         self.files.mark_trained(round_index)
         self.trained_round = round_index
         self.on_event("failed", {"round": round_index, "loss": loss})
