@@ -194,8 +194,11 @@ class Agent:
         self.on_event("failed", {"round": round_index, "loss": loss})
 
     def _on_personal(self, header: PersonalHeader, tensors: TensorDict) -> None:
-        """The round's strategy sent this client its own tensors (FedPoD: personalized prompts)."""
+        """The round's strategy sent this client its own tensors (FedPoD: personalized prompts);
+        non-finite ones are refused like a non-finite global model."""
         try:
+            if (bad := first_non_finite(tensors)) is not None:
+                raise ValueError(f"{bad} holds NaN or inf values")
             self.learner.install_personal(tensors)
         except (KeyError, ValueError, RuntimeError) as err:
             log.warning("ignoring the personal message of round %d: %s", header.round, err)

@@ -188,7 +188,7 @@ def _nesting(raw: bytes) -> int:
             depth += 1
             deepest = max(deepest, depth)
         elif token in (b"]", b"}"):
-            depth -= 1
+            depth = max(depth - 1, 0)
     return deepest
 
 

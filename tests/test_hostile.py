@@ -221,9 +221,9 @@ def test_an_unexpected_failure_is_refused_as_internal_and_leaves_no_orphan_file(
     coordinator.store.close()
 
 
-def round_message(agent: Agent, number: int, state: dict[str, torch.Tensor], **fields: object) -> Incoming:
+def round_message(number: int, state: dict[str, torch.Tensor], signature: str) -> Incoming:
     header = RoundHeader(fleet="test", sender="coordinator", round=number, deadline_unix=1e10,
-                         model_signature=agent.learner.signature, **fields)
+                         model_signature=signature)
     return Incoming(TOPICS.round, encode(header, state), 0, 1, True)
 
 
@@ -235,28 +235,28 @@ def test_an_agent_refuses_a_poisoned_global_and_survives_a_diverged_round(tmp_pa
     config = agent_config(tmp_path, free_port(), 0, write_client_csvs(tmp_path, 1)[0])
     events: list[tuple[str, dict]] = []
     agent = Agent(load_config(config, AgentConfig), on_event=lambda kind, data: events.append((kind, data)))
-    good = agent.learner.wire_state(0)
-    poisoned = {
-        2: {k: torch.full_like(v, float("nan")) for k, v in good.items()},
-        3: {k: torch.full_like(v, 1e30) for k, v in good.items()},
-        4: {**good, "shared.extra": torch.zeros(2)},
-    }
-    agent._guarded(round_message(agent, 1, good))
-    for number, state in poisoned.items():
-        agent._guarded(round_message(agent, number, state))
-    kinds = [kind for kind, _ in events]
-    assert kinds == ["sent", "global_refused", "sent", "global_refused", "sent", "global_refused", "sent"]
-    assert all(torch.isfinite(t).all() for t in agent.learner.wire_state(5).values())
+    good, ours = agent.learner.wire_state(0), agent.learner.signature
+    poisoned = [
+        ({k: torch.full_like(v, float("nan")) for k, v in good.items()}, ours),
+        ({k: torch.full_like(v, 1e30) for k, v in good.items()}, ours),
+        ({**good, "shared.extra": torch.zeros(2)}, ours),
+        (good, "ab" * 16),
+    ]
+    agent._guarded(round_message(1, good, ours))
+    for number, (state, signature) in enumerate(poisoned, 2):
+        agent._guarded(round_message(number, state, signature))
+    assert [kind for kind, _ in events] == ["sent", *["global_refused", "sent"] * len(poisoned)]
+    assert all(torch.isfinite(t).all() for t in agent.learner.wire_state(6).values())
 
     agent.learner.train = lambda round_index: float("nan")
-    agent._guarded(round_message(agent, 5, good))
-    assert events[-1][0] == "failed" and agent.files.trained_round() == 5
+    agent._guarded(round_message(6, good, ours))
+    assert events[-1][0] == "failed" and agent.files.trained_round() == 6
     agent.learner.train = None  # not callable: handling the round raises
-    agent._guarded(round_message(agent, 6, good))
+    agent._guarded(round_message(7, good, ours))
     assert events[-1][0] == "error"
 
     restarted = Agent(load_config(config, AgentConfig), on_event=lambda kind, data: events.append((kind, data)))
-    restarted._guarded(round_message(restarted, 7, poisoned[2]))
+    restarted._guarded(round_message(8, *poisoned[0]))
     assert [kind for kind, _ in events[-2:]] == ["global_refused", "sent"]
 
 
