@@ -15,6 +15,7 @@ import sqlite3
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 from coordinator.store import Store
 from edge_agent.protocol import MAX_REASON, ProtocolError
@@ -24,6 +25,7 @@ Effects = list[Callable[[], object]]
 STORAGE_ERRORS = (OSError, sqlite3.OperationalError)
 STORAGE_ATTEMPTS = 3
 RETRY_PAUSE_S = 0.05
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -42,23 +44,32 @@ class Refusal:
 
 def guarded(store: Store, handle: Callable[[], Effects], client: str) -> Effects | Refusal:
     """Run one message's ``handle`` inside a savepoint: its effects, or why it was refused."""
-    attempt = 1
-    while True:
+
+    def attempt() -> Effects:
+        with store.savepoint():
+            return handle()
+
+    try:
+        return with_retries(attempt, f"a message from {client}")
+    except ProtocolError as err:
+        return Refusal.of(err.code, str(err))
+    except STORAGE_ERRORS as err:
+        return Refusal.of("storage", f"the coordinator could not store it: {err}")
+    except Exception as err:  # the guard's purpose: no message may stop the coordinator
+        log.exception("internal error on a message from %s", client)
+        return Refusal.of("internal", f"the coordinator failed on it: {type(err).__name__}: {err}")
+
+
+def with_retries(action: Callable[[], T], what: str) -> T:
+    """``action``, tried again after a short pause on a storage error, at most
+    ``STORAGE_ATTEMPTS`` times in all; the last storage error is raised."""
+    for attempt in range(1, STORAGE_ATTEMPTS):
         try:
-            with store.savepoint():
-                return handle()
-        except ProtocolError as err:
-            return Refusal.of(err.code, str(err))
+            return action()
         except STORAGE_ERRORS as err:
-            log.warning("storage error on a message from %s (attempt %d of %d): %s", client, attempt,
-                        STORAGE_ATTEMPTS, err)
-            if attempt == STORAGE_ATTEMPTS:
-                return Refusal.of("storage", f"the coordinator could not store it: {err}")
-        except Exception as err:  # the guard's purpose: no message may stop the coordinator
-            log.exception("internal error on a message from %s", client)
-            return Refusal.of("internal", f"the coordinator failed on it: {type(err).__name__}: {err}")
-        time.sleep(RETRY_PAUSE_S * attempt)
-        attempt += 1
+            log.warning("storage error on %s (attempt %d of %d): %s", what, attempt, STORAGE_ATTEMPTS, err)
+            time.sleep(RETRY_PAUSE_S * attempt)
+    return action()
 
 
 def record(store: Store, kind: str, client: str, refusal: Refusal) -> None:

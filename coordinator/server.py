@@ -24,7 +24,7 @@ from typing import Literal
 from pydantic import ConfigDict, Field, model_validator
 
 from coordinator.engine import RoundEngine, RoundResult
-from coordinator.intake import STORAGE_ERRORS, Effects, Refusal, guarded, record
+from coordinator.intake import STORAGE_ERRORS, Effects, Refusal, guarded, record, with_retries
 from coordinator.store import RoundRow, Store
 from coordinator.strategies import ClientInfo, ClientUpdate, StrategySettings, make_strategy
 from coordinator.twins import TwinSettings
@@ -259,10 +259,10 @@ class Coordinator:
     def _process(self, batch: list[Incoming]) -> None:
         """Validate and persist a batch in one transaction, each message guarded in its own
         savepoint (``coordinator.intake``); only then reply, update memory and acknowledge. A
-        batch that cannot commit stays unacknowledged: the broker redelivers it after a reconnect."""
+        batch that cannot commit is tried again; if it still cannot, it stays unacknowledged and
+        the broker redelivers it after a reconnect."""
         try:
-            with self.store.batch():
-                effects = [effect for message in batch for effect in self._guard(message)]
+            effects = with_retries(partial(self._commit, batch), f"a batch of {len(batch)} messages")
         except STORAGE_ERRORS as err:
             log.error("a batch of %d messages could not be stored; left for redelivery: %s", len(batch), err)
             return
@@ -270,6 +270,10 @@ class Coordinator:
             effect()
         for message in batch:
             self.connection.ack(message)
+
+    def _commit(self, batch: list[Incoming]) -> Effects:
+        with self.store.batch():
+            return [effect for message in batch for effect in self._guard(message)]
 
     def _guard(self, message: Incoming) -> Effects:
         client = self.topics.client_of(message.topic)

@@ -24,7 +24,19 @@ from edge_agent.agent import Agent
 from edge_agent.config import AgentConfig, load_config
 from edge_agent.learners import fleet_template
 from edge_agent.mqtt import Incoming
-from edge_agent.protocol import MAGIC, PREFIX, HelloHeader, ReplyHeader, RoundHeader, Topics, UpdateHeader, decode, encode
+from edge_agent.protocol import (
+    MAGIC,
+    PREFIX,
+    HelloHeader,
+    ProtocolError,
+    ReplyHeader,
+    RoundHeader,
+    Topics,
+    UpdateHeader,
+    claimed_round,
+    decode,
+    encode,
+)
 from tests.fleet import SEED, agent_config, coordinator_config, start, write_client_csvs
 
 TOPICS = Topics("test")
@@ -196,6 +208,42 @@ def test_storage_errors_are_retried_then_refused_and_the_rest_of_the_batch_stand
     assert [u.client_id for u in coordinator.store.updates(1)] == ["a"]
     assert [p.name for p in (state / "updates").rglob("*") if p.is_file()] == ["a.safetensors"]
     coordinator.store.close()
+
+
+def test_a_batch_that_cannot_commit_is_retried_then_left_unacknowledged(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The disk fills up at the batch's folder sync: tried again, committed once it can be;
+    never acknowledged (so redelivered later) while it cannot, and no file is left behind."""
+    coordinator = offline_coordinator(tmp_path)
+    acked: list[Incoming] = []
+    monkeypatch.setattr(coordinator.connection, "ack", acked.append)
+    failures = [2]
+
+    def full_disk(folder: Path) -> None:
+        if failures[0] > 0:
+            failures[0] -= 1
+            raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr("coordinator.store.fsync_folder", full_disk)
+    coordinator._process([hello_of(coordinator, "a"), hello_of(coordinator, "b")])
+    coordinator._process([update_of(coordinator, "a")])
+    assert [u.client_id for u in coordinator.store.updates(1)] == ["a"] and len(acked) == 3
+    failures[0] = 3
+    coordinator._process([update_of(coordinator, "b")])
+    assert [u.client_id for u in coordinator.store.updates(1)] == ["a"] and len(acked) == 3
+    files = [p.name for p in (tmp_path / "coordinator" / "updates").rglob("*") if p.is_file()]
+    assert files == ["a.safetensors"]
+    coordinator.store.close()
+
+
+def test_decoding_any_poison_raises_nothing_but_protocol_errors() -> None:
+    for name, (payload, _) in poison({"shared.w": torch.zeros(3)}).items():
+        assert claimed_round(payload) in (0, 1, 99), name
+        try:
+            decode(payload, 1 << 30)
+        except ProtocolError:
+            pass
 
 
 def test_an_unexpected_failure_is_refused_as_internal_and_leaves_no_orphan_file(
