@@ -276,20 +276,22 @@ class Coordinator:
             return [effect for message in batch for effect in self._guard(message)]
 
     def _guard(self, message: Incoming) -> Effects:
-        client = self.topics.client_of(message.topic)
-        if client is None:
-            return []
-        leaf = message.topic.rsplit("/", 1)[-1]
-        outcome = guarded(self.store, partial(self._handle, client, leaf, message.payload), client)
+        """One message through ``intake.guarded``: its effects, or those of its refusal."""
+        client = self.topics.client_of(message.topic) or message.topic
+        outcome = guarded(self.store, partial(self._handle, message), client)
         if isinstance(outcome, Refusal):
-            return self._refuse(client, leaf, message.payload, outcome)
+            return self._refuse(client, message, outcome)
         return outcome
 
-    def _handle(self, client: str, leaf: str, payload: bytes) -> Effects:
+    def _handle(self, message: Incoming) -> Effects:
+        client = self.topics.client_of(message.topic)
+        leaf = message.topic.rsplit("/", 1)[-1]
+        if client is None:
+            return []
         if leaf == "status":
-            return self._on_status(client, payload)
+            return self._on_status(client, message.payload)
         if leaf in ("hello", "update"):
-            return self._on_envelope(client, leaf, payload)
+            return self._on_envelope(client, leaf, message.payload)
         return []
 
     def _on_status(self, client: str, payload: bytes) -> Effects:
@@ -305,12 +307,13 @@ class Coordinator:
             return self._register(header)
         return self._accept_update(header, tensors, payload[len(payload) - header.body_bytes :])
 
-    def _refuse(self, client: str, leaf: str, payload: bytes, refusal: Refusal) -> Effects:
+    def _refuse(self, client: str, message: Incoming, refusal: Refusal) -> Effects:
         """Log, record and answer a refused message (the answer is about the round it claims)."""
+        leaf = message.topic.rsplit("/", 1)[-1]
         log.warning("refused a %s from %s: %s", leaf, client, refusal.reason)
         record(self.store, leaf, client, refusal)
         about = leaf if leaf in ("hello", "update") else "other"
-        return [self._reply(client, about, claimed_round(payload), False, refusal.code, refusal.reason),
+        return [self._reply(client, about, claimed_round(message.payload), False, refusal.code, refusal.reason),
                 partial(self.on_event, "rejected", {"client": client, "code": refusal.code, "reason": refusal.reason})]
 
     def _check_sender(self, client: str, leaf: str, header) -> None:
