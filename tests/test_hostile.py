@@ -239,6 +239,22 @@ def test_a_batch_that_cannot_commit_is_retried_then_left_unacknowledged(
     coordinator.store.close()
 
 
+def test_after_a_restart_late_updates_still_feed_only_twins_of_clients_once_on_time(tmp_path: Path) -> None:
+    """'a' is on time in round 1, 'b' (offline) never: after a coordinator restart, b's late
+    round-1 update is stored but not used, a's twin history stands."""
+    coordinator = offline_coordinator(tmp_path)
+    coordinator._process([hello_of(coordinator, "a"), hello_of(coordinator, "b")])
+    coordinator._process([message("b", "status", b"offline"), update_of(coordinator, "a")])
+    assert coordinator._maybe_close(coordinator.store.round(1)).round == 2
+    coordinator.store.close()
+    restarted = Coordinator(coordinator.cfg)
+    assert restarted.engine.on_time == {"a": 1}
+    restarted._process([update_of(restarted, "b")])
+    late = [e for e in restarted.store.events(accepted=True) if e["client_id"] == "b" and e["kind"] == "update"]
+    assert [e["code"] for e in late] == ["late_no_twin"] and restarted.engine.history.last_round("b") is None
+    restarted.store.close()
+
+
 def test_decoding_any_poison_raises_nothing_but_protocol_errors() -> None:
     for name, (payload, _) in poison({"shared.w": torch.zeros(3)}).items():
         assert claimed_round(payload) in (0, 1, 99), name
