@@ -331,7 +331,8 @@ class Coordinator:
             raise ProtocolError("bad_signature", "the agent's model differs from the coordinator's")
         self.store.register(hello)
         self.store.log("hello", hello.sender, None, True)
-        return [self._reply(hello.sender, "hello", 0, True), partial(self.on_event, "registered", {"client": hello.sender})]
+        return [self._reply(hello.sender, "hello", 0, True),
+                partial(self.on_event, "registered", {"client": hello.sender})]
 
     def _accept_update(self, header: UpdateHeader, tensors: TensorDict, body: bytes) -> Effects:
         client, current = header.sender, self.store.latest_round()

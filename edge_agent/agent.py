@@ -146,7 +146,7 @@ class Agent:
     def _global_problem(self, header: RoundHeader, state: TensorDict) -> str | None:
         """Why a round's global model must not be installed, or None when it may."""
         if header.model_signature != self.learner.signature:
-            return f"the coordinator runs another model (signature {header.model_signature}, ours {self.learner.signature})"
+            return f"another model (signature {header.model_signature}, ours {self.learner.signature})"
         try:
             check_tensors(state, self.layout)
         except ProtocolError as err:
