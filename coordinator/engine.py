@@ -3,8 +3,12 @@ coordinator service alike (FedDTW Algorithm 5 around any strategy).
 
 Close of round r: the registered clients without an on-time update are imputed by their digital
 twins (or dropped), the strategy combines on-time and imputed updates, the on-time updates join
-the twins' history. Late updates join that history when they arrive. Updates are ordered by
-client id, so the same updates give bit-identical results wherever the round closes.
+the twins' history. Late updates join that history when they arrive, but only from a client
+that is sometimes on time: one with an on-time update at most ``twin_max_age`` rounds before
+the late update's round (any earlier on-time update when ``twin_max_age`` is unset), so a
+device that never reports on time cannot steer the aggregate through its twin, whose input
+skips the round's checks. Updates are ordered by client id, so the same updates give
+bit-identical results wherever the round closes.
 """
 
 from __future__ import annotations
@@ -40,15 +44,23 @@ class RoundResult:
 class RoundEngine:
     """Runs a strategy with digital twins of the clients."""
 
-    def __init__(self, strategy: Strategy, twins: TwinSettings, history_folder: Path | None = None):
-        """``history_folder``: keep the twins' history on disk there (the service), else in memory."""
+    def __init__(self, strategy: Strategy, twins: TwinSettings, history_folder: Path | None = None,
+                 on_time: dict[str, int] | None = None):
+        """``history_folder``: keep the twins' history on disk there (the service), else in memory.
+        ``on_time``: each client's newest closed round with an on-time update (a service resuming)."""
         self.strategy, self.max_age = strategy, twins.twin_max_age
         self.forecaster = make_forecaster(twins.twin)
         self.history = TwinHistory(self.forecaster.window, history_folder)
+        self.on_time = dict(on_time or {})
 
-    def observe_late(self, client_id: str, round_number: int, params: TensorDict) -> None:
-        """An update that arrived after its round closed: twin history only."""
+    def observe_late(self, client_id: str, round_number: int, params: TensorDict) -> bool:
+        """An update that arrived after its round closed: twin history only, and only from a
+        client recently on time (see the module docstring). Returns whether it was kept."""
+        last = self.on_time.get(client_id)
+        if last is None or (self.max_age is not None and last < round_number - self.max_age):
+            return False
         self.history.observe(client_id, round_number, params)
+        return True
 
     def close(self, round_number: int, current: TensorDict, on_time: Sequence[ClientUpdate],
               roster: Sequence[ClientInfo]) -> RoundResult:
@@ -66,6 +78,7 @@ class RoundEngine:
             state, personal, metrics = current, {}, {}
         for update in on_time:
             self.history.observe(update.client_id, round_number, update.params)
+            self.on_time[update.client_id] = round_number
         return RoundResult(round_number, state, personal, tuple(sorted(reported)), tuple(imputation.imputed),
                            tuple(imputation.dropped), _mean_loss(on_time), self.forecaster.name, metrics)
 

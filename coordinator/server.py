@@ -17,12 +17,14 @@ import logging
 import queue
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Literal
 
 from pydantic import ConfigDict, Field, model_validator
 
 from coordinator.engine import RoundEngine, RoundResult
+from coordinator.intake import STORAGE_ERRORS, Effects, Refusal, guarded, record, with_retries
 from coordinator.store import RoundRow, Store
 from coordinator.strategies import ClientInfo, ClientUpdate, StrategySettings, make_strategy
 from coordinator.twins import TwinSettings
@@ -30,6 +32,7 @@ from edge_agent.config import FleetModel
 from edge_agent.learners import fleet_template
 from edge_agent.mqtt import COORDINATOR_RECEIVE_WINDOW, DEFAULT_MAX_PAYLOAD_BYTES, BrokerConfig, Connection, Incoming
 from edge_agent.protocol import (
+    MAX_ROUND,
     NAME_PATTERN,
     HelloHeader,
     PersonalHeader,
@@ -56,7 +59,7 @@ class CoordinatorConfig(FleetModel, TwinSettings, StrategySettings):
 
     fleet: str = Field(pattern=NAME_PATTERN)
     state_dir: Path
-    rounds: int = Field(10, ge=1)
+    rounds: int = Field(10, ge=1, le=MAX_ROUND)
     min_clients: int = Field(1, ge=1, description="quorum: updates needed to close a round")
     start_clients: int = Field(0, ge=0, description="hold round 1 until this many clients have registered")
     round_timeout_s: float = Field(300.0, gt=0, description="deadline of a round after its announcement")
@@ -98,7 +101,7 @@ class Coordinator:
         template = fleet_template(cfg, cfg.seed)
         self.initial, self.signature, self.layout = template.initial, template.signature, layout_of(template.initial)
         self.strategy = make_strategy(cfg, template.initial, cfg.seed)
-        self.engine = RoundEngine(self.strategy, cfg, self.store.dir / "twins")
+        self.engine = RoundEngine(self.strategy, cfg, self.store.dir / "twins", self.store.last_on_time())
         self.on_event = on_event or (lambda kind, data: None)
         self.connection = Connection(
             cfg.broker,
@@ -110,7 +113,6 @@ class Coordinator:
         )
         self.connection.on_connected.append(self._announce_presence)
         self._decoded: dict[tuple[int, str], dict] = {}  # this round's accepted tensors, kept for aggregation
-        self._replies: list[tuple[str, bytes]] = []
         self.campaign = self.store.campaign()
         self._announced: RoundRow | None = None  # the round on the broker as of our last announcement
 
@@ -279,77 +281,91 @@ class Coordinator:
         return batch
 
     def _process(self, batch: list[Incoming]) -> None:
-        """Validate and persist a batch in one transaction; only then reply and acknowledge."""
-        self._replies = []
-        with self.store.batch():
-            for message in batch:
-                self._handle(message)
-        for topic, payload in self._replies:
-            self.connection.publish(topic, payload)
+        """Validate and persist a batch in one transaction, each message guarded in its own
+        savepoint (``coordinator.intake``); only then reply, update memory and acknowledge. A
+        batch that cannot commit is tried again; if it still cannot, it stays unacknowledged and
+        the broker redelivers it after a reconnect."""
+        try:
+            effects = with_retries(partial(self._commit, batch), f"a batch of {len(batch)} messages")
+        except STORAGE_ERRORS as err:
+            log.error("a batch of %d messages could not be stored; left for redelivery: %s", len(batch), err)
+            return
+        for effect in effects:
+            effect()
         for message in batch:
             self.connection.ack(message)
 
-    def _handle(self, message: Incoming) -> None:
+    def _commit(self, batch: list[Incoming]) -> Effects:
+        with self.store.batch():
+            return [effect for message in batch for effect in self._guard(message)]
+
+    def _guard(self, message: Incoming) -> Effects:
+        """One message through ``intake.guarded``: its effects, or those of its refusal."""
+        client = self.topics.client_of(message.topic) or message.topic
+        outcome = guarded(self.store, partial(self._handle, message), client)
+        if isinstance(outcome, Refusal):
+            return self._refuse(client, message, outcome)
+        return outcome
+
+    def _handle(self, message: Incoming) -> Effects:
         if message.topic == self.topics.round:
-            self._on_round_message(message)
-            return
+            return self._on_round_message(message)
         client = self.topics.client_of(message.topic)
         leaf = message.topic.rsplit("/", 1)[-1]
         if client is None:
-            return
+            return []
         if message.retain and leaf != "status":
             log.warning("ignoring a retained %s of %s: only presence may be retained", leaf, client)
-            self.on_event("ignored", {"client": client, "topic": message.topic, "why": "retained"})
-            return
+            return [partial(self.on_event, "ignored", {"client": client, "topic": message.topic, "why": "retained"})]
         if not message.retain:
             self.store.seen(client)
         if leaf == "status":
-            self._on_status(client, message.payload)
-        elif leaf in ("hello", "update"):
-            self._on_envelope(client, leaf, message.payload)
+            return self._on_status(client, message.payload)
+        if leaf in ("hello", "update"):
+            return self._on_envelope(client, leaf, message.payload)
+        return []
 
-    def _on_round_message(self, message: Incoming) -> None:
+    def _on_round_message(self, message: Incoming) -> Effects:
         """A retained round of another campaign (or unreadable) left on the broker would tell new
         agents the fleet is finished or on another model: overwrite it with ours (or clear it
         until we announce) and say what was there. Our own announcements echo back: ignored."""
         if not message.retain or not message.payload:
-            return
+            return []
         try:
             header, _ = decode(message.payload, self.cfg.max_payload_bytes)
         except ProtocolError as err:
             stale = f"an unreadable round message ({err})"
         else:
             if header.campaign == self.campaign:
-                return
+                return []
             ended = " (finished)" if isinstance(header, RoundHeader) and header.finished else ""
             stale = f"round {header.round}{ended} of campaign {header.campaign or '(none)'}"
         log.warning("cleared the retained %s from the broker: this is campaign %s", stale, self.campaign)
-        self.on_event("cleared", {"retained": stale, "campaign": self.campaign})
-        if self._announced is None:
-            self.connection.publish(self.topics.round, b"", retain=True)
-        else:
-            self._announce(self._announced)
+        replace = (partial(self.connection.publish, self.topics.round, b"", retain=True) if self._announced is None
+                   else partial(self._announce, self._announced))
+        return [partial(self.on_event, "cleared", {"retained": stale, "campaign": self.campaign}), replace]
 
-    def _on_status(self, client: str, payload: bytes) -> None:
+    def _on_status(self, client: str, payload: bytes) -> Effects:
         if payload not in (b"online", b"offline") or client not in self.store.clients():
-            return
+            return []
         self.store.set_online(client, payload == b"online")
-        self.on_event("presence", {"client": client, "online": payload == b"online"})
+        return [partial(self.on_event, "presence", {"client": client, "online": payload == b"online"})]
 
-    def _on_envelope(self, client: str, leaf: str, payload: bytes) -> None:
-        current = self.store.latest_round()
-        try:
-            header, tensors = decode(payload, self.cfg.max_payload_bytes)
-            self._check_sender(client, leaf, header)
-            if isinstance(header, HelloHeader):
-                self._register(header)
-            else:
-                self._accept_update(header, tensors, payload[len(payload) - header.body_bytes :], current)
-        except ProtocolError as err:
-            number = claimed_round(payload)
-            self.store.log(leaf, client, current.round, False, err.code, str(err))
-            self._reply(client, leaf, number, False, err.code, str(err))
-            self.on_event("rejected", {"client": client, "code": err.code, "reason": str(err)})
+    def _on_envelope(self, client: str, leaf: str, payload: bytes) -> Effects:
+        header, tensors = decode(payload, self.cfg.max_payload_bytes)
+        self._check_sender(client, leaf, header)
+        if isinstance(header, HelloHeader):
+            return self._register(header)
+        return self._accept_update(header, tensors, payload[len(payload) - header.body_bytes :])
+
+    def _refuse(self, client: str, message: Incoming, refusal: Refusal) -> Effects:
+        """Log, record and answer a refused message (the answer is about the round it claims)."""
+        leaf = message.topic.rsplit("/", 1)[-1]
+        log.warning("refused a %s from %s: %s", leaf, client, refusal.reason)
+        record(self.store, leaf, client, refusal)
+        about = leaf if leaf in ("hello", "update") else "other"
+        return [self._reply(client, about, claimed_round(message.payload), False, refusal.code, refusal.reason),
+                partial(self.on_event, "rejected", {"client": client, "code": refusal.code, "reason": refusal.reason})]
 
     def _check_sender(self, client: str, leaf: str, header) -> None:
         if header.kind != leaf:
@@ -359,18 +375,18 @@ class Coordinator:
         if header.sender != client:
             raise ProtocolError("wrong_sender", f"sender {header.sender!r} does not match topic client {client!r}")
 
-    def _register(self, hello: HelloHeader) -> None:
+    def _register(self, hello: HelloHeader) -> Effects:
         if self.cfg.registration == "closed" and hello.sender not in self.cfg.allowed_clients:
             raise ProtocolError("unknown_client", f"{hello.sender!r} is not in allowed_clients")
         if hello.model_signature != self.signature:
             raise ProtocolError("bad_signature", "the agent's model differs from the coordinator's")
         self.store.register(hello)
         self.store.log("hello", hello.sender, None, True)
-        self._reply(hello.sender, "hello", 0, True)
-        self.on_event("registered", {"client": hello.sender})
+        return [self._reply(hello.sender, "hello", 0, True),
+                partial(self.on_event, "registered", {"client": hello.sender})]
 
-    def _accept_update(self, header: UpdateHeader, tensors: dict, body: bytes, current: RoundRow) -> None:
-        client = header.sender
+    def _accept_update(self, header: UpdateHeader, tensors: TensorDict, body: bytes) -> Effects:
+        client, current = header.sender, self.store.latest_round()
         if header.campaign != self.campaign:
             raise ProtocolError("wrong_campaign", f"update for campaign {header.campaign!r}, this is {self.campaign!r}")
         if client not in self.store.clients():
@@ -385,24 +401,29 @@ class Coordinator:
             header.round, client, header.n_samples, body, header.body_sha256, header.metrics, late=late
         )
         if late:
-            self.engine.observe_late(client, header.round, tensors)
-            self.store.log("update", client, header.round, True, "late", "the round had closed: twin history only")
-            self._reply(client, "update", header.round, True, "late", "the round had closed: kept as twin history")
-            self.on_event("late", {"client": client, "round": header.round})
-            return
-        self._decoded[current.round, client] = tensors
+            return self._late(client, header.round, tensors)
         self.store.log("update", client, current.round, True)
-        self._reply(client, "update", current.round, True)
-        self.on_event("accepted", {"client": client, "round": current.round})
+        return [partial(self._decoded.__setitem__, (current.round, client), tensors),
+                self._reply(client, "update", current.round, True),
+                partial(self.on_event, "accepted", {"client": client, "round": current.round})]
+
+    def _late(self, client: str, number: int, tensors: TensorDict) -> Effects:
+        """A stored update for a closed round: twin history only, from a client sometimes on time."""
+        if self.engine.observe_late(client, number, tensors):
+            code, reason = "late", "the round had closed: kept as twin history"
+        else:
+            code, reason = "late_no_twin", "the round had closed and the client has no recent on-time update: not used"
+        self.store.log("update", client, number, True, code, reason)
+        return [self._reply(client, "update", number, True, code, reason),
+                partial(self.on_event, "late", {"client": client, "round": number, "code": code})]
 
     def _reply(
         self, client: str, about: str, number: int, accepted: bool, code: str = "", reason: str = ""
-    ) -> None:
-        """Queue an answer for the agent's own task topic (sent once the batch is durable);
+    ) -> Callable[[], object]:
+        """The answer for the agent's own task topic, to send once the batch is durable;
         ``number`` is the round the message was about."""
         header = ReplyHeader(
             fleet=self.cfg.fleet, sender=SENDER, round=number, accepted=accepted, about=about, code=code,
-            reason=reason[:500], campaign=self.campaign,
+            reason=reason, campaign=self.campaign,
         )
-        self._replies.append((self.topics.agent(client, "task"), encode(header)))
-
+        return partial(self.connection.publish, self.topics.agent(client, "task"), encode(header))

@@ -7,14 +7,20 @@ import json
 import secrets
 import sqlite3
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 
 from safetensors.torch import load_file
 
 from edge_agent.protocol import HelloHeader, TensorDict
-from edge_agent.storage import fsync_folder, write_bytes_atomically, write_tensors_atomically
+from edge_agent.storage import (
+    StateDirError,
+    fsync_folder,
+    writable_folder,
+    write_bytes_atomically,
+    write_tensors_atomically,
+)
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS clients (
@@ -68,31 +74,65 @@ class ClientRow:
 
 
 class Store:
-    """All coordinator state below one directory; safe to reopen after ``kill -9``."""
+    """All coordinator state below one directory; safe to reopen after ``kill -9``.
+
+    Raises ``StateDirError`` naming the path when the folder or its database cannot be opened
+    for writing."""
 
     def __init__(self, state_dir: Path):
-        self.dir = Path(state_dir)
-        self.dir.mkdir(parents=True, exist_ok=True)
-        self.db = sqlite3.connect(self.dir / "coordinator.sqlite3", isolation_level=None, check_same_thread=False)
-        self.db.execute("PRAGMA journal_mode=WAL")
-        self.db.execute("PRAGMA synchronous=FULL")
-        self.db.executescript(SCHEMA)
+        self.dir = writable_folder(state_dir, "state_dir")
+        path = self.dir / "coordinator.sqlite3"
+        try:
+            self.db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+            self.db.execute("PRAGMA journal_mode=WAL")
+            self.db.execute("PRAGMA synchronous=FULL")
+            self.db.executescript(SCHEMA)
+        except sqlite3.Error as err:
+            raise StateDirError(f"state_dir {self.dir}: cannot open the database {path.name}: {err}") from None
         self._unsynced: set[Path] = set()
+        self._written: list[Path] = []  # update files of the open batch, removed if it rolls back
 
     @contextmanager
     def batch(self):
         """One transaction for many writes: update files are fsynced as written, their folders
-        once at the end, then the rows commit together (group commit)."""
+        once at the end, then the rows commit together (group commit). On failure the rows roll
+        back and the batch's update files are removed (no file without its row)."""
         self.db.execute("BEGIN")
         try:
             yield
             for folder in self._unsynced:
                 fsync_folder(folder)
-            self._unsynced.clear()
             self.db.execute("COMMIT")
         except BaseException:
-            self.db.execute("ROLLBACK")
+            if self.db.in_transaction:
+                self.db.execute("ROLLBACK")
+            self._discard(self._written)
             raise
+        finally:
+            self._unsynced.clear()
+            self._written.clear()
+
+    @contextmanager
+    def savepoint(self):
+        """One message's writes inside a ``batch``: if it fails, its rows roll back and its
+        files are removed while the rest of the batch stands."""
+        mark = len(self._written)
+        self.db.execute("SAVEPOINT message")
+        try:
+            yield
+        except BaseException:
+            self.db.execute("ROLLBACK TO message")
+            self.db.execute("RELEASE message")
+            self._discard(self._written[mark:])
+            del self._written[mark:]
+            raise
+        self.db.execute("RELEASE message")
+
+    @staticmethod
+    def _discard(paths: list[Path]) -> None:
+        for path in paths:
+            with suppress(OSError):
+                path.unlink(missing_ok=True)
 
     def close(self) -> None:
         self.db.close()
@@ -191,12 +231,19 @@ class Store:
         """Keep one client's update: its verified safetensors body as received (no re-encoding),
         then its row; durable once the enclosing ``batch`` commits. The caller checks duplicates."""
         name = f"updates/round_{number:05d}/{client_id}.safetensors"
+        self._written.append(self.dir / name)
         write_bytes_atomically(self.dir / name, body, sync_folder=False)
         self._unsynced.add((self.dir / name).parent)
         self.db.execute(
             "INSERT OR IGNORE INTO updates VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
             (number, client_id, n_samples, name, sha256, json.dumps(metrics), time.time(), int(late)),
         )
+
+    def last_on_time(self) -> dict[str, int]:
+        """Each client's newest closed round with an on-time update."""
+        query = ("SELECT client_id, MAX(round) FROM updates WHERE late=0 AND round IN "
+                 "(SELECT round FROM rounds WHERE closed_at IS NOT NULL) GROUP BY client_id")
+        return dict(self.db.execute(query))
 
     def last_reported(self) -> dict[str, int]:
         """Each client's newest round with an update (on time or late)."""

@@ -1,5 +1,14 @@
 """The edge agent daemon: local data, local training for each announced round, only what the
-learner puts on the wire goes out. Its state survives restarts (``AgentState``)."""
+learner puts on the wire goes out. Its state survives restarts (``AgentState``).
+
+No round can stop it. A global model that fails the checks (model signature, tensor layout,
+finite values, an L2 norm at most ``max_global_growth`` times the last accepted one's) is
+refused: logged, not installed, and the round is trained from the last good global state. A
+round whose local training gives a non-finite loss or parameters is skipped: logged, the model
+restored from the state folder as of the last good round, the round marked done and no update
+sent (the coordinator treats the client as missing, as it does a silent one). Any other
+exception while handling one message is logged and the agent goes on, so a poisoned round the
+broker retains does not make it crash-loop."""
 
 from __future__ import annotations
 
@@ -11,7 +20,7 @@ import time
 from collections.abc import Callable
 
 from edge_agent.config import AgentConfig
-from edge_agent.learners import make_learner
+from edge_agent.learners import Learner, make_learner
 from edge_agent.mqtt import Connection, Incoming
 from edge_agent.protocol import (
     HelloHeader,
@@ -21,11 +30,13 @@ from edge_agent.protocol import (
     RoundHeader,
     Topics,
     UpdateHeader,
+    check_tensors,
     decode,
     encode,
 )
 from edge_agent.state import AgentState
-from edge_agent.tensors import TensorDict
+from edge_agent.storage import writable_folder
+from edge_agent.tensors import TensorDict, first_non_finite, l2_norm, layout_of
 
 log = logging.getLogger("edgefl.agent")
 
@@ -36,10 +47,12 @@ class Agent:
     def __init__(self, cfg: AgentConfig, on_event: Callable[[str, dict], None] | None = None):
         self.cfg = cfg
         self.topics = Topics(cfg.fleet)
+        self.files = AgentState(writable_folder(cfg.state_dir, "state_dir"))
         self.table = cfg.data.load()
-        self.files = AgentState(cfg.state_dir)
-        self.learner = self.files.restore(make_learner(cfg, self.table))
+        self.learner = self._saved_learner()
         self.trained_round = self.files.trained_round()
+        wire = self.learner.wire_state(self.trained_round)
+        self.layout, self.global_norm = layout_of(wire), l2_norm(wire)
         self.on_event = on_event or (lambda kind, data: None)
         self.finished = False
         self.connection = Connection(
@@ -62,9 +75,10 @@ class Agent:
         try:
             while not self.finished and not stop():
                 try:
-                    self._handle(self.connection.inbox.get(timeout=0.1))
+                    message = self.connection.inbox.get(timeout=0.1)
                 except queue.Empty:
-                    pass
+                    continue
+                self._guarded(message)
             why = f"campaign {self.files.campaign} finished" if self.finished else "asked to stop"
         finally:
             log.info("%s exits: %s", self.cfg.client_id, why)
@@ -90,6 +104,14 @@ class Agent:
         if resend and self.files.pending.is_file():
             self.connection.publish(self.topics.agent(cid, "update"), self.files.pending.read_bytes())
 
+    def _guarded(self, message: Incoming) -> None:
+        """Handle one message; whatever fails is logged and the agent goes on."""
+        try:
+            self._handle(message)
+        except Exception:  # the guard's purpose: no message may stop the agent
+            log.exception("failed on a message on %s; going on", message.topic)
+            self.on_event("error", {"topic": message.topic})
+
     def _handle(self, message: Incoming) -> None:
         if message.topic == self.topics.coordinator_status:
             if message.payload == b"online":
@@ -113,15 +135,17 @@ class Agent:
             self._on_personal(header, tensors)
 
     def _on_round(self, header: RoundHeader, global_state: TensorDict) -> None:
-        if header.model_signature != self.learner.signature:
-            log.error("coordinator runs another model (signature %s, ours %s)", header.model_signature,
-                      self.learner.signature)
-            self.on_event("signature_mismatch", {"round": header.round})
-            return
         if not self._in_campaign(header):
             return
-        self.learner.load_global(global_state)
-        self.files.save_global(global_state)
+        problem = self._global_problem(header, global_state)
+        if problem is None:
+            self.learner.load_global(global_state)
+            self.files.save_global(global_state)
+            self.global_norm = l2_norm(global_state)
+        else:
+            log.error("round %d: refusing the global model (%s); keeping the last good one", header.round, problem)
+            self.on_event("global_refused", {"round": header.round, "reason": problem})
+            self.learner = self._saved_learner()
         if header.finished:
             log.info("campaign %s finished with round %d", header.campaign, header.round)
             self.finished = True
@@ -152,16 +176,40 @@ class Agent:
             log.warning("state of campaign %s (round %d) dropped: starting over for campaign %s",
                         self.files.campaign, self.trained_round, header.campaign)
             self.learner, self.trained_round = make_learner(self.cfg, self.table), 0
+            self.global_norm = l2_norm(self.learner.wire_state(0))
         self.files.join(header.campaign)
         self.on_event("joined", {"campaign": header.campaign})
         return True
 
+    def _global_problem(self, header: RoundHeader, state: TensorDict) -> str | None:
+        """Why a round's global model must not be installed, or None when it may."""
+        if header.model_signature != self.learner.signature:
+            return f"another model (signature {header.model_signature}, ours {self.learner.signature})"
+        try:
+            check_tensors(state, self.layout)
+        except ProtocolError as err:
+            return str(err)
+        norm, limit = l2_norm(state), self.cfg.max_global_growth * max(self.global_norm, 1.0)
+        if not norm <= limit:
+            return f"its norm {norm:.3g} exceeds {self.cfg.max_global_growth:g} x the last accepted one's"
+        return None
+
+    def _saved_learner(self) -> Learner:
+        """The learner as of the last good round: rebuilt and restored from the state folder
+        (personal state and last accepted global state), as after a restart."""
+        return self.files.restore(make_learner(self.cfg, self.table))
+
     def _train_and_send(self, round_index: int) -> None:
-        """Train for one round, make the result durable, then publish the learner's wire state."""
+        """Train for one round, make the result durable, then publish the learner's wire state;
+        a round whose training diverges is skipped (see the module docstring)."""
         cfg = self.cfg
         started = time.perf_counter()
         serving = self.learner.serving_metrics(round_index)
         loss = self.learner.train(round_index)
+        wire = self.learner.wire_state(round_index)
+        if not math.isfinite(loss) or first_non_finite(wire) is not None:
+            self._skip_failed_round(round_index, loss)
+            return
         metrics = {"loss": loss, "seconds": time.perf_counter() - started, **serving}
         if not all(math.isfinite(v) for v in metrics.values()):
             log.warning("round %d: leaving out non-finite metrics %s", round_index, metrics)
@@ -169,15 +217,26 @@ class Agent:
             fleet=cfg.fleet, sender=cfg.client_id, round=round_index, n_samples=self.learner.n_samples,
             metrics={k: v for k, v in metrics.items() if math.isfinite(v)}, campaign=self.files.campaign,
         )
-        payload = encode(header, self.learner.wire_state(round_index))
+        payload = encode(header, wire)
         self.files.save_round(self.learner, round_index, payload)
         self.trained_round = round_index
         self.connection.publish(self.topics.agent(cfg.client_id, "update"), payload)
         self.on_event("sent", {"round": round_index, "loss": loss})
 
+    def _skip_failed_round(self, round_index: int, loss: float) -> None:
+        log.error("round %d: local training diverged (loss %s or non-finite parameters); no update sent, "
+                  "model restored as of the last good round", round_index, loss)
+        self.learner = self._saved_learner()
+        self.files.mark_trained(round_index)
+        self.trained_round = round_index
+        self.on_event("failed", {"round": round_index, "loss": loss})
+
     def _on_personal(self, header: PersonalHeader, tensors: TensorDict) -> None:
-        """The round's strategy sent this client its own tensors (FedPoD: personalized prompts)."""
+        """The round's strategy sent this client its own tensors (FedPoD: personalized prompts);
+        non-finite ones are refused like a non-finite global model."""
         try:
+            if (bad := first_non_finite(tensors)) is not None:
+                raise ValueError(f"{bad} holds NaN or inf values")
             self.learner.install_personal(tensors)
         except (KeyError, ValueError, RuntimeError) as err:
             log.warning("ignoring the personal message of round %d: %s", header.round, err)

@@ -86,6 +86,9 @@ class AgentConfig(FleetModel):
     seed: int = 42
     client_index: int = Field(0, ge=0, description="this client's index in the fleet's seed schedule")
     max_payload_bytes: int = Field(DEFAULT_MAX_PAYLOAD_BYTES, ge=1024)
+    max_global_growth: float = Field(
+        100.0, gt=1.0, description="refuse a global model whose L2 norm exceeds this multiple of the last accepted "
+                                   "one's (at least 1.0): a poisoned average is not trained on")
     broker: BrokerConfig = BrokerConfig()
 
     @model_validator(mode="after")

@@ -4,8 +4,12 @@ A message is a small versioned binary envelope::
 
     b"EDFL" | schema version (1 byte) | header length (4 bytes, big endian) | JSON header | body
 
-The header is validated by pydantic (one model per message kind); the body is a safetensors
-blob whose SHA-256 the header carries. Nothing is ever unpickled. Topics live under
+The header is validated by pydantic (one model per message kind, strict types: no coercion of
+``"3"`` or ``true`` into a round); the body is a safetensors blob whose SHA-256 the header
+carries. Nothing is ever unpickled. Parsing is bounded before anything recursive or costly runs:
+header size, JSON nesting depth, integer digits, integer ranges (all within SQLite INTEGER),
+string lengths and the number of metrics (see the constants below), so no input a device can
+send makes the decoder raise anything but ``ProtocolError``. Topics live under
 ``edgefl/<fleet>/``; see ``Topics``.
 """
 
@@ -18,7 +22,7 @@ import re
 import struct
 from typing import Annotated, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, TypeAdapter, ValidationError, field_validator
 from safetensors import SafetensorError
 from safetensors.torch import load as load_tensors
 from safetensors.torch import save as save_tensors
@@ -30,6 +34,17 @@ SCHEMA_VERSION = 1
 PREFIX = struct.Struct(">4sBI")
 NAME_PATTERN = r"^[A-Za-z0-9_.-]{1,64}$"
 CAMPAIGN_PATTERN = r"^[A-Za-z0-9_.-]{0,64}$"
+MAX_HEADER_BYTES = 64 * 1024
+MAX_JSON_DEPTH = 8
+MAX_INT_DIGITS = 20
+MAX_ROUND = 10**6
+MAX_SAMPLES = 10**9
+MAX_FEATURES = 10**6
+MAX_BODY_BYTES = 2**40
+MAX_METRICS = 32
+MAX_REASON = 500
+_JSON_TOKEN = re.compile(rb'"(?:[^"\\]|\\.)*"|[\[\]{}]')
+Metrics = dict[Annotated[str, StringConstraints(pattern=NAME_PATTERN)], float]
 
 class ProtocolError(ValueError):
     """A message that cannot be accepted; ``code`` is a stable machine-readable reason."""
@@ -44,9 +59,9 @@ class _Header(BaseModel):
 
     fleet: str = Field(pattern=NAME_PATTERN)
     sender: str = Field(pattern=NAME_PATTERN, description="client id, or 'coordinator'")
-    round: int = Field(0, ge=0)
+    round: int = Field(0, ge=0, le=MAX_ROUND)
     body_sha256: str = Field("", pattern=r"^([0-9a-f]{64})?$")
-    body_bytes: int = Field(0, ge=0)
+    body_bytes: int = Field(0, ge=0, le=MAX_BODY_BYTES)
     encoding: Literal["safetensors"] = "safetensors"
     campaign: str = Field("", pattern=CAMPAIGN_PATTERN,
                           description="the federation run this message belongs to; '' where the sender knows none yet")
@@ -56,8 +71,8 @@ class HelloHeader(_Header):
     """An agent registers: what it holds and which model it runs."""
 
     kind: Literal["hello"] = "hello"
-    n_features: int = Field(ge=1)
-    n_samples: int = Field(ge=1)
+    n_features: int = Field(ge=1, le=MAX_FEATURES)
+    n_samples: int = Field(ge=1, le=MAX_SAMPLES)
     latitude: float | None = Field(None, ge=-90, le=90)
     longitude: float | None = Field(None, ge=-180, le=180)
     model_signature: str = Field(pattern=r"^[0-9a-f]{16,64}$")
@@ -67,12 +82,12 @@ class UpdateHeader(_Header):
     """An agent's shared parameters after training for ``round``."""
 
     kind: Literal["update"] = "update"
-    n_samples: int = Field(ge=1)
-    metrics: dict[str, float] = Field(default_factory=dict)
+    n_samples: int = Field(ge=1, le=MAX_SAMPLES)
+    metrics: Metrics = Field(default_factory=dict, max_length=MAX_METRICS)
 
     @field_validator("metrics")
     @classmethod
-    def _finite(cls, metrics: dict[str, float]) -> dict[str, float]:
+    def _finite(cls, metrics: Metrics) -> Metrics:
         bad = [k for k, v in metrics.items() if not math.isfinite(v)]
         if bad:
             raise ValueError(f"metrics {bad} are not finite")
@@ -83,7 +98,7 @@ class RoundHeader(_Header):
     """The coordinator announces ``round`` with the global shared parameters as body."""
 
     kind: Literal["round"] = "round"
-    deadline_unix: float = Field(gt=0)
+    deadline_unix: float = Field(gt=0, le=1e11)
     model_signature: str = Field(pattern=r"^[0-9a-f]{16,64}$")
     finished: bool = False
 
@@ -94,8 +109,8 @@ class ReplyHeader(_Header):
     kind: Literal["reply"] = "reply"
     accepted: bool
     about: Literal["hello", "update", "other"]
-    code: str = ""
-    reason: str = ""
+    code: str = Field("", pattern=r"^[A-Za-z0-9_.-]{0,64}$")
+    reason: str = Field("", max_length=MAX_REASON)
 
 
 class PersonalHeader(_Header):
@@ -148,21 +163,54 @@ def claimed_round(payload: bytes) -> int:
     """The round a (possibly invalid) envelope says it is about, or 0; never raises."""
     try:
         _, _, length = PREFIX.unpack_from(payload)
-        value = json.loads(payload[PREFIX.size : PREFIX.size + length]).get("round", 0)
-        return value if isinstance(value, int) and value >= 0 else 0
-    except (struct.error, ValueError, AttributeError):
+        value = _load_json(payload[PREFIX.size : PREFIX.size + length]).get("round", 0)
+    except (struct.error, ProtocolError, AttributeError):
         return 0
+    return value if type(value) is int and 0 <= value <= MAX_ROUND else 0
+
+
+def _load_json(raw: bytes) -> object:
+    """JSON within the header bounds: size and nesting depth are checked before parsing (the
+    parser recurses), integers are parsed only when short (long ones cost quadratic time),
+    NaN and Infinity are not JSON."""
+    if len(raw) > MAX_HEADER_BYTES:
+        raise ProtocolError("bad_header", f"header of {len(raw)} bytes exceeds the limit of {MAX_HEADER_BYTES}")
+    if _nesting(raw) > MAX_JSON_DEPTH:
+        raise ProtocolError("bad_header", f"header nests deeper than {MAX_JSON_DEPTH} levels")
+    try:
+        return json.loads(raw, parse_int=_short_int, parse_constant=_no_constant)
+    except (UnicodeDecodeError, ValueError) as err:
+        raise ProtocolError("bad_header", f"header is not JSON ({str(err)[:200]})") from None
+
+
+def _nesting(raw: bytes) -> int:
+    """The deepest nesting of arrays and objects, brackets inside strings ignored (linear scan)."""
+    depth = deepest = 0
+    for token in _JSON_TOKEN.findall(raw):
+        if token in (b"[", b"{"):
+            depth += 1
+            deepest = max(deepest, depth)
+        elif token in (b"]", b"}"):
+            depth = max(depth - 1, 0)
+    return deepest
+
+
+def _short_int(text: str) -> int:
+    if len(text.lstrip("-")) > MAX_INT_DIGITS:
+        raise ValueError(f"an integer of {len(text)} digits (at most {MAX_INT_DIGITS})")
+    return int(text)
+
+
+def _no_constant(name: str) -> float:
+    raise ValueError(f"{name} is not a JSON number")
 
 
 def _parse_header(raw: bytes) -> Header:
+    data = _load_json(raw)
     try:
-        data = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise ProtocolError("bad_header", f"header is not JSON ({err})") from err
-    try:
-        return _HEADER.validate_python(data)
+        return _HEADER.validate_python(data, strict=True)
     except ValidationError as err:
-        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'header'}: {e['msg']}" for e in err.errors()[:5])
+        problems = "; ".join(f"{'.'.join(map(str, e['loc']))[:80] or 'header'}: {e['msg']}" for e in err.errors()[:5])
         raise ProtocolError("bad_header", problems) from err
 
 

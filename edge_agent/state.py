@@ -34,7 +34,7 @@ class AgentState:
         """After training: the personal state, the update to (re)send, then the round as done."""
         write_tensors_atomically(self._personal, learner.personal_state())
         write_bytes_atomically(self.pending, payload)
-        self._save_progress(round_index)
+        self.mark_trained(round_index)
 
     def join(self, campaign: str) -> None:
         """Belong to ``campaign`` from now on, forgetting everything of the one before (models,
@@ -42,9 +42,10 @@ class AgentState:
         for path in (self.pending, self._personal, self._global):
             path.unlink(missing_ok=True)
         self.campaign = campaign
-        self._save_progress(0)
+        self.mark_trained(0)
 
-    def _save_progress(self, round_index: int) -> None:
+    def mark_trained(self, round_index: int) -> None:
+        """The round is done (trained and sent, or given up): it is not trained again after a restart."""
         progress = {"trained_round": round_index, "campaign": self.campaign}
         write_bytes_atomically(self._progress, json.dumps(progress).encode())
 

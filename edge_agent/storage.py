@@ -3,11 +3,29 @@
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 from safetensors.torch import save
 
 from edge_agent.tensors import TensorDict
+
+
+class StateDirError(OSError):
+    """A state folder that cannot be created or written; the message names the path."""
+
+
+def writable_folder(folder: Path, what: str = "state_dir") -> Path:
+    """``folder``, created if missing, after proving a file can be made in it; else a
+    ``StateDirError`` naming ``what``, the path and the reason (read-only, not a folder, ...)."""
+    folder = Path(folder)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as err:
+        raise StateDirError(f"{what} {folder} is not a writable folder: {err.strerror or err}") from None
+    return folder
 
 
 def write_bytes_atomically(path: Path, data: bytes, sync_folder: bool = True) -> None:
@@ -18,11 +36,15 @@ def write_bytes_atomically(path: Path, data: bytes, sync_folder: bool = True) ->
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "wb") as handle:
-        handle.write(data)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)  # a full disk leaves no half-written temporary file behind
+        raise
     if sync_folder:
         fsync_folder(path.parent)
 

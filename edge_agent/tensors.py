@@ -32,3 +32,10 @@ def check_layout(tensors: TensorDict, expected: Layout, what: str = "tensors") -
 def first_non_finite(tensors: TensorDict) -> str | None:
     """The name of the first floating tensor holding NaN or inf, or None when all are finite."""
     return next((name for name, t in tensors.items() if t.is_floating_point() and not bool(t.isfinite().all())), None)
+
+
+def l2_norm(tensors: TensorDict) -> float:
+    """The L2 norm of all floating tensors together, in float64 (finite float32 values such as
+    1e30 do not overflow; NaN or inf give a non-finite norm)."""
+    squares = sum(float(t.double().pow(2).sum()) for t in tensors.values() if t.is_floating_point())
+    return float(squares) ** 0.5

@@ -14,6 +14,7 @@ from rich.table import Table
 
 from edge_agent.config import ConfigError, load_config
 from edge_agent.data import DataError
+from edge_agent.storage import StateDirError
 
 console = Console(stderr=True)
 coordinator_app = typer.Typer(help="The coordinator service.", no_args_is_help=True)
@@ -68,10 +69,10 @@ def coordinator_serve(config: ConfigPath, verbose: bool = False) -> None:
         cfg = load_config(config, CoordinatorConfig)
     except ConfigError as err:
         _fail(str(err))
-    coordinator = Coordinator(cfg, on_event=_print_event)
     try:
+        coordinator = Coordinator(cfg, on_event=_print_event)
         coordinator.serve(stop=_Stopper())
-    except ConnectionError as err:
+    except (ConnectionError, StateDirError) as err:
         _fail(str(err))
 
 
@@ -85,7 +86,10 @@ def coordinator_status(config: ConfigPath) -> None:
         cfg = load_config(config, CoordinatorConfig)
     except ConfigError as err:
         _fail(str(err))
-    store = Store(cfg.state_dir)
+    try:
+        store = Store(cfg.state_dir)
+    except StateDirError as err:
+        _fail(str(err))
     rounds = Table("round", "state", "updates", "late", "imputed", "dropped", "loss", "closed by",
                    title=f"fleet {cfg.fleet}, campaign {store.campaign()}")
     for row in store.rounds():
@@ -152,7 +156,7 @@ def agent_run(config: ConfigPath, verbose: bool = False) -> None:
     cfg = _agent_config(config)
     try:
         agent = Agent(cfg, on_event=_print_agent_event)
-    except (DataError, ValueError) as err:
+    except (DataError, ValueError, StateDirError) as err:
         _fail(str(err))
     if agent.table.gaps and agent.table.gaps.gaps:
         console.print(f"{agent.table.name}: {agent.table.gaps.summary()}", soft_wrap=True)

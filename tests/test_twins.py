@@ -168,18 +168,29 @@ def test_missing_client_is_imputed_with_its_weight_and_recorded(fleet) -> None:
 
 
 def test_late_updates_are_discarded_from_aggregation_but_feed_the_twin(fleet) -> None:
+    """Client 1 is on time in round 1, late in rounds 2 and 3: its round-2 update, arriving in
+    round 3, is not in round 2's aggregate but is its round-3 twin."""
+    cfg = small_config("dlinear")
+    fed = FederationConfig(rounds=3, batch_size=32, seed=4, twin="stale", test_every_round=False)
+    late = custom([[1, 1, 1], [1, 0, 1], [1, 0, 1]], late=[[0, 0, 0], [0, 1, 0], [0, 1, 0]])
+    result = run_federation(fleet, cfg, fed, participation=late)
+    assert result.records[1].late == (fleet[1].name,) and result.records[2].imputed == (fleet[1].name,)
+    learners = head_learners(fleet, cfg, fed, fed.seed)
+    first = train_clients(learners, initial_shared_state(cfg, fed.seed), 1)
+    second = train_clients(learners, weighted_mean(first), 2)
+    g2 = weighted_mean([second[0], second[2], first[1]])  # the late update of client 1 is not in round 2
+    third = train_clients(learners, g2, 3, [0, 2])
+    expected = weighted_mean([*third, second[1]])  # ...but is its round-3 twin
+    assert all(torch.equal(expected[k], result.shared[k]) for k in expected)
+
+
+def test_late_updates_of_a_client_never_on_time_do_not_feed_its_twin(fleet) -> None:
+    """A device that only ever reports late cannot steer the aggregate through its twin."""
     cfg = small_config("dlinear")
     fed = FederationConfig(rounds=2, batch_size=32, seed=4, twin="stale", test_every_round=False)
     late = custom([[1, 0, 1], [1, 0, 1]], late=[[0, 1, 0], [0, 1, 0]])
     result = run_federation(fleet, cfg, fed, participation=late)
-    assert result.records[0].late == (fleet[1].name,) and result.records[0].dropped == (fleet[1].name,)
-    assert result.records[1].imputed == (fleet[1].name,)
-    learners = head_learners(fleet, cfg, fed, fed.seed)
-    first = train_clients(learners, initial_shared_state(cfg, fed.seed), 1)
-    g1 = weighted_mean([first[0], first[2]])  # the late update of client 1 is not in round 1
-    second = train_clients(learners, g1, 2)
-    expected = weighted_mean([second[0], second[2], first[1]])  # ...but is its round-2 twin
-    assert all(torch.equal(expected[k], result.shared[k]) for k in expected)
+    assert [r.dropped for r in result.records] == [(fleet[1].name,)] * 2 and not result.records[1].imputed
 
 
 def test_participation_matrix_shape_is_checked(fleet) -> None:

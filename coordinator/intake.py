@@ -1,0 +1,83 @@
+"""The guard around every message the coordinator handles: nothing a device sends can stop it.
+
+A handler runs inside its own savepoint of the open batch and returns what to do once the batch
+is durable (replies, events, in-memory state). A ``ProtocolError`` becomes a refusal with its
+code; a storage error (``OSError``: read-only folder, full disk; SQLite ``OperationalError``)
+is retried a few times, then refused as ``storage``; any other exception is logged with its
+traceback and refused as ``internal``. A failed attempt leaves nothing behind: its rows roll back
+and its files are removed (``Store.savepoint``), while the other messages of the batch stand.
+"""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TypeVar
+
+from coordinator.store import Store
+from edge_agent.protocol import MAX_REASON, ProtocolError
+
+log = logging.getLogger("edgefl.coordinator")
+Effects = list[Callable[[], object]]
+STORAGE_ERRORS = (OSError, sqlite3.OperationalError)
+STORAGE_ATTEMPTS = 3
+RETRY_PAUSE_S = 0.05
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """Why one message was not accepted: a stable ``code`` and a readable ``reason``."""
+
+    code: str
+    reason: str
+
+    @classmethod
+    def of(cls, code: str, reason: str) -> "Refusal":
+        """A refusal whose reason is storable and sendable whatever the message held (bounded
+        length, no lone surrogates from JSON escapes)."""
+        return cls(code, reason.encode("utf-8", "replace").decode("utf-8")[:MAX_REASON])
+
+
+def guarded(store: Store, handle: Callable[[], Effects], client: str) -> Effects | Refusal:
+    """Run one message's ``handle`` inside a savepoint: its effects, or why it was refused."""
+
+    def attempt() -> Effects:
+        with store.savepoint():
+            return handle()
+
+    try:
+        return with_retries(attempt, f"a message from {client}")
+    except ProtocolError as err:
+        return Refusal.of(err.code, str(err))
+    except STORAGE_ERRORS as err:
+        return Refusal.of("storage", f"the coordinator could not store it: {err}")
+    except Exception as err:  # the guard's purpose: no message may stop the coordinator
+        log.exception("internal error on a message from %s", client)
+        return Refusal.of("internal", f"the coordinator failed on it: {type(err).__name__}: {err}")
+
+
+def with_retries(action: Callable[[], T], what: str) -> T:
+    """``action``, tried again after a short pause on a storage error, at most
+    ``STORAGE_ATTEMPTS`` times in all; the last storage error is raised."""
+    for attempt in range(1, STORAGE_ATTEMPTS):
+        try:
+            return action()
+        except STORAGE_ERRORS as err:
+            log.warning("storage error on %s (attempt %d of %d): %s", what, attempt, STORAGE_ATTEMPTS, err)
+            time.sleep(RETRY_PAUSE_S * attempt)
+    return action()
+
+
+def record(store: Store, kind: str, client: str, refusal: Refusal) -> None:
+    """Put a refusal in the event log under the current round, in its own savepoint; a log that
+    cannot be written (storage trouble) is reported here and does not fail the batch."""
+    try:
+        with store.savepoint():
+            current = store.latest_round()
+            store.log(kind, client, current.round if current else None, False, refusal.code, refusal.reason)
+    except STORAGE_ERRORS as err:
+        log.error("could not log the refusal of a %s from %s (%s): %s", kind, client, refusal.code, err)
