@@ -6,8 +6,8 @@ are the real ones.
 - ``value_1e30``: every weight 1e30, finite but absurd.
 - ``sign_flip``: the delta from the global state reversed and boosted, theta - 10 (theta_i - theta)
   (the sign-flipping attack of Li et al. 2019, "RSA", boosted as in Bhagoji et al. 2019,
-  "Analyzing Federated Learning through an Adversarial Lens"): within reach of the clip bound, so it tests clipping and the robust aggregators rather
-  than rejection.
+  "Analyzing Federated Learning through an Adversarial Lens"): between the clip and the reject
+  bound, so it tests clipping and the robust aggregators rather than rejection.
 - ``n_samples_inflation``: the reversed delta theta - (theta_i - theta), claimed for 10**12
   samples: harmless unless the claimed count buys weight.
 """

@@ -1,7 +1,8 @@
 """Server-side clipping with Gaussian noise (DP-FedAvg, McMahan et al. 2018, "Learning
-Differentially Private Recurrent Language Models", Algorithm 1 with flat clipping): each client's delta from the global state is clipped to L2 norm S, the clipped
-deltas are summed, Gaussian noise N(0, (z S)^2) is added to every coordinate of the sum, and the
-sum is divided by the number of updates. One client moves the state by at most S / n before
+Differentially Private Recurrent Language Models", Algorithm 1 with flat clipping): each client's
+delta from the global state is clipped to L2 norm S, the clipped deltas are summed, Gaussian
+noise N(0, (z S)^2) is added to every coordinate of the sum, and the sum is divided by the
+number of updates. One client moves the state by at most S / n before
 noise, whatever it sends. The noise is drawn from the ``SERVER_NOISE`` seed stream of the round,
 so a run is reproducible and the simulation predicts the service.
 
@@ -43,7 +44,8 @@ class DPFedAvg(Strategy):
                   imputed: Sequence[ClientUpdate], roster: Mapping[str, ClientInfo]) -> Aggregate:
         updates = [*on_time, *imputed]
         clip, std = self.settings.clip_norm, self.settings.noise_multiplier * self.settings.clip_norm
-        scales = [min(1.0, clip / norm) if norm > 0 else 0.0 for norm in (delta_norm(current, u.params) for u in updates)]
+        norms = [delta_norm(current, u.params) for u in updates]
+        scales = [min(1.0, clip / norm) if norm > 0 else 0.0 for norm in norms]
         generator = torch.Generator().manual_seed(seed_for(self.seed, Stream.SERVER_NOISE, round_number))
         state: TensorDict = {}
         for name, base in current.items():

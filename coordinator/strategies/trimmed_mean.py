@@ -1,8 +1,9 @@
 """Coordinate-wise trimmed mean (Yin et al. 2018, "Byzantine-Robust Distributed Learning: Towards
 Optimal Statistical Rates", Algorithm 1, option II): for every coordinate, sort the clients'
-values, drop the ``beta`` share at each end and average the rest. The paper trims gradients;
-the states here all start from the same global state, so trimming states trims their deltas. With at most a ``beta`` share
-of Byzantine clients, no single poisoned value can pull the result outside the honest range.
+values, drop the ``beta`` share at each end and average the rest. With at most a ``beta`` share
+of Byzantine clients, no poisoned value can pull the result outside the honest range. The paper
+trims gradients; the states here all start from the same global state, so trimming the states
+trims their deltas.
 Sample counts are ignored on purpose: a device cannot buy influence by claiming more data.
 """
 
