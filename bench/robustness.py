@@ -3,9 +3,10 @@
 Attacks: 7 feature-level non-IID clients carved from the bundled weather stations (as in
 bench/fedqaper.py), DLinear with FedPer heads, a few rounds. 1 or 2 of the 7 clients tamper with
 what they upload (coordinator/simulation/attacks.py: every weight x1000, every weight 1e30, the
-delta reversed and boosted x10, the reversed delta claimed for 10**12 samples); the round engine
-and the aggregation are the real ones. Aggregators: FedAvg with the engine's norm bounds off
-(weights still bounded by the hello), FedAvg with the default bounds (clip at 4x, reject beyond
+delta reversed and boosted x10, the reversed delta claimed for 10**12 samples in the update, or
+at hello too); the round engine and the aggregation are the real ones. Aggregators: FedAvg with
+the engine's bounds off (weights still bounded by the hello), FedAvg with the default bounds
+(weights at most 10x the fleet's median declared count, deltas clipped at 4x and rejected beyond
 20x the round's median delta norm), coordinate-wise median and trimmed mean (Yin et al. 2018).
 ``final_loss`` is the mean test MSE of the honest clients after the last round, ``clean_loss``
 the same clients' with the same aggregator and no attacker; means over seeds, null where a run
@@ -33,7 +34,7 @@ QUICK = {
 }
 FULL = {**QUICK, "stride": 7, "val_stride": 4, "rounds": 20, "seeds": [1, 2, 3], "fuzz_inputs": 1_000_000}
 AGGREGATORS = {
-    "fedavg": {"strategy": "fedavg", "robust": {"clip_factor": None, "reject_factor": None}},
+    "fedavg": {"strategy": "fedavg", "robust": {"clip_factor": None, "reject_factor": None, "weight_factor": None}},
     "fedavg_clip": {"strategy": "fedavg"},
     "median": {"strategy": "median"},
     "trimmed_mean": {"strategy": "trimmed_mean"},
@@ -57,7 +58,7 @@ def run_job(aggregator: str, attack: str, attackers: int, seed: int, cfg: dict, 
     every client's test MSE after the last round and the rejections the engine reported."""
     import torch
 
-    from coordinator.simulation.attacks import tamper_for
+    from coordinator.simulation.attacks import claims_for, tamper_for
     from coordinator.simulation.federation import FederationConfig, run_federation
     from edge_agent.models import ModelConfig
 
@@ -70,7 +71,9 @@ def run_job(aggregator: str, attack: str, attackers: int, seed: int, cfg: dict, 
     fed = FederationConfig(rounds=cfg["rounds"], local_epochs=cfg["local_epochs"], batch_size=cfg["batch_size"],
                            lr=cfg["lr"], seed=seed, test_every_round=False, tested_round="last",
                            **AGGREGATORS[aggregator])
-    result = run_federation(clients, model, fed, tamper=None if attack == CLEAN else tamper_for(attack, bad))
+    attacked = attack != CLEAN
+    result = run_federation(clients, model, fed, tamper=tamper_for(attack, bad) if attacked else None,
+                            claims=claims_for(attack, bad) if attacked else None)
     rejected = [client for record in result.records for client in record.rejected]
     return {"aggregator": aggregator, "attack": attack, "attackers": sorted(bad), "seed": seed,
             "client_mse": {name: finite(m.mse) for name, m in result.client_test.items()},

@@ -4,7 +4,7 @@ evaluated after every round."""
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -103,19 +103,21 @@ def run_federation(
     on_round: Callable[[RoundRecord], None] | None = None,
     participation: Participation | None = None,
     tamper: Tamper | None = None,
+    claims: Mapping[str, int] | None = None,
 ) -> FederationResult:
     """Run ``fed.rounds`` rounds over ``clients`` and evaluate after each round.
 
     ``participation`` (default everyone every round) says whose update arrives on time; missing
     clients are imputed by the ``fed.twin`` forecaster from their history (FedDTW Algorithm 5).
-    ``tamper`` alters updates as they leave the clients (attacks, see ``run_rounds``).
+    ``tamper`` alters updates as they leave the clients (attacks, see ``run_rounds``); ``claims``
+    are sample counts clients declare at hello instead of their true ones (lying gateways).
     """
     participation = participation or everyone(fed.rounds, len(clients))
     if participation.present.shape != (fed.rounds, len(clients)):
         raise ValueError(f"participation matrix is {participation.present.shape}, "
                          f"expected (rounds, clients) = {(fed.rounds, len(clients))}")
     learners = head_learners(clients, cfg, fed, fed.seed)
-    roster = [ClientInfo(c.name, c.n_train) for c in clients]
+    roster = [ClientInfo(c.name, (claims or {}).get(c.name, c.n_train)) for c in clients]
     initial = initial_shared_state(cfg, fed.seed)
     engine = RoundEngine(make_strategy(fed, initial, fed.seed), fed, fed.robust)
     sizes = [c.n_train for c in clients]

@@ -1,8 +1,10 @@
 """What every update must pass before any strategy sees it: the coordinator, not the device,
 decides its weight and how far it may move the global state.
 
-- Weight: an update's sample count is bounded by what its client declared at hello and by an
-  optional fleet-wide cap, so ``n_samples = 10**12`` buys no more weight than the hello did.
+- Weight: an update's sample count is bounded by what its client declared at hello, by
+  ``weight_factor`` times the median count the fleet declared at hello and by an optional
+  fleet-wide cap, so ``n_samples = 10**12`` in an update buys no more weight than the hello did,
+  and one in a hello no more than ``weight_factor`` typical clients.
 - Finite values: an update holding NaN or infinity is rejected (code ``not_finite``).
 - Norm: the delta of each update from the current global state is measured (L2 over the
   floating-point tensors); deltas beyond ``clip_factor`` times the round's median delta norm are
@@ -35,7 +37,8 @@ class RobustSettings(BaseModel):
     """How updates are bounded before aggregation, and the robust aggregators' trimming.
 
     The defaults leave honest rounds alone (honest delta norms stay within about 1.5 times the
-    median on the bundled stations) while rejecting scaled or absurd updates."""
+    median on the bundled stations; weights change only for a client that declared more than 10
+    times the fleet's median count) while rejecting scaled or absurd updates."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
@@ -45,6 +48,8 @@ class RobustSettings(BaseModel):
                                       "round's median delta norm; None: no clipping")
     reject_factor: float | None = Field(20.0, ge=1, description="reject an update whose delta norm exceeds "
                                         "this multiple of the round's median delta norm; None: no rejection")
+    weight_factor: float | None = Field(10.0, ge=1, description="cap on an update's weight: this multiple "
+                                        "of the median sample count the registered clients declared; None: no cap")
     trim_fraction: float = Field(0.2, gt=0, lt=0.5, description="trimmed_mean: share of the updates cut "
                                  "from each end of every coordinate (beta)")
 
@@ -71,14 +76,14 @@ def screen(current: TensorDict, updates: Sequence[ClientUpdate], roster: Mapping
            settings: RobustSettings) -> Screened:
     """Bound the weights, reject non-finite updates and norm outliers, clip the rest."""
     rejected: dict[str, str] = {}
-    finite = []
+    finite, cap = [], weight_cap(roster, settings)
     for update in updates:
         if update.client_id not in roster:
             rejected[update.client_id] = UNREGISTERED
         elif not is_finite(update.params):
             rejected[update.client_id] = NOT_FINITE
         else:
-            finite.append(bound_weight(update, roster[update.client_id].n_samples, settings.max_samples))
+            finite.append(bound_weight(update, roster[update.client_id].n_samples, cap))
     norms = [delta_norm(current, u.params) for u in finite]
     median = statistics.median(norms) if norms else 0.0
     if not math.isfinite(median) or median == 0.0:
@@ -95,9 +100,18 @@ def screen(current: TensorDict, updates: Sequence[ClientUpdate], roster: Mapping
     return Screened(accepted, rejected, tuple(clipped), median)
 
 
-def bound_weight(update: ClientUpdate, declared: int, cap: int | None) -> ClientUpdate:
+def weight_cap(roster: Mapping[str, ClientInfo], settings: RobustSettings) -> float:
+    """The largest weight any update may carry: ``max_samples`` and ``weight_factor`` times the
+    median declared count, whichever is smaller (infinity with neither)."""
+    caps = [math.inf if settings.max_samples is None else settings.max_samples]
+    if settings.weight_factor is not None and roster:
+        caps.append(settings.weight_factor * statistics.median(c.n_samples for c in roster.values()))
+    return min(caps)
+
+
+def bound_weight(update: ClientUpdate, declared: int, cap: float) -> ClientUpdate:
     """The update with its sample count bounded by the hello's count and the cap."""
-    n = min(update.n_samples, declared, cap or declared)
+    n = int(min(update.n_samples, declared, cap))
     return update if n == update.n_samples else replace(update, n_samples=n)
 
 
