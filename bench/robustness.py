@@ -154,22 +154,26 @@ def relative(row: dict) -> float | None:
     return row["final_loss"] / row["clean_loss"] - 1
 
 
-def loss(value: float | None) -> str:
-    return "diverged" if value is None else f"{value:.4f}"
+def loss(value: float | None, seeds: list[float | None]) -> str:
+    """Mean ± half-range over seeds, or ``diverged``."""
+    if value is None:
+        return "diverged"
+    return f"{value:.4f} ± {(max(seeds) - min(seeds)) / 2:.4f}"
 
 
 def markdown(summary: dict) -> str:
-    lines = ["Honest clients' test MSE (normalized) after the last round, mean over seeds; 'vs clean' = final / "
-             "clean - 1 with the same aggregator; 'diverged' = non-finite loss; 'rejected' = updates the engine "
-             "left out, over seeds and rounds (of them honest), out of the attackers' updates.", "",
+    lines = ["Honest clients' test MSE (normalized) after the last round, mean ± half-range over seeds; 'vs "
+             "clean' = final / clean - 1 with the same aggregator; 'diverged' = non-finite loss; 'rejected' = "
+             "updates the engine left out, over seeds and rounds (of them honest), out of the attackers' updates.",
+             "",
              "| attack | attackers | aggregator | final loss | clean loss | vs clean | rejected (honest) / sent |",
              "|---|---|---|---|---|---|---|"]
     for r in summary["attacks"]:
         change = relative(r)
         shown = "-" if change is None else f"{change:+.1%}"
         lines.append(f"| {r['attack']} | {r['attackers']} of {r['of_clients']} | {r['aggregator']} | "
-                     f"{loss(r['final_loss'])} | {loss(r['clean_loss'])} | {shown} | "
-                     f"{r['rejected']} ({r['honest_rejected']}) / {r['attacker_updates']} |")
+                     f"{loss(r['final_loss'], r['final_losses'])} | {loss(r['clean_loss'], r['clean_losses'])} | "
+                     f"{shown} | {r['rejected']} ({r['honest_rejected']}) / {r['attacker_updates']} |")
     fuzz = summary["fuzz"]
     if fuzz:
         lines += ["", f"Fuzz: {fuzz['inputs']} inputs, {fuzz['crashes']} crashes, {fuzz['seconds']:.0f} s."]

@@ -74,7 +74,8 @@ class Screened:
 
 def screen(current: TensorDict, updates: Sequence[ClientUpdate], roster: Mapping[str, ClientInfo],
            settings: RobustSettings) -> Screened:
-    """Bound the weights, reject non-finite updates and norm outliers, clip the rest."""
+    """Bound the weights, reject non-finite updates and norm outliers, clip the rest. A median
+    delta norm of zero or infinity gives no scale: then only weights and finiteness are checked."""
     rejected: dict[str, str] = {}
     finite, cap = [], weight_cap(roster, settings)
     for update in updates:
