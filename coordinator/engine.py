@@ -48,9 +48,10 @@ class RoundResult:
 class RoundEngine:
     """Runs a strategy with digital twins of the clients."""
 
-    def __init__(self, strategy: Strategy, twins: TwinSettings, robust: RobustSettings,
-                 history_folder: Path | None = None):
-        """``history_folder``: keep the twins' history on disk there (the service), else in memory."""
+    def __init__(self, strategy: Strategy, twins: TwinSettings, history_folder: Path | None = None, *,
+                 robust: RobustSettings):
+        """``history_folder``: keep the twins' history on disk there (the service), else in memory;
+        ``robust``: how updates are screened before the strategy sees them."""
         self.strategy, self.max_age, self.robust = strategy, twins.twin_max_age, robust
         self.forecaster = make_forecaster(twins.twin)
         self.history = TwinHistory(self.forecaster.window, history_folder)

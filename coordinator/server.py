@@ -96,7 +96,7 @@ class Coordinator:
         template = fleet_template(cfg, cfg.seed)
         self.initial, self.signature, self.layout = template.initial, template.signature, layout_of(template.initial)
         self.strategy = make_strategy(cfg, template.initial, cfg.seed)
-        self.engine = RoundEngine(self.strategy, cfg, cfg.robust, self.store.dir / "twins")
+        self.engine = RoundEngine(self.strategy, cfg, self.store.dir / "twins", robust=cfg.robust)
         self.on_event = on_event or (lambda kind, data: None)
         self.connection = Connection(
             cfg.broker,

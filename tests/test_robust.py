@@ -36,7 +36,7 @@ def roster(n: int, samples: int = 10) -> list[ClientInfo]:
 def close(strategy: str, updates: list[ClientUpdate], robust: RobustSettings = RobustSettings(), seed: int = 0):
     """One round through the real engine (twins off), as the service closes it."""
     settings = StrategySettings(strategy=strategy, robust=robust)
-    engine = RoundEngine(make_strategy(settings, CURRENT, seed), TwinSettings(twin="drop"), robust)
+    engine = RoundEngine(make_strategy(settings, CURRENT, seed), TwinSettings(twin="drop"), robust=robust)
     return engine.close(1, CURRENT, updates, roster(len(updates)))
 
 
@@ -97,9 +97,10 @@ def test_outliers_are_rejected_with_codes_and_large_deltas_clipped() -> None:
 
 
 def test_an_unregistered_client_and_an_all_rejected_round_leave_the_state_alone() -> None:
-    engine = RoundEngine(make_strategy(StrategySettings(), CURRENT, 0), TwinSettings(twin="drop"), RobustSettings())
-    result = engine.close(1, CURRENT, [update("stranger", [1.0, 1.0, 1.0]), update("c0", [math.inf, 0.0, 0.0])],
-                          roster(1))
+    strangers = [update("stranger", [1.0, 1.0, 1.0]), update("c0", [math.inf, 0.0, 0.0])]
+    engine = RoundEngine(make_strategy(StrategySettings(), CURRENT, 0), TwinSettings(twin="drop"),
+                         robust=RobustSettings())
+    result = engine.close(1, CURRENT, strangers, roster(1))
     assert result.rejected == {"c0": "not_finite", "stranger": "unregistered"}
     assert result.global_state is CURRENT and result.on_time == ()
 

@@ -50,7 +50,7 @@ def pretrain(devices: Sequence[DeviceSeries], fm: FoundationConfig, cfg: Pretrai
     learners = [FoundationLearner(fm, d, cfg, cfg.seed, i) for i, d in enumerate(devices)]
     roster = [ClientInfo(d.name, len(d.train)) for d in devices]
     settings = StrategySettings()
-    engine = RoundEngine(make_strategy(settings, initial, cfg.seed), TwinSettings(), settings.robust)
+    engine = RoundEngine(make_strategy(settings, initial, cfg.seed), TwinSettings(), robust=settings.robust)
     plan = sampled(cfg.rounds, len(devices), cfg.participation, cfg.seed)
     sizes = [len(d.val) for d in devices]
     records: list[PretrainRound] = []
