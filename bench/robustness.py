@@ -202,7 +202,7 @@ def plot(summary: dict, path: Path) -> None:
         ax.axhline(1.1, color="k", lw=0.8, ls="--")
         ax.set(yscale="log", title=f"{k} of {summary['attacks'][0]['of_clients']} attackers",
                ylabel="final / clean loss (capped at 10)")
-        ax.set_xticks([j + 0.3 for j in range(len(attacks))], attacks, fontsize=7)
+        ax.set_xticks([j + 0.3 for j in range(len(attacks))], attacks, fontsize=7, rotation=20)
         ax.legend(fontsize=6)
     save_figure(fig, path)
 
