@@ -35,9 +35,9 @@ def run_rounds(learners: Sequence[Learner], roster: Sequence[ClientInfo], engine
                tamper: Tamper | None = None) -> TensorDict:
     """Run ``participation.rounds`` rounds: each round's clients load the global state and train
     (as an agent does on a round announcement), each update passes ``tamper`` (if given) as it
-    leaves the client, the on-time updates close the round, late ones
-    reach the twins' history in the round they arrive; then every learner installs the new
-    global state and its personal message, if any. Returns the last global state."""
+    leaves the client, the on-time updates close the round, late ones reach the twins' history
+    in the round they arrive; then every learner installs the new global state and its personal
+    message, if any. Returns the last global state."""
     state, pending = initial, defaultdict(list)
     for number in range(1, participation.rounds + 1):
         started = time.perf_counter()
