@@ -6,7 +6,7 @@ what they upload (coordinator/simulation/attacks.py: every weight x1000, every w
 delta reversed and boosted x10, the reversed delta claimed for 10**12 samples in the update, or
 at hello too); the round engine and the aggregation are the real ones. Aggregators: FedAvg with
 the engine's bounds off (weights still bounded by the hello), FedAvg with the default bounds
-(weights at most 10x the fleet's median declared count, deltas clipped at 4x and rejected beyond
+(weights at most 3x the fleet's median declared count, deltas clipped at 4x and rejected beyond
 20x the round's median delta norm), coordinate-wise median and trimmed mean (Yin et al. 2018).
 ``final_loss`` is the mean test MSE of the honest clients after the last round, ``clean_loss``
 the same clients' with the same aggregator and no attacker; means over seeds, null where a run

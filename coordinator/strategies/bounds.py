@@ -37,8 +37,10 @@ class RobustSettings(BaseModel):
     """How updates are bounded before aggregation, and the robust aggregators' trimming.
 
     The defaults leave honest rounds alone (honest delta norms stay within about 1.5 times the
-    median on the bundled stations; weights change only for a client that declared more than 10
-    times the fleet's median count) while rejecting scaled or absurd updates."""
+    median on the bundled stations; weights change only for a client that declared more than 3
+    times the fleet's median count) while rejecting scaled or absurd updates. A looser weight
+    cap of 10 let one client lying at hello take 10/16 of the weight of 7 clients and, over 15
+    rounds, raise the honest clients' loss by half (bench/robustness.py, hello_inflation)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
@@ -48,7 +50,7 @@ class RobustSettings(BaseModel):
                                       "round's median delta norm; None: no clipping")
     reject_factor: float | None = Field(20.0, ge=1, description="reject an update whose delta norm exceeds "
                                         "this multiple of the round's median delta norm; None: no rejection")
-    weight_factor: float | None = Field(10.0, ge=1, description="cap on an update's weight: this multiple "
+    weight_factor: float | None = Field(3.0, ge=1, description="cap on an update's weight: this multiple "
                                         "of the median sample count the registered clients declared; None: no cap")
     trim_fraction: float = Field(0.2, gt=0, lt=0.5, description="trimmed_mean: share of the updates cut "
                                  "from each end of every coordinate (beta)")
