@@ -2,13 +2,14 @@
 coordinator service alike (FedDTW Algorithm 5 around any strategy).
 
 Close of round r: the registered clients without an on-time update are imputed by their digital
-twins (or dropped), the strategy combines on-time and imputed updates, the on-time updates join
-the twins' history. Late updates join that history when they arrive, but only from a client
-that is sometimes on time: one with an on-time update at most ``twin_max_age`` rounds before
-the late update's round (any earlier on-time update when ``twin_max_age`` is unset), so a
-device that never reports on time cannot steer the aggregate through its twin, whose input
-skips the round's checks. Updates are ordered by client id, so the same updates give
-bit-identical results wherever the round closes.
+twins (or dropped), every update is screened (weight bounded by the hello's sample count, non-finite
+updates and norm outliers rejected, large deltas clipped: ``strategies.bounds``), the strategy
+combines the on-time and imputed updates that passed, and those on-time updates join the twins'
+history. Late updates join that history when they arrive, but only from a client that is
+sometimes on time: one with an accepted on-time update at most ``twin_max_age`` rounds before
+the late update's round (any earlier one when ``twin_max_age`` is unset), so a device that never
+reports on time cannot steer the aggregate through its twin. Updates are ordered by client id,
+so the same updates give bit-identical results wherever the round closes.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from coordinator.strategies import ClientInfo, ClientUpdate, Strategy
+from coordinator.strategies import ClientInfo, ClientUpdate, RobustSettings, Strategy
+from coordinator.strategies.bounds import screen
 from coordinator.twins import TwinHistory, TwinSettings, impute_missing, make_forecaster
 from edge_agent.tensors import TensorDict
 
@@ -26,9 +28,12 @@ from edge_agent.tensors import TensorDict
 class RoundResult:
     """A closed round: the next global state, per-client messages, who took part and how.
 
-    ``on_time`` clients sent updates before the close; ``imputed`` ones entered as their twins'
-    forecasts; ``dropped`` ones were missing with no (recent enough) history. ``loss`` is the
-    sample-weighted training loss the on-time clients reported (NaN without any)."""
+    ``on_time`` clients sent updates before the close that entered aggregation; ``imputed`` ones
+    entered as their twins' forecasts; ``dropped`` ones were missing with no (recent enough)
+    history; ``rejected`` maps the clients whose update or forecast failed screening to a code
+    (``not_finite``, ``norm_outlier``, ``unregistered``); ``clipped`` ones entered with their delta
+    scaled back. ``loss`` is the sample-weighted training loss the accepted on-time clients
+    reported (NaN without any)."""
 
     round: int
     global_state: TensorDict
@@ -39,16 +44,19 @@ class RoundResult:
     loss: float
     twin: str
     metrics: dict[str, float] = field(default_factory=dict)
+    rejected: dict[str, str] = field(default_factory=dict)
+    clipped: tuple[str, ...] = ()
 
 
 class RoundEngine:
     """Runs a strategy with digital twins of the clients."""
 
-    def __init__(self, strategy: Strategy, twins: TwinSettings, history_folder: Path | None = None,
-                 on_time: dict[str, int] | None = None):
-        """``history_folder``: keep the twins' history on disk there (the service), else in memory.
-        ``on_time``: each client's newest closed round with an on-time update (a service resuming)."""
-        self.strategy, self.max_age = strategy, twins.twin_max_age
+    def __init__(self, strategy: Strategy, twins: TwinSettings, history_folder: Path | None = None, *,
+                 robust: RobustSettings, on_time: dict[str, int] | None = None):
+        """``history_folder``: keep the twins' history on disk there (the service), else in memory;
+        ``robust``: how updates are screened before the strategy sees them; ``on_time``: each
+        client's newest closed round with an accepted on-time update (a service resuming)."""
+        self.strategy, self.max_age, self.robust = strategy, twins.twin_max_age, robust
         self.forecaster = make_forecaster(twins.twin)
         self.history = TwinHistory(self.forecaster.window, history_folder)
         self.on_time = dict(on_time or {})
@@ -65,22 +73,26 @@ class RoundEngine:
     def close(self, round_number: int, current: TensorDict, on_time: Sequence[ClientUpdate],
               roster: Sequence[ClientInfo]) -> RoundResult:
         """Close ``round_number`` whose global state was ``current``; ``roster`` is every
-        registered client. With neither updates nor twins the global state stays as it was."""
+        registered client. With no update left after screening the global state stays as it was."""
         on_time = sorted(on_time, key=lambda u: u.client_id)
         reported = {u.client_id for u in on_time}
+        clients = {c.client_id: c for c in roster}
         missing = sorted((c.client_id, c.n_samples) for c in roster if c.client_id not in reported)
         imputation = impute_missing(missing, self.history, self.forecaster, round_number, self.max_age)
-        if on_time or imputation.updates:
-            aggregate = self.strategy.aggregate(round_number, current, on_time, imputation.updates,
-                                                {c.client_id: c for c in roster})
+        screened = screen(current, [*on_time, *imputation.updates], clients, self.robust)
+        accepted = [u for u in screened.accepted if u.client_id in reported]
+        imputed = [u for u in screened.accepted if u.client_id not in reported]
+        if screened.accepted:
+            aggregate = self.strategy.aggregate(round_number, current, accepted, imputed, clients)
             state, personal, metrics = aggregate.global_state, aggregate.personal, aggregate.metrics
         else:
             state, personal, metrics = current, {}, {}
-        for update in on_time:
+        for update in accepted:
             self.history.observe(update.client_id, round_number, update.params)
             self.on_time[update.client_id] = round_number
-        return RoundResult(round_number, state, personal, tuple(sorted(reported)), tuple(imputation.imputed),
-                           tuple(imputation.dropped), _mean_loss(on_time), self.forecaster.name, metrics)
+        return RoundResult(round_number, state, personal, tuple(u.client_id for u in accepted),
+                           tuple(u.client_id for u in imputed), tuple(imputation.dropped), _mean_loss(accepted),
+                           self.forecaster.name, metrics, screened.rejected, screened.clipped)
 
 
 def _mean_loss(updates: Sequence[ClientUpdate]) -> float:

@@ -101,7 +101,8 @@ class Coordinator:
         template = fleet_template(cfg, cfg.seed)
         self.initial, self.signature, self.layout = template.initial, template.signature, layout_of(template.initial)
         self.strategy = make_strategy(cfg, template.initial, cfg.seed)
-        self.engine = RoundEngine(self.strategy, cfg, self.store.dir / "twins", self.store.last_on_time())
+        self.engine = RoundEngine(self.strategy, cfg, self.store.dir / "twins", robust=cfg.robust,
+                                  on_time=self.store.last_on_time())
         self.on_event = on_event or (lambda kind, data: None)
         self.connection = Connection(
             cfg.broker,
@@ -241,10 +242,14 @@ class Coordinator:
         for client, tensors in result.personal.items():
             self.store.save_personal(row.round, client, tensors)
         metrics = {"clients": list(result.on_time), "imputed": list(result.imputed), "dropped": list(result.dropped),
-                   "twin": result.twin, "loss": result.loss, "closed_by": why, **result.metrics}
+                   "twin": result.twin, "loss": result.loss, "closed_by": why, "rejected": result.rejected,
+                   "clipped": list(result.clipped), **result.metrics}
         last = row.round >= self.cfg.rounds
         self.store.finish_round(row.round, metrics, result.global_state,
                                 None if last else time.time() + self.cfg.round_timeout_s)
+        for client, code in result.rejected.items():
+            self.store.log("update", client, row.round, False, code, "left out of the round by the engine's screening")
+            self.on_event("rejected", {"client": client, "code": code, "reason": "screening"})
         self._report_close(row.round, result, why)
         self._send_personal(row.round, result.personal)
         following = self.store.round(row.round if last else row.round + 1)

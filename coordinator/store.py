@@ -240,10 +240,13 @@ class Store:
         )
 
     def last_on_time(self) -> dict[str, int]:
-        """Each client's newest closed round with an on-time update."""
-        query = ("SELECT client_id, MAX(round) FROM updates WHERE late=0 AND round IN "
-                 "(SELECT round FROM rounds WHERE closed_at IS NOT NULL) GROUP BY client_id")
-        return dict(self.db.execute(query))
+        """Each client's newest closed round that aggregated its on-time update (the round's
+        recorded ``clients``: an update the engine rejected does not count)."""
+        newest: dict[str, int] = {}
+        for row in self.rounds():
+            for client in row.metrics.get("clients", []) if row.closed_at is not None else []:
+                newest[client] = row.round
+        return newest
 
     def last_reported(self) -> dict[str, int]:
         """Each client's newest round with an update (on time or late)."""

@@ -27,6 +27,7 @@ class Stream(IntEnum):
     PARTICIPATION = 8  # who takes part in a round (sampling, dropout scenarios)
     MASKS = 9  # masked-reconstruction masks (evaluation: batch start)
     PERSONAL_PHASE = 10  # the personal part fitted to a newly installed global state (round, client index)
+    SERVER_NOISE = 11  # the coordinator's Gaussian noise on the aggregate (DP-FedAvg: round)
 
 
 def derive_seed(*parts: int) -> int:

@@ -135,7 +135,7 @@ def simulate(
     absence: Annotated[float, typer.Option(help="share of missing updates under --dropout")] = 0.5,
     twin: Annotated[str, typer.Option(help="impute missing clients: drop | stale | maf | wsf (FedDTW)")] = "drop",
     twin_max_age: Annotated[Optional[int], typer.Option(help="drop instead of imputing clients unseen for more rounds")] = None,
-    strategy: Annotated[str, typer.Option(help="fedavg | fedavgm | fedadam (server optimizers)")] = "fedavg",
+    strategy: Annotated[str, typer.Option(help="fedavg | fedavgm | fedadam | median | trimmed_mean | dp_fedavg")] = "fedavg",
     server_lr: Annotated[float, typer.Option(help="fedavgm / fedadam: server learning rate")] = 1.0,
     server_momentum: Annotated[float, typer.Option(help="fedavgm / fedadam: server momentum (beta1)")] = 0.9,
     personal_epochs: Annotated[int, typer.Option(help="FedRep: epochs on the personal part alone first")] = 0,

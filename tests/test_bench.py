@@ -20,6 +20,7 @@ FEDDTW = {"lookback": 10, "horizon": 5, "stride": 61, "val_stride": 23, "d_qap":
           "batch_size": 64, "lr": 3e-3, "rounds": 3, "local_epochs": 1, "absence": 0.5, "clusters": 3, "stretch": 2}
 FEDPOD = {"rounds": 1, "local_epochs": 1, "stride": 97, "pretrain_rounds": 1, "pretrain_stride": 97, "seed": 42}
 VALUE = {**FEDQAPER, "clients": 3, "max_windows": 16, "val_stride": 31, "rounds": 2, "patience": 1}
+ROBUSTNESS = {**VALUE, "clients": 4, "f_max": 4, "stride": 193, "val_stride": 97, "batch_size": 64, "rounds": 2}
 ENERGY = {"site": "greensboro", "lookback": 24, "horizon": 12, "stride": 97, "epochs": 1, "batch_size": 64,
           "lr": 1e-3, "test_windows": 8, "seed": 7}
 
@@ -51,6 +52,7 @@ def twice(job, first: tuple, other: tuple) -> tuple[object, object]:
     ("fedpod", ("fedpod", "task2", 1, FEDPOD), ("scratch_fedavg", "task1", 2, FEDPOD)),
     ("energy", ("spikernn", ENERGY), ("dlinear", ENERGY)),
     ("value", ("stations", 14, "dlinear", "fedrep_select", 1, VALUE), ("stations", 0, "dlinear", "centralized", 2, VALUE)),
+    ("robustness", ("trimmed_mean", "sign_flip", 1, 1, ROBUSTNESS), ("fedavg", "value_1e30", 2, 2, ROBUSTNESS)),
 ])
 def test_a_benchmark_job_gives_the_same_numbers_when_run_again(bench: str, first: tuple, other: tuple) -> None:
     module = importlib.import_module(bench)

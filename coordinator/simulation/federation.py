@@ -4,14 +4,15 @@ evaluated after every round."""
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
 
 from pydantic import ConfigDict, Field, model_validator
 
 from coordinator.engine import RoundEngine
 from coordinator.simulation.participation import Participation, everyone
-from coordinator.simulation.rounds import SimulatedRound, run_rounds
+from coordinator.simulation.rounds import SimulatedRound, Tamper, run_rounds
 from coordinator.strategies import ClientInfo, StrategySettings, make_strategy
 from coordinator.twins import TwinSettings
 from edge_agent.data import ClientData
@@ -33,6 +34,10 @@ class FederationConfig(HeadTraining, TwinSettings, StrategySettings):
     test_every_round: bool = Field(
         True, description="report test metrics after every round (costs a pass over the test split)"
     )
+    tested_round: Literal["best", "last"] = Field(
+        "best", description="whose served models the final test uses: the round with the best global "
+        "validation MSE, or the last round"
+    )
 
     @model_validator(mode="after")
     def _head_strategy(self) -> "FederationConfig":
@@ -49,7 +54,8 @@ class RoundRecord:
     ``imputed`` clients entered aggregation as forecasts of the ``twin`` forecaster; ``dropped``
     ones were missing and had no (recent enough) history; ``late`` ones trained but arrived after
     the round closed (twin history only); ``serving_local`` ones serve their local-only model
-    (``keep_local``), all others the federated one. Metrics are those of the served models.
+    (``keep_local``), all others the federated one; ``rejected`` ones failed the engine's
+    screening (client id -> code). Metrics are those of the served models.
     """
 
     round: int
@@ -63,11 +69,13 @@ class RoundRecord:
     late: tuple[str, ...] = ()
     twin: str = "drop"
     serving_local: tuple[str, ...] = ()
+    rejected: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
 class FederationResult:
-    """Per-round history; ``test`` is taken at the round with the best global validation MSE.
+    """Per-round history; ``test`` is taken at the round with the best global validation MSE
+    (or the last round, see ``tested_round``).
 
     ``shared`` is the global shared state after the last round, ``states`` the global state of
     every round; ``models`` are the models the clients served as of the best round.
@@ -94,20 +102,24 @@ def run_federation(
     fed: FederationConfig,
     on_round: Callable[[RoundRecord], None] | None = None,
     participation: Participation | None = None,
+    tamper: Tamper | None = None,
+    claims: Mapping[str, int] | None = None,
 ) -> FederationResult:
     """Run ``fed.rounds`` rounds over ``clients`` and evaluate after each round.
 
     ``participation`` (default everyone every round) says whose update arrives on time; missing
     clients are imputed by the ``fed.twin`` forecaster from their history (FedDTW Algorithm 5).
+    ``tamper`` alters updates as they leave the clients (attacks, see ``run_rounds``); ``claims``
+    are sample counts clients declare at hello instead of their true ones (lying gateways).
     """
     participation = participation or everyone(fed.rounds, len(clients))
     if participation.present.shape != (fed.rounds, len(clients)):
         raise ValueError(f"participation matrix is {participation.present.shape}, "
                          f"expected (rounds, clients) = {(fed.rounds, len(clients))}")
     learners = head_learners(clients, cfg, fed, fed.seed)
-    roster = [ClientInfo(c.name, c.n_train) for c in clients]
+    roster = [ClientInfo(c.name, (claims or {}).get(c.name, c.n_train)) for c in clients]
     initial = initial_shared_state(cfg, fed.seed)
-    engine = RoundEngine(make_strategy(fed, initial, fed.seed), fed)
+    engine = RoundEngine(make_strategy(fed, initial, fed.seed), fed, robust=fed.robust)
     sizes = [c.n_train for c in clients]
     records, states, best = [], [], {"val": float("inf"), "round": 0, "models": None}
 
@@ -119,14 +131,14 @@ def run_federation(
         test = evaluate_fleet(served, clients)[0] if fed.test_every_round else None
         local = tuple(c.name for c, choice in zip(clients, choices) if choice.which == "local")
         records.append(RoundRecord(r.round, r.loss, val, test, done.seconds, r.on_time, r.imputed, r.dropped,
-                                   done.late, r.twin, local))
+                                   done.late, r.twin, local, r.rejected))
         states.append(r.global_state)
-        if val.mse < best["val"]:
+        if val.mse < best["val"] or fed.tested_round == "last":
             best.update(val=val.mse, round=r.round, models=[copy.deepcopy(m) for m in served])
         if on_round:
             on_round(records[-1])
 
-    final = run_rounds(learners, roster, engine, initial, participation, after_round)
+    final = run_rounds(learners, roster, engine, initial, participation, after_round, tamper)
     models = best["models"] or [learner.model for learner in learners]
     test, client_test = evaluate_fleet(models, clients)
     return FederationResult(records, best["round"], test, client_test, final, states, models)

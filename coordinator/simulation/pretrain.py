@@ -49,7 +49,8 @@ def pretrain(devices: Sequence[DeviceSeries], fm: FoundationConfig, cfg: Pretrai
     initial = {k: v.detach().clone() for k, v in model.state_dict().items()}
     learners = [FoundationLearner(fm, d, cfg, cfg.seed, i) for i, d in enumerate(devices)]
     roster = [ClientInfo(d.name, len(d.train)) for d in devices]
-    engine = RoundEngine(make_strategy(StrategySettings(), initial, cfg.seed), TwinSettings())
+    settings = StrategySettings()
+    engine = RoundEngine(make_strategy(settings, initial, cfg.seed), TwinSettings(), robust=settings.robust)
     plan = sampled(cfg.rounds, len(devices), cfg.participation, cfg.seed)
     sizes = [len(d.val) for d in devices]
     records: list[PretrainRound] = []

@@ -15,6 +15,11 @@ from edge_agent.learners import Learner
 from edge_agent.tensors import TensorDict
 
 
+Tamper = Callable[[ClientUpdate, TensorDict], ClientUpdate]
+"""What a compromised client does to its update before sending it, given the global state it
+trained from (the robustness benchmark's attacks); honest clients' updates pass unchanged."""
+
+
 @dataclass(frozen=True)
 class SimulatedRound:
     """A closed round as the simulation saw it: the engine's result, the clients that trained
@@ -26,11 +31,13 @@ class SimulatedRound:
 
 
 def run_rounds(learners: Sequence[Learner], roster: Sequence[ClientInfo], engine: RoundEngine, initial: TensorDict,
-               participation: Participation, on_round: Callable[[SimulatedRound], None]) -> TensorDict:
+               participation: Participation, on_round: Callable[[SimulatedRound], None],
+               tamper: Tamper | None = None) -> TensorDict:
     """Run ``participation.rounds`` rounds: each round's clients load the global state and train
-    (as an agent does on a round announcement), the on-time updates close the round, late ones
-    reach the twins' history in the round they arrive; then every learner installs the new
-    global state and its personal message, if any. Returns the last global state."""
+    (as an agent does on a round announcement), each update passes ``tamper`` (if given) as it
+    leaves the client, the on-time updates close the round, late ones reach the twins' history
+    in the round they arrive; then every learner installs the new global state and its personal
+    message, if any. Returns the last global state."""
     state, pending = initial, defaultdict(list)
     for number in range(1, participation.rounds + 1):
         started = time.perf_counter()
@@ -40,6 +47,8 @@ def run_rounds(learners: Sequence[Learner], roster: Sequence[ClientInfo], engine
             loss = learners[i].train(number)
             update = ClientUpdate(roster[i].client_id, learners[i].wire_state(number), learners[i].n_samples,
                                   {"loss": loss})
+            if tamper:
+                update = tamper(update, state)
             if participation.present[number - 1, i]:
                 on_time.append(update)
             else:

@@ -7,9 +7,13 @@ from collections.abc import Callable
 from pydantic import BaseModel, Field, field_validator
 
 from coordinator.strategies.base import Aggregate, ClientInfo, ClientUpdate, Strategy, weighted_mean
+from coordinator.strategies.bounds import RobustSettings
+from coordinator.strategies.dp_fedavg import DPFedAvg, NoiseSettings
 from coordinator.strategies.fedavg import FedAvg
 from coordinator.strategies.fedopt import FedAdam, FedAvgM, ServerSettings
 from coordinator.strategies.fedpod import FedPoD, GraphSettings
+from coordinator.strategies.median import Median
+from coordinator.strategies.trimmed_mean import TrimmedMean
 from edge_agent.registry import registered
 from edge_agent.tensors import TensorDict
 
@@ -21,6 +25,9 @@ class StrategySettings(BaseModel):
     strategy: str = Field("fedavg", description="how a round's updates are combined")
     fedpod: GraphSettings = Field(GraphSettings(), description="fedpod: graph training and personalization")
     server: ServerSettings = Field(ServerSettings(), description="fedavgm / fedadam: the server optimizer")
+    robust: RobustSettings = Field(RobustSettings(), description="weight caps and norm bounds every update "
+                                   "passes, and trimmed_mean's trim share")
+    noise: NoiseSettings = Field(NoiseSettings(), description="dp_fedavg: clip norm and noise multiplier")
 
     @field_validator("strategy")
     @classmethod
@@ -33,6 +40,9 @@ STRATEGIES: dict[str, Callable[[TensorDict, StrategySettings, int], Strategy]] =
     FedAvgM.name: lambda initial, settings, seed: FedAvgM(settings.server),
     FedAdam.name: lambda initial, settings, seed: FedAdam(settings.server),
     FedPoD.name: lambda initial, settings, seed: FedPoD(initial, settings.fedpod, seed),
+    Median.name: lambda initial, settings, seed: Median(),
+    TrimmedMean.name: lambda initial, settings, seed: TrimmedMean(settings.robust.trim_fraction),
+    DPFedAvg.name: lambda initial, settings, seed: DPFedAvg(settings.noise, seed),
 }
 
 
@@ -42,7 +52,8 @@ def make_strategy(settings: StrategySettings, initial: TensorDict, seed: int) ->
 
 
 __all__ = [
-    "STRATEGIES", "Aggregate", "ClientInfo", "ClientUpdate", "GraphSettings", "ServerSettings", "Strategy",
+    "STRATEGIES", "Aggregate", "ClientInfo", "ClientUpdate", "GraphSettings", "NoiseSettings", "RobustSettings",
+    "ServerSettings", "Strategy",
     "StrategySettings",
     "make_strategy", "weighted_mean",
 ]

@@ -1,0 +1,135 @@
+"""What every update must pass before any strategy sees it: the coordinator, not the device,
+decides its weight and how far it may move the global state.
+
+- Weight: an update's sample count is bounded by what its client declared at hello, by
+  ``weight_factor`` times the median count the fleet declared at hello and by an optional
+  fleet-wide cap, so ``n_samples = 10**12`` in an update buys no more weight than the hello did,
+  and one in a hello no more than ``weight_factor`` typical clients.
+- Finite values: an update holding NaN or infinity is rejected (code ``not_finite``).
+- Norm: the delta of each update from the current global state is measured (L2 over the
+  floating-point tensors); deltas beyond ``clip_factor`` times the round's median delta norm are
+  scaled back to that norm (norm clipping as in McMahan et al. 2018, "Learning Differentially
+  Private Recurrent Language Models", section 2, with an adaptive bound in the spirit of its
+  median-based clipping), and updates beyond ``reject_factor`` times the median are rejected
+  (code ``norm_outlier``). The median is a robust statistic as long as most updates are honest
+  (Yin et al. 2018, "Byzantine-Robust Distributed Learning: Towards Optimal Statistical Rates").
+
+The checks run in the round engine, so the simulation and the service screen alike.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from coordinator.strategies.base import ClientInfo, ClientUpdate
+from edge_agent.tensors import TensorDict
+
+NOT_FINITE, NORM_OUTLIER, UNREGISTERED = "not_finite", "norm_outlier", "unregistered"
+
+
+class RobustSettings(BaseModel):
+    """How updates are bounded before aggregation, and the robust aggregators' trimming.
+
+    The defaults leave honest rounds alone (honest delta norms stay within about 1.5 times the
+    median on the bundled stations; weights change only for a client that declared more than 3
+    times the fleet's median count) while rejecting scaled or absurd updates. A looser weight
+    cap of 10 let one client lying at hello take 10/16 of the weight of 7 clients and, over 15
+    rounds, raise the honest clients' loss by half (bench/robustness.py, hello_inflation)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    max_samples: int | None = Field(None, ge=1, description="cap on an update's weight (sample count); "
+                                    "the count declared at hello always bounds it; None: no further cap")
+    clip_factor: float | None = Field(4.0, ge=1, description="clip each delta to this multiple of the "
+                                      "round's median delta norm; None: no clipping")
+    reject_factor: float | None = Field(20.0, ge=1, description="reject an update whose delta norm exceeds "
+                                        "this multiple of the round's median delta norm; None: no rejection")
+    weight_factor: float | None = Field(3.0, ge=1, description="cap on an update's weight: this multiple "
+                                        "of the median sample count the registered clients declared; None: no cap")
+    trim_fraction: float = Field(0.2, gt=0, lt=0.5, description="trimmed_mean: share of the updates cut "
+                                 "from each end of every coordinate (beta)")
+
+    @model_validator(mode="after")
+    def _reject_beyond_clip(self) -> "RobustSettings":
+        if self.clip_factor is not None and self.reject_factor is not None and self.reject_factor < self.clip_factor:
+            raise ValueError(f"reject_factor {self.reject_factor} is below clip_factor {self.clip_factor}: "
+                             "updates would be rejected before they could be clipped")
+        return self
+
+
+@dataclass(frozen=True)
+class Screened:
+    """The updates that enter aggregation (weights bounded, deltas clipped, order kept), the
+    rejected clients with their codes, the clipped ones and the round's median delta norm."""
+
+    accepted: list[ClientUpdate]
+    rejected: dict[str, str]
+    clipped: tuple[str, ...]
+    median_norm: float
+
+
+def screen(current: TensorDict, updates: Sequence[ClientUpdate], roster: Mapping[str, ClientInfo],
+           settings: RobustSettings) -> Screened:
+    """Bound the weights, reject non-finite updates and norm outliers, clip the rest. A median
+    delta norm of zero or infinity gives no scale: then only weights and finiteness are checked."""
+    rejected: dict[str, str] = {}
+    finite, cap = [], weight_cap(roster, settings)
+    for update in updates:
+        if update.client_id not in roster:
+            rejected[update.client_id] = UNREGISTERED
+        elif not is_finite(update.params):
+            rejected[update.client_id] = NOT_FINITE
+        else:
+            finite.append(bound_weight(update, roster[update.client_id].n_samples, cap))
+    norms = [delta_norm(current, u.params) for u in finite]
+    median = statistics.median(norms) if norms else 0.0
+    if not math.isfinite(median) or median == 0.0:
+        return Screened(finite, rejected, (), median)
+    accepted, clipped = [], []
+    for update, norm in zip(finite, norms):
+        if settings.reject_factor is not None and norm > settings.reject_factor * median:
+            rejected[update.client_id] = NORM_OUTLIER
+            continue
+        if settings.clip_factor is not None and norm > settings.clip_factor * median:
+            update = replace(update, params=scale_delta(current, update.params, settings.clip_factor * median / norm))
+            clipped.append(update.client_id)
+        accepted.append(update)
+    return Screened(accepted, rejected, tuple(clipped), median)
+
+
+def weight_cap(roster: Mapping[str, ClientInfo], settings: RobustSettings) -> float:
+    """The largest weight any update may carry: ``max_samples`` and ``weight_factor`` times the
+    median declared count, whichever is smaller (infinity with neither)."""
+    caps = [math.inf if settings.max_samples is None else settings.max_samples]
+    if settings.weight_factor is not None and roster:
+        caps.append(settings.weight_factor * statistics.median(c.n_samples for c in roster.values()))
+    return min(caps)
+
+
+def bound_weight(update: ClientUpdate, declared: int, cap: float) -> ClientUpdate:
+    """The update with its sample count bounded by the hello's count and the cap."""
+    n = int(min(update.n_samples, declared, cap))
+    return update if n == update.n_samples else replace(update, n_samples=n)
+
+
+def is_finite(params: TensorDict) -> bool:
+    return all(bool(torch.isfinite(t).all()) for t in params.values() if t.is_floating_point())
+
+
+def delta_norm(current: TensorDict, params: TensorDict) -> float:
+    """L2 norm of ``params - current`` over the floating-point tensors, in float64."""
+    total = sum(float((params[k].double() - t.double()).pow(2).sum()) for k, t in current.items()
+                if t.is_floating_point())
+    return math.sqrt(total)
+
+
+def scale_delta(current: TensorDict, params: TensorDict, factor: float) -> TensorDict:
+    """``current + factor * (params - current)`` on the floating-point tensors; others unchanged."""
+    return {k: (current[k].double() + factor * (p.double() - current[k].double())).to(p.dtype)
+            if p.is_floating_point() else p for k, p in params.items()}

@@ -1,0 +1,154 @@
+"""Robust aggregation: the engine's screening (weights bounded by hello, non-finite and norm
+outliers rejected, large deltas clipped), the coordinate-wise median and trimmed mean, server-side
+clipping with noise, and a poisoned fleet in the simulation."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from pydantic import ValidationError
+
+from coordinator.engine import RoundEngine
+from coordinator.simulation.attacks import ATTACKS, INFLATED_SAMPLES, tamper_for
+from coordinator.simulation.federation import FederationConfig, run_federation
+from coordinator.strategies import ClientInfo, ClientUpdate, NoiseSettings, RobustSettings, StrategySettings
+from coordinator.strategies import make_strategy
+from coordinator.strategies.bounds import screen
+from coordinator.twins import TwinSettings
+from edge_agent.data import build_pool, feature_clients, load_sites
+from tests.conftest import small_config
+
+CURRENT = {"w": torch.zeros(3), "steps": torch.tensor(4)}
+HONEST = [[1.0, 2.0, 3.0], [1.5, 2.5, 2.0], [0.5, 1.5, 2.5], [1.2, 1.8, 2.8], [0.8, 2.2, 3.2]]
+NO_BOUNDS = RobustSettings(clip_factor=None, reject_factor=None)
+
+
+def update(client: str, values: list[float], n: int = 10) -> ClientUpdate:
+    return ClientUpdate(client, {"w": torch.tensor(values), "steps": torch.tensor(4)}, n, {"loss": 1.0})
+
+
+def roster(n: int, samples: int = 10) -> list[ClientInfo]:
+    return [ClientInfo(f"c{i}", samples) for i in range(n)]
+
+
+def close(strategy: str, updates: list[ClientUpdate], robust: RobustSettings = RobustSettings(), seed: int = 0):
+    """One round through the real engine (twins off), as the service closes it."""
+    settings = StrategySettings(strategy=strategy, robust=robust)
+    engine = RoundEngine(make_strategy(settings, CURRENT, seed), TwinSettings(twin="drop"), robust=robust)
+    return engine.close(1, CURRENT, updates, roster(len(updates)))
+
+
+def fleet_with(poison: list[float], n_samples: int = 10) -> list[ClientUpdate]:
+    return [update(f"c{i}", v) for i, v in enumerate(HONEST)] + [update("c5", poison, n_samples)]
+
+
+@pytest.mark.parametrize("strategy", ["median", "trimmed_mean"])
+@pytest.mark.parametrize("poison", [[1e6, -1e6, 1e6], [1e30, 1e30, 1e30], [-3.0, 5.0, -7.0]])
+def test_robust_aggregators_stay_within_the_honest_range(strategy: str, poison: list[float]) -> None:
+    result = close(strategy, fleet_with(poison), NO_BOUNDS)
+    honest = torch.tensor(HONEST)
+    assert bool((result.global_state["w"] >= honest.min(0).values).all())
+    assert bool((result.global_state["w"] <= honest.max(0).values).all())
+    assert result.global_state["steps"].dtype == torch.int64 and int(result.global_state["steps"]) == 4
+
+
+def test_median_and_trimmed_mean_by_hand() -> None:
+    values = [[1.0], [2.0], [3.0], [4.0], [100.0], [-50.0], [5.0]]
+    updates = [update(f"c{i}", v * 3) for i, v in enumerate(values)]
+    assert close("median", updates, NO_BOUNDS).global_state["w"].tolist() == [3.0] * 3
+    # beta 0.2 of 7: ceil(1.4) = 2 cut from each end -> mean of 2, 3, 4
+    assert close("trimmed_mean", updates, NO_BOUNDS).global_state["w"].tolist() == [3.0] * 3
+    even = close("median", updates[:4], NO_BOUNDS).global_state["w"]
+    assert even.tolist() == [2.5] * 3
+
+
+def test_fedavg_without_bounds_is_moved_by_one_poisoned_client() -> None:
+    result = close("fedavg", fleet_with([1e6, 1e6, 1e6]), NO_BOUNDS)
+    assert float(result.global_state["w"].max()) > 1e5
+
+
+def test_weight_is_bounded_by_the_hello_and_the_cap() -> None:
+    liar = fleet_with(HONEST[0], n_samples=INFLATED_SAMPLES)
+    weights = [u.n_samples for u in screen(CURRENT, liar, {c.client_id: c for c in roster(6)}, NO_BOUNDS).accepted]
+    assert weights == [10] * 6
+    capped = RobustSettings(max_samples=4, clip_factor=None, reject_factor=None)
+    assert {u.n_samples for u in screen(CURRENT, liar, {c.client_id: c for c in roster(6)}, capped).accepted} == {4}
+    liar_roster = {**{c.client_id: c for c in roster(5)}, "c5": ClientInfo("c5", INFLATED_SAMPLES)}
+    assert screen(CURRENT, liar, liar_roster, RobustSettings()).accepted[-1].n_samples == 30  # 3 x median 10
+    poisoned = close("fedavg", fleet_with([-100.0, -100.0, -100.0], n_samples=INFLATED_SAMPLES),
+                     RobustSettings(reject_factor=None, clip_factor=None))
+    assert poisoned.global_state["w"].tolist() == pytest.approx(
+        ((torch.tensor(HONEST).sum(0) - 100) / 6).tolist(), rel=1e-6)
+
+
+def test_outliers_are_rejected_with_codes_and_large_deltas_clipped() -> None:
+    updates = fleet_with([math.nan, 1.0, 1.0])
+    updates[0] = update("c0", [1e3, 0.0, 0.0])  # norm ~ 300x the median: rejected
+    updates[1] = update("c1", [20.0, 0.0, 0.0])  # norm 20 > 4 x median (3.96): clipped
+    result = close("fedavg", updates)
+    assert result.rejected == {"c0": "norm_outlier", "c5": "not_finite"}
+    assert result.clipped == ("c1",) and result.on_time == ("c1", "c2", "c3", "c4")
+    screened = screen(CURRENT, updates, {c.client_id: c for c in roster(6)}, RobustSettings())
+    clipped = next(u for u in screened.accepted if u.client_id == "c1")
+    assert float(clipped.params["w"].norm()) == pytest.approx(4 * screened.median_norm, rel=1e-5)
+    assert not math.isnan(result.loss)
+
+
+def test_an_unregistered_client_and_an_all_rejected_round_leave_the_state_alone() -> None:
+    strangers = [update("stranger", [1.0, 1.0, 1.0]), update("c0", [math.inf, 0.0, 0.0])]
+    engine = RoundEngine(make_strategy(StrategySettings(), CURRENT, 0), TwinSettings(twin="drop"),
+                         robust=RobustSettings())
+    result = engine.close(1, CURRENT, strangers, roster(1))
+    assert result.rejected == {"c0": "not_finite", "stranger": "unregistered"}
+    assert result.global_state is CURRENT and result.on_time == ()
+
+
+def test_settings_are_strict_and_explain_themselves() -> None:
+    with pytest.raises(ValidationError, match="below clip_factor"):
+        RobustSettings(clip_factor=10.0, reject_factor=5.0)
+    with pytest.raises(ValidationError):
+        RobustSettings(clip_factor="4")
+    with pytest.raises(ValidationError):
+        StrategySettings(robust={"trim_fraction": 0.5})
+    with pytest.raises(ValidationError):
+        NoiseSettings(clip_norm=0.0)
+
+
+def test_server_noise_is_reproducible_per_seed_and_round() -> None:
+    updates = [update(f"c{i}", v) for i, v in enumerate(HONEST)]
+    first, again = close("dp_fedavg", updates, seed=1), close("dp_fedavg", updates, seed=1)
+    other = close("dp_fedavg", updates, seed=2)
+    assert torch.equal(first.global_state["w"], again.global_state["w"])
+    assert not torch.equal(first.global_state["w"], other.global_state["w"])
+    quiet = StrategySettings(strategy="dp_fedavg", noise=NoiseSettings(clip_norm=1.0, noise_multiplier=0.0))
+    strategy = make_strategy(quiet, CURRENT, 0)
+    state = strategy.aggregate(1, CURRENT, updates, [], {}).global_state
+    assert float(state["w"].norm()) <= 1.0 + 1e-6  # each delta clipped to S = 1, mean of unit vectors
+
+
+@pytest.fixture(scope="module")
+def stations():
+    return feature_clients(build_pool(load_sites()), 4, 4, 42, lookback=24, horizon=12, stride=193, val_stride=97)
+
+
+def honest_mse(stations, strategy: str, robust: RobustSettings, attack: str | None) -> float:
+    fed = FederationConfig(rounds=2, batch_size=64, lr=3e-3, seed=1, test_every_round=False, tested_round="last",
+                           strategy=strategy, robust=robust)
+    attacker = stations[0].name
+    result = run_federation(stations, small_config("dlinear"), fed,
+                            tamper=tamper_for(attack, {attacker}) if attack else None)
+    return sum(m.mse for name, m in result.client_test.items() if name != attacker) / (len(stations) - 1)
+
+
+def test_one_attacker_ruins_fedavg_but_not_the_robust_path(stations) -> None:
+    clean = honest_mse(stations, "fedavg", RobustSettings(), None)
+    assert not honest_mse(stations, "fedavg", NO_BOUNDS, "scale_x1000") < 10 * clean  # NaN or far off
+    for strategy in ("fedavg", "median"):
+        assert honest_mse(stations, strategy, RobustSettings(), "scale_x1000") < 1.1 * clean
+
+
+def test_attack_names_are_checked() -> None:
+    with pytest.raises(ValueError, match=str(sorted(ATTACKS))[1:-1]):
+        tamper_for("scale_x10", {"c0"})
