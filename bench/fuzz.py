@@ -35,19 +35,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+from common import ROOT
+
+from tests.fleet import MODEL, TRAINING
 
 CORPUS = ROOT / "tests" / "fuzz_corpus"
 SHARES = {"decode": 0.75, "agent": 0.25}  # of run_fuzz's inputs; the agent target is slower per input
 AGENT_EPOCH = 500  # the fuzzed agent is rebuilt on a fresh state folder after this many inputs
 MAX_PAYLOAD = 64 * 1024 * 1024
-AGENT_SETTINGS = {
-    "fleet": "fuzz", "client_id": "gw01", "data": {"site": "miami"},
-    "model": {"backbone": "dlinear", "lookback": 24, "horizon": 12, "d_qap": 16, "qap_heads": 2},
-    "training": {"local_epochs": 1, "batch_size": 64, "lr": 0.003, "stride": 16},
-}
+AGENT_SETTINGS = {"fleet": "fuzz", "client_id": "gw01", "data": {"site": "miami"}, "model": MODEL, "training": TRAINING}
 
 
 # --- envelopes from fuzz bytes ----------------------------------------------------------------
@@ -349,19 +345,30 @@ def crash_site(err: BaseException) -> str:
 
 
 class Findings:
-    """Crashes by site; the smallest payload of each site is kept in the corpus folder."""
+    """Crashes by site. A site that no corpus file shows yet gets one: the smallest payload of
+    this run; files that were there before are never replaced (they may be known poison)."""
 
-    def __init__(self, folder: Path, reproduces: Callable[[bytes], bool]):
-        self.folder, self.reproduces = folder, reproduces
+    def __init__(self, folder: Path, check: Callable[[bytes], BaseException | None]):
+        self.folder, self.check = folder, check
         self.crashes = 0
         self.sites: dict[str, dict] = {}
+        for path in sorted(folder.glob("*.bin")):
+            payload = path.read_bytes()
+            err = check(payload)
+            if err is not None:
+                self.sites.setdefault(crash_site(err), self._site(err, path.name, len(payload), before=True))
+
+    @staticmethod
+    def _site(err: BaseException, file: str | None, size: int | None, before: bool) -> dict:
+        return {"count": 0, "file": file, "bytes": size, "message": str(err)[:200], "before": before}
 
     def record(self, err: BaseException, payload: bytes) -> None:
         self.crashes += 1
         site = crash_site(err)
-        known = self.sites.setdefault(site, {"count": 0, "file": None, "bytes": None, "message": str(err)[:200]})
+        known = self.sites.setdefault(site, self._site(err, None, None, before=False))
         known["count"] += 1
-        if known["bytes"] is not None and known["bytes"] <= len(payload) or not self.reproduces(payload):
+        smaller = known["bytes"] is None or len(payload) < known["bytes"]
+        if known["before"] or not smaller or self.check(payload) is None:
             return
         if known["file"]:
             (self.folder / known["file"]).unlink(missing_ok=True)
@@ -391,12 +398,12 @@ class Worker:
         if target == "agent":
             self.agent = make_agent(self._state_dir())
             self.peer = Peer(self.agent.cfg.fleet, self.agent.learner.signature, self.agent.learner.wire_state(0))
-            self.findings = Findings(CORPUS / target, lambda p: fresh_agent_crash(p) is not None)
+            self.findings = Findings(CORPUS / target, fresh_agent_crash)
         else:
             generator = torch.Generator().manual_seed(0)
             tensors = {"w": torch.randn(4, 3, generator=generator), "b": torch.zeros(3)}
             self.peer = Peer("fuzz", "0" * 32, tensors)
-            self.findings = Findings(CORPUS / target, lambda p: decode_crash(p) is not None)
+            self.findings = Findings(CORPUS / target, decode_crash)
 
     def _state_dir(self) -> Path:
         return Path(tempfile.mkdtemp(dir=self.workdir))
