@@ -334,18 +334,19 @@ class Fleet:
             process.wait(30)
 
     def losses(self) -> dict:
-        """Per agent and in all: updates sent but not stored (and not refused), those of them
-        the coordinator had acknowledged, and refusals by code."""
-        lost, acknowledged_lost, refused = {}, {}, {}
+        """Updates sent but neither stored nor refused (lost), per agent and in all; those of
+        them the coordinator had acknowledged; refusals by code; how many got no answer."""
+        lost, acknowledged_lost, refused, sent, unanswered = {}, {}, {}, 0, 0
         for index in range(AGENTS):
             client, ledger = f"client{index:02d}", Ledger.read(self.events(index))
             stored = self.stored(client)
             lost[client] = sorted(ledger.sent - stored - set(ledger.refused))
             acknowledged_lost[client] = sorted(ledger.acknowledged - stored)
             refused[client] = ledger.refused
-        return {"updates_lost": sum(map(len, lost.values())), "lost": lost,
-                "acknowledged_lost": acknowledged_lost, "refused": refused,
-                "updates_sent": sum(len(Ledger.read(self.events(i)).sent) for i in range(AGENTS))}
+            sent += len(ledger.sent)
+            unanswered += len(ledger.sent - ledger.acknowledged - set(ledger.refused))
+        return {"updates_lost": sum(map(len, lost.values())), "updates_sent": sent, "unanswered": unanswered,
+                "lost": lost, "acknowledged_lost": acknowledged_lost, "refused": refused}
 
 
 # --- the faults --------------------------------------------------------------------------------

@@ -25,6 +25,7 @@ import json
 import logging
 import math
 import os
+import shutil
 import struct
 import subprocess
 import sys
@@ -37,13 +38,10 @@ from pathlib import Path
 
 from common import ROOT
 
-from tests.fleet import MODEL, TRAINING
-
 CORPUS = ROOT / "tests" / "fuzz_corpus"
 SHARES = {"decode": 0.75, "agent": 0.25}  # of run_fuzz's inputs; the agent target is slower per input
 AGENT_EPOCH = 500  # the fuzzed agent is rebuilt on a fresh state folder after this many inputs
 MAX_PAYLOAD = 64 * 1024 * 1024
-AGENT_SETTINGS = {"fleet": "fuzz", "client_id": "gw01", "data": {"site": "miami"}, "model": MODEL, "training": TRAINING}
 
 
 # --- envelopes from fuzz bytes ----------------------------------------------------------------
@@ -314,11 +312,15 @@ def decode_crash(payload: bytes) -> BaseException | None:
 
 
 def make_agent(state_dir: Path):
-    """A real agent on a bundled site with a tiny model; its connection is built, not started."""
+    """A real agent on a bundled site with the tiny model of the service tests; its connection
+    is built, not started. (Imported here: the fuzz worker instruments ``edge_agent`` first.)"""
     from edge_agent.agent import Agent
     from edge_agent.config import AgentConfig
+    from tests.fleet import MODEL, TRAINING
 
-    return Agent(AgentConfig.model_validate({**AGENT_SETTINGS, "state_dir": str(state_dir)}))
+    settings = {"fleet": "fuzz", "client_id": "gw01", "data": {"site": "miami"}, "model": MODEL,
+                "training": TRAINING, "state_dir": str(state_dir)}
+    return Agent(AgentConfig.model_validate(settings))
 
 
 def agent_crash(agent, payload: bytes) -> BaseException | None:
@@ -425,8 +427,10 @@ class Worker:
             self.finish()
 
     def finish(self) -> None:
-        """Write the stats and leave at once (libFuzzer has no way to return to the caller)."""
+        """Write the stats, remove the agents' state folders and leave at once (libFuzzer has no
+        way to return to the caller)."""
         seconds = time.perf_counter() - self.started
+        shutil.rmtree(self.workdir, ignore_errors=True)
         self.stats.write_text(json.dumps({"target": self.target, "inputs": self.done, "crashes": self.findings.crashes,
                                           "seconds": round(seconds, 2), "sites": self.findings.sites}))
         os._exit(0)
@@ -446,11 +450,10 @@ def fuzz_target(target: str, inputs: int, seed: int, stats: Path) -> None:
     logging.getLogger().addHandler(_Discard())
     logging.getLogger().setLevel(logging.DEBUG)
     torch.set_num_threads(1)
-    with tempfile.TemporaryDirectory() as workdir:
-        worker = Worker(target, inputs, stats, Path(workdir))
-        atheris.Setup([sys.argv[0], f"-seed={seed}", "-max_len=512", "-len_control=10", "-timeout=300", "-rss_limit_mb=8192",
-                       "-print_final_stats=0"], worker)
-        atheris.Fuzz()
+    worker = Worker(target, inputs, stats, Path(tempfile.mkdtemp(prefix="edgefl-fuzz-")))
+    atheris.Setup([sys.argv[0], f"-seed={seed}", "-max_len=512", "-len_control=10", "-timeout=300", "-rss_limit_mb=8192",
+                   "-print_final_stats=0"], worker)
+    atheris.Fuzz()
 
 
 def run_fuzz(inputs: int, seed: int) -> dict:
