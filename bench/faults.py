@@ -33,6 +33,7 @@ import asyncio
 import json
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -186,9 +187,14 @@ class Broker:
         wait_for_port(self.port, self.process)
 
     def stop(self) -> None:
+        """SIGTERM (mosquitto saves its persistence file), SIGKILL if it hangs."""
         if self.process is not None and self.process.poll() is None:
             self.process.terminate()
-            self.process.wait(30)
+            try:
+                self.process.wait(30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(30)
 
 
 @dataclass
@@ -423,8 +429,19 @@ def run_fault(name: str, rounds: int, folder: Path) -> dict:
             "seconds": round(time.perf_counter() - started, 1)}
 
 
+def check_machine() -> None:
+    """Root and the tools the bench drives, or an error that says what is missing."""
+    missing = [tool for tool in ("ip", "iptables", "mosquitto") if shutil.which(tool) is None]
+    if missing:
+        raise RuntimeError(f"the fault bench needs {', '.join(missing)} (Debian: apt-get install iproute2 "
+                           "iptables mosquitto)")
+    if os.geteuid() != 0:
+        raise RuntimeError("the fault bench makes network namespaces: run it as root")
+
+
 def run_faults(quick: bool, keep: Path | None = None) -> list[dict]:
     """Every fault of the quick or full set, one fresh fleet each; logs under ``keep`` if given."""
+    check_machine()
     settings = QUICK if quick else FULL
     with tempfile.TemporaryDirectory(prefix="edgefl-faults-") as scratch:
         folder = keep or Path(scratch)

@@ -408,7 +408,8 @@ class Worker:
             self.findings = Findings(CORPUS / target, decode_crash)
 
     def _state_dir(self) -> Path:
-        return Path(tempfile.mkdtemp(dir=self.workdir))
+        """A fresh folder per agent, named by how many inputs ran before it (same on every run)."""
+        return self.workdir / f"agent-{self.done}"
 
     def __call__(self, data: bytes) -> None:
         import atheris
@@ -466,7 +467,7 @@ def run_fuzz(inputs: int, seed: int) -> dict:
             with log.open("wb") as out:
                 subprocess.run([sys.executable, __file__, "--worker", target, "--inputs", str(max(1, int(inputs * share))),
                                 "--seed", str(seed), "--stats", str(stats)], stdout=out, stderr=subprocess.STDOUT,
-                               env={**os.environ, "OMP_NUM_THREADS": "1"}, check=False)
+                               env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONHASHSEED": str(seed)}, check=False)
             if not stats.is_file():
                 raise RuntimeError(f"fuzz worker {target} died:\n{log.read_text(errors='replace')[-3000:]}")
             targets[target] = json.loads(stats.read_text())
