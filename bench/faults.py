@@ -121,6 +121,7 @@ class Relay:
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.server: asyncio.Server | None = None
+        self.open: set[asyncio.StreamWriter] = set()
 
     def start(self) -> "Relay":
         self.thread.start()
@@ -128,10 +129,16 @@ class Relay:
         return self
 
     def stop(self) -> None:
-        if self.server is not None:
-            self.server.close()
+        """Stop listening, close every relayed connection, end the loop."""
+        self._call(self._close())
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(10)
+
+    async def _close(self) -> None:
+        if self.server is not None:
+            self.server.close()
+        for writer in self.open:
+            writer.close()
 
     def _call(self, coroutine):
         return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(10)
@@ -142,7 +149,11 @@ class Relay:
         except OSError:  # broker down: the agent sees its connection refused, as it would
             writer.close()
             return
-        await asyncio.gather(self._pump(reader, up_writer), self._pump(up_reader, writer))
+        self.open |= {writer, up_writer}
+        try:
+            await asyncio.gather(self._pump(reader, up_writer), self._pump(up_reader, writer))
+        finally:
+            self.open -= {writer, up_writer}
 
     async def _pump(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         """Copy one direction until either side closes."""
