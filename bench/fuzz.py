@@ -153,7 +153,7 @@ class Envelopes:
             header[key] = self.value(0)
 
     def many_metrics(self) -> dict:
-        count = 1 << self.fdp.ConsumeIntInRange(0, 17)
+        count = 1 << self.fdp.ConsumeIntInRange(0, 12)
         return {f"m{i}": self.fdp.ConsumeFloat() if i == 0 else float(i) for i in range(count)}
 
     def value(self, depth: int) -> object:
