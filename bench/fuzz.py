@@ -391,12 +391,14 @@ class Worker:
     """One target under atheris until ``inputs`` inputs have run; then its stats go to a file."""
 
     def __init__(self, target: str, inputs: int, stats: Path, workdir: Path):
+        import atheris
         import torch
 
         self.target, self.inputs, self.stats, self.workdir = target, inputs, stats, workdir
         self.done = 0
         self.started = time.perf_counter()
         self.agent = None
+        self.provider = atheris.FuzzedDataProvider
         if target == "agent":
             self.agent = make_agent(self._state_dir())
             self.peer = Peer(self.agent.cfg.fleet, self.agent.learner.signature, self.agent.learner.wire_state(0))
@@ -412,9 +414,7 @@ class Worker:
         return self.workdir / f"agent-{self.done}"
 
     def __call__(self, data: bytes) -> None:
-        import atheris
-
-        payload = Envelopes(atheris.FuzzedDataProvider(data), self.peer).build()
+        payload = Envelopes(self.provider(data), self.peer).build()
         if self.agent is not None:
             if self.done and self.done % AGENT_EPOCH == 0:
                 self.agent = make_agent(self._state_dir())
@@ -452,8 +452,8 @@ def fuzz_target(target: str, inputs: int, seed: int, stats: Path) -> None:
     logging.getLogger().setLevel(logging.DEBUG)
     torch.set_num_threads(1)
     worker = Worker(target, inputs, stats, Path(tempfile.mkdtemp(prefix="edgefl-fuzz-")))
-    atheris.Setup([sys.argv[0], f"-seed={seed}", "-max_len=512", "-len_control=10", "-timeout=300", "-rss_limit_mb=8192",
-                   "-print_final_stats=0"], worker)
+    options = ["-max_len=512", "-len_control=10", "-timeout=300", "-rss_limit_mb=8192", "-print_final_stats=0"]
+    atheris.Setup([sys.argv[0], f"-seed={seed}", *options], worker)
     atheris.Fuzz()
 
 
@@ -465,8 +465,9 @@ def run_fuzz(inputs: int, seed: int) -> dict:
         for target, share in SHARES.items():
             stats, log = Path(folder) / f"{target}.json", Path(folder) / f"{target}.log"
             with log.open("wb") as out:
-                subprocess.run([sys.executable, __file__, "--worker", target, "--inputs", str(max(1, int(inputs * share))),
-                                "--seed", str(seed), "--stats", str(stats)], stdout=out, stderr=subprocess.STDOUT,
+                count = str(max(1, int(inputs * share)))
+                subprocess.run([sys.executable, __file__, "--worker", target, "--inputs", count, "--seed", str(seed),
+                                "--stats", str(stats)], stdout=out, stderr=subprocess.STDOUT,
                                env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONHASHSEED": str(seed)}, check=False)
             if not stats.is_file():
                 raise RuntimeError(f"fuzz worker {target} died:\n{log.read_text(errors='replace')[-3000:]}")
