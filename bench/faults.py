@@ -51,8 +51,8 @@ from coordinator.store import Store
 from tests.fleet import agent_config, coordinator_config, write_client_csvs
 
 AGENTS = 3
-QUICK = {"rounds": 3, "faults": ["latency_300ms", "loss_10pct", "partition_30s", "broker_restart"]}
-FULL = {"rounds": 8, "faults": ["none", *QUICK["faults"]]}
+QUICK = {"rounds": 5, "faults": ["latency_300ms", "loss_10pct", "partition_30s", "broker_restart"]}
+FULL = {"rounds": 20, "faults": ["none", *QUICK["faults"]]}
 PARTITION_S = 30.0
 START_TIMEOUT_S = 300.0  # fleet up and round 1 closed, on a loaded two-core machine
 ROUND_TIMEOUT_S = 20.0  # the coordinator's deadline for a round
@@ -75,6 +75,7 @@ class Gateway:
     ns_if: str
     host_ip: str
     ns_ip: str
+    dropped: int = 0  # packets its rules dropped, counted when they are replaced
 
     def create(self) -> None:
         sh("ip", "netns", "add", self.ns)
@@ -94,12 +95,20 @@ class Gateway:
 
     def drop(self, fraction: float) -> None:
         """Drop ``fraction`` of the packets in and out of the gateway (0: none, 1: partition)."""
+        self.dropped += self._drops_counted()
         sh(*self.inside("iptables", "-w", "-F"))
         if fraction <= 0:
             return
         chance = [] if fraction >= 1 else ["-m", "statistic", "--mode", "random", "--probability", str(fraction)]
         sh(*self.inside("iptables", "-w", "-A", "INPUT", "-i", self.ns_if, *chance, "-j", "DROP"))
         sh(*self.inside("iptables", "-w", "-A", "OUTPUT", "-o", self.ns_if, *chance, "-j", "DROP"))
+
+
+    def _drops_counted(self) -> int:
+        """Packets the current DROP rules matched (the first column of ``iptables -L -v -x``)."""
+        listing = subprocess.run(self.inside("iptables", "-w", "-L", "-v", "-x", "-n"), capture_output=True,
+                                 text=True, check=True).stdout
+        return sum(int(cols[0]) for cols in map(str.split, listing.splitlines()) if cols[2:3] == ["DROP"])
 
 
 def gateways(count: int) -> list[Gateway]:
@@ -118,6 +127,7 @@ class Relay:
     def __init__(self, listen: tuple[str, int], upstream: tuple[str, int]):
         self.listen, self.upstream = listen, upstream
         self.delay = 0.0
+        self.delayed = 0  # chunks held back so far
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.server: asyncio.Server | None = None
@@ -162,6 +172,7 @@ class Relay:
         try:
             while data := await reader.read(65536):
                 held.put_nowait((self.loop.time() + self.delay, data))
+                self.delayed += self.delay > 0
         except OSError:
             pass
         held.put_nowait(None)
@@ -436,8 +447,10 @@ def run_fault(name: str, rounds: int, folder: Path) -> dict:
         completed = fleet.closed() - first
         fleet.stop()
         losses = fleet.losses()
-    return {"fault": name, "rounds_completed": completed, **losses, **extras, "timeouts": fleet.timeouts,
-            "seconds": round(time.perf_counter() - started, 1)}
+    evidence = {"packets_dropped": sum(g.dropped for g in fleet.gateways),
+                "chunks_delayed": sum(r.delayed for r in fleet.relays)}
+    return {"fault": name, "rounds_completed": completed, **losses, **extras, **evidence,
+            "timeouts": fleet.timeouts, "seconds": round(time.perf_counter() - started, 1)}
 
 
 def check_machine() -> None:
@@ -478,7 +491,7 @@ def serve_agent(config: Path, events: Path) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="the four faults, 3 rounds each (a few minutes)")
+    parser.add_argument("--quick", action="store_true", help="the four faults, 5 rounds each (a few minutes)")
     parser.add_argument("--keep", type=Path, help="keep every fleet's logs and state in this new folder")
     parser.add_argument("--agent", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--events", type=Path, help=argparse.SUPPRESS)
