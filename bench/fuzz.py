@@ -108,7 +108,7 @@ class Envelopes:
     KINDS = ["round", "reply", "personal", "update", "hello"]
     KEYS = ["kind", "fleet", "sender", "round", "body_sha256", "body_bytes", "encoding", "n_samples", "metrics",
             "n_features", "latitude", "model_signature", "deadline_unix", "finished", "accepted", "about",
-            "code", "reason", "unexpected"]
+            "code", "reason", "campaign", "unexpected"]
     CODES = ["", "duplicate", "unknown_client", "late", "future_round", "internal"]
     DTYPES = ["float64", "float16", "bfloat16", "int64", "int8", "bool"]
 
