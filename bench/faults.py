@@ -395,11 +395,13 @@ def steady(set_level: Callable[[Fleet, float], None], level: float) -> Callable[
 
 
 def delay_all(fleet: Fleet, seconds: float) -> None:
+    """Latency on every gateway (0: none)."""
     for relay in fleet.relays:
         relay.delay = seconds
 
 
 def drop_all(fleet: Fleet, fraction: float) -> None:
+    """Packet loss on every gateway (0: none)."""
     for gateway in fleet.gateways:
         gateway.drop(fraction)
 
@@ -421,6 +423,7 @@ def partition(fleet: Fleet, rounds: int) -> dict:
 
 
 def broker_restart(fleet: Fleet, rounds: int) -> dict:
+    """Restart mosquitto as round 2 opens (updates in flight), then ``rounds`` more rounds."""
     fleet.broker.stop()
     fleet.broker.start()
     fleet.wait_rounds(rounds)
