@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import logging
 import os
@@ -60,7 +61,10 @@ DRAIN_TIMEOUT_S = 60.0
 
 
 def sh(*command: str) -> None:
-    subprocess.run(command, check=True, capture_output=True)
+    """Run a setup command; its error output goes into the exception."""
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(command)}: {done.stderr.strip()}")
 
 
 # --- the network -------------------------------------------------------------------------------
@@ -87,7 +91,8 @@ class Gateway:
         sh(*self.inside("ip", "link", "set", "lo", "up"))  # paho wakes its loop over a loopback socket pair
 
     def delete(self) -> None:
-        """Remove the namespace (the veth pair goes with it)."""
+        """Remove the veth pair (at once; with the namespace it would go later) and the namespace."""
+        subprocess.run(["ip", "link", "del", self.host_if], capture_output=True, check=False)
         subprocess.run(["ip", "netns", "del", self.ns], capture_output=True, check=False)
 
     def inside(self, *command: str) -> list[str]:
@@ -111,9 +116,12 @@ class Gateway:
         return sum(int(cols[0]) for cols in map(str.split, listing.splitlines()) if cols[2:3] == ["DROP"])
 
 
+_FLEETS = itertools.count()
+
+
 def gateways(count: int) -> list[Gateway]:
-    """``count`` gateways with names unique to this run and a 10.231.x.0/24 nobody uses here."""
-    tag = f"{os.getpid() % 100000:05d}"
+    """``count`` gateways with names unique to this fleet and a 10.231.x.0/24 nobody uses here."""
+    tag = f"{os.getpid() % 1000:03d}{next(_FLEETS) % 100:02d}"
     taken = subprocess.run(["ip", "-o", "-4", "addr"], capture_output=True, text=True, check=True).stdout
     subnet = next(f"10.231.{x}" for x in range(os.getpid() % 200, 256) if f"10.231.{x}." not in taken)
     return [Gateway(f"edgefl-{tag}-gw{i}", f"efh{tag}{i}", f"efn{tag}{i}", f"{subnet}.{4 * i + 1}",
