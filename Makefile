@@ -3,7 +3,7 @@ PYTHON ?= python3.11
 VENV   := .venv
 BIN    := $(VENV)/bin
 
-.PHONY: demo test bench-quick clean mosquitto
+.PHONY: demo test bench-quick robustness clean mosquitto iptables
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -17,6 +17,10 @@ $(VENV)/.installed-test: pyproject.toml $(VENV)/.installed
 	$(BIN)/pip install --quiet -e '.[test]'
 	touch $@
 
+$(VENV)/.installed-bench: pyproject.toml $(VENV)/.installed
+	$(BIN)/pip install --quiet -e '.[bench]'
+	touch $@
+
 demo: $(VENV)/.installed mosquitto
 	$(BIN)/edgefl demo --rounds 5 --out runs/demo
 
@@ -27,6 +31,15 @@ test: $(VENV)/.installed-test mosquitto
 mosquitto:
 	@command -v mosquitto >/dev/null || test -x /usr/sbin/mosquitto || \
 		{ apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq mosquitto; }
+
+# The fault bench drops a gateway's packets with iptables inside its network namespace.
+iptables:
+	@command -v iptables >/dev/null || test -x /usr/sbin/iptables || \
+		{ apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq iptables; }
+
+# Attacks, fuzzing (atheris) and network faults: bench/results/robustness.{json,md,png}; needs root.
+robustness: $(VENV)/.installed-bench mosquitto iptables
+	$(BIN)/python bench/robustness.py --quick
 
 bench-quick: $(VENV)/.installed
 	$(BIN)/python bench/fedqaper.py --quick
