@@ -130,9 +130,10 @@ class Device:
 
 
 def test_a_hostile_device_cannot_stop_the_fleet(tmp_path: Path, mosquitto) -> None:
-    """The device stays registered and online and never reports on time, so every round closes
-    at its deadline with the two honest clients; it sends every class of poison during round 1
-    and a late update (and its duplicate) during round 2, which must not feed its twin."""
+    """The device stays registered and online; it sends every class of poison message during
+    round 1, a late update (and its duplicate) during round 2, which must not feed its twin, and
+    in round 3 an on-time update scaled x1000 claiming 10**9 samples, which the round's screening
+    leaves out. Every round aggregates the two honest clients only and the run finishes."""
     paths = write_client_csvs(tmp_path, 2)
     config = coordinator_config(tmp_path, mosquitto.port, 3, min_clients=2, start_clients=3, round_timeout_s=5.0)
     template = fleet_template(load_config(config, CoordinatorConfig), SEED)
@@ -159,6 +160,10 @@ def test_a_hostile_device_cannot_stop_the_fleet(tmp_path: Path, mosquitto) -> No
     assert device.reply().code == "late_no_twin"
     device.send("update", late)
     assert device.reply().code == "duplicate"
+    poisoned = {name: tensor * 1000 for name, tensor in device.round(3).items()}
+    device.send("update", encode(UpdateHeader(fleet="test", sender=HOSTILE, round=3, n_samples=10**9,
+                                              campaign=device.campaign), poisoned))
+    assert device.reply().accepted, "a well-formed update is stored; the round's screening judges it"
     for process in (coordinator, *agents):
         process.wait(180)
     assert coordinator.returncode == 0, (tmp_path / "coordinator.log").read_text()
@@ -167,12 +172,13 @@ def test_a_hostile_device_cannot_stop_the_fleet(tmp_path: Path, mosquitto) -> No
     store = Store(tmp_path / "coordinator")
     try:
         refused = [e["code"] for e in store.events(accepted=False) if e["client_id"] == HOSTILE]
-        assert sorted(refused) == sorted(["bad_header", "duplicate", *(code for _, code in bad.values())])
+        assert sorted(refused) == sorted(["bad_header", "duplicate", "norm_outlier",
+                                          *(code for _, code in bad.values())])
         assert all(e["reason"] for e in store.events(accepted=False))
         kept = [e["code"] for e in store.events(accepted=True) if e["client_id"] == HOSTILE and e["kind"] == "update"]
-        assert kept == ["late_no_twin"]
+        assert kept == ["late_no_twin", ""]
         assert [row.metrics["clients"] for row in store.rounds()] == [["client00", "client01"]] * 3
-        assert all(row.metrics["closed_by"] == "deadline" for row in store.rounds())
+        assert [row.metrics["rejected"] for row in store.rounds()] == [{}, {}, {HOSTILE: "norm_outlier"}]
     finally:
         store.close()
     assert not (tmp_path / "coordinator" / "twins" / HOSTILE).exists()
