@@ -107,7 +107,8 @@ def ingest(port: int, fleet: str, workdir: Path, d_qap: int, clients: int, round
     """Run a coordinator in this process against ``clients`` publisher processes."""
     import torch
 
-    from coordinator.server import Coordinator, CoordinatorConfig
+    from coordinator.config import CoordinatorConfig
+    from coordinator.server import Coordinator
     from edge_agent.protocol import HelloHeader, UpdateHeader, encode
 
     model = {"backbone": "dlinear", "lookback": 96, "horizon": 48, "d_qap": d_qap, "qap_heads": 4}

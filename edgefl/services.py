@@ -62,7 +62,8 @@ def _print_event(kind: str, data: dict) -> None:
 @coordinator_app.command("serve")
 def coordinator_serve(config: ConfigPath, verbose: bool = False) -> None:
     """Run the rounds of a fleet until the last one is aggregated (resumes after a crash)."""
-    from coordinator.server import Coordinator, CoordinatorConfig
+    from coordinator.config import CoordinatorConfig
+    from coordinator.server import Coordinator
 
     _setup(verbose)
     try:
@@ -79,7 +80,7 @@ def coordinator_serve(config: ConfigPath, verbose: bool = False) -> None:
 @coordinator_app.command("status")
 def coordinator_status(config: ConfigPath) -> None:
     """Print the rounds, clients and rejections recorded in the coordinator's state."""
-    from coordinator.server import CoordinatorConfig
+    from coordinator.config import CoordinatorConfig
     from coordinator.store import Store
 
     try:

@@ -10,9 +10,10 @@ from pathlib import Path
 import paho.mqtt.client as mqtt
 import torch
 
-from coordinator.strategies import ClientUpdate, weighted_mean
-from coordinator.server import Coordinator, CoordinatorConfig
+from coordinator.config import CoordinatorConfig
+from coordinator.server import Coordinator
 from coordinator.store import Store
+from coordinator.strategies import ClientUpdate, weighted_mean
 from edge_agent.agent import Agent
 from edge_agent.config import AgentConfig, load_config
 from edge_agent.protocol import (

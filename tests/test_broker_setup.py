@@ -16,7 +16,7 @@ from paho.mqtt.properties import Properties
 
 from coordinator.broker_setup import COORDINATOR_USER, mosquitto_password_hash, write_fleet_setup
 from edge_agent.config import AgentConfig, dump_toml, load_config
-from coordinator.server import CoordinatorConfig
+from coordinator.config import CoordinatorConfig
 from tests.broker import Mosquitto, free_port
 
 

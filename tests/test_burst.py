@@ -11,7 +11,7 @@ from pathlib import Path
 import paho.mqtt.client as mqtt
 
 from coordinator.broker_setup import write_fleet_setup
-from coordinator.server import CoordinatorConfig
+from coordinator.config import CoordinatorConfig
 from edge_agent.config import AgentConfig, load_config
 from edge_agent.mqtt import COORDINATOR_RECEIVE_WINDOW, Connection
 from edge_agent.protocol import Topics

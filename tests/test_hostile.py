@@ -18,7 +18,8 @@ import pytest
 import torch
 
 from coordinator.broker_setup import free_port
-from coordinator.server import Coordinator, CoordinatorConfig
+from coordinator.config import CoordinatorConfig
+from coordinator.server import Coordinator
 from coordinator.store import Store
 from edge_agent.agent import Agent
 from edge_agent.config import AgentConfig, load_config

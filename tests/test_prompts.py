@@ -133,7 +133,7 @@ def test_a_restored_prompt_learner_keeps_its_prompts_and_regularization_targets(
 
 
 def test_settings_of_the_other_mode_are_refused_not_ignored(tmp_path) -> None:
-    from coordinator.server import CoordinatorConfig
+    from coordinator.config import CoordinatorConfig
     from coordinator.simulation.federation import FederationConfig
     from edge_agent.config import AgentConfig
 

@@ -1,0 +1,53 @@
+"""``coordinator.toml``: one strict model for the coordinator service's settings."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import ConfigDict, Field, model_validator
+
+from coordinator.strategies import StrategySettings
+from coordinator.twins import TwinSettings
+from edge_agent.config import FleetModel
+from edge_agent.mqtt import DEFAULT_MAX_PAYLOAD_BYTES, BrokerConfig
+from edge_agent.protocol import MAX_ROUND, NAME_PATTERN
+
+
+class CoordinatorConfig(FleetModel, TwinSettings, StrategySettings):
+    """``coordinator.toml``: the fleet, the rounds, the model, the strategy and the broker."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    fleet: str = Field(pattern=NAME_PATTERN)
+    state_dir: Path
+    rounds: int = Field(10, ge=1, le=MAX_ROUND)
+    min_clients: int = Field(1, ge=1, description="quorum: updates needed to close a round")
+    start_clients: int = Field(0, ge=0, description="hold round 1 until this many clients have registered")
+    round_timeout_s: float = Field(300.0, gt=0, description="deadline of a round after its announcement")
+    max_payload_bytes: int = Field(DEFAULT_MAX_PAYLOAD_BYTES, ge=1024)
+    registration: Literal["open", "closed"] = "open"
+    allowed_clients: list[str] = Field(default_factory=list)
+    seed: int = 42
+    linger_s: float = Field(30.0, ge=0, description="after the last round, how long to wait for the clients to say "
+                            "they went offline (so status tells the truth)")
+    broker: BrokerConfig = BrokerConfig()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _prompt_mode_runs_fedpod(cls, data: object) -> object:
+        """Prompt mode aggregates with FedPoD unless a strategy is named."""
+        if isinstance(data, dict) and data.get("mode") == "prompt" and "strategy" not in data:
+            return {**data, "strategy": "fedpod"}
+        return data
+
+    @model_validator(mode="after")
+    def _check(self) -> "CoordinatorConfig":
+        if self.strategy == "fedpod" and self.mode != "prompt":
+            raise ValueError("strategy 'fedpod' personalizes prompts: it needs mode = 'prompt'")
+        if self.registration == "closed" and not self.allowed_clients:
+            raise ValueError("registration is closed but allowed_clients is empty")
+        if self.registration == "closed" and self.start_clients > len(self.allowed_clients):
+            raise ValueError(f"start_clients: {self.start_clients} can never register; "
+                             f"allowed_clients lists {len(self.allowed_clients)}")
+        return self
