@@ -39,6 +39,7 @@ from edge_agent.storage import writable_folder
 from edge_agent.tensors import TensorDict, first_non_finite, l2_norm, layout_of
 
 log = logging.getLogger("edgefl.agent")
+UPDATE_HEADER_MARGIN = 4096  # room for metrics and the campaign id in a real update's header
 
 
 class Agent:
@@ -53,6 +54,7 @@ class Agent:
         self.trained_round = self.files.trained_round()
         wire = self.learner.wire_state(self.trained_round)
         self.layout, self.global_norm = layout_of(wire), l2_norm(wire)
+        self._check_update_size(wire)
         self.on_event = on_event or (lambda kind, data: None)
         self.finished = False
         self.connection = Connection(
@@ -64,6 +66,16 @@ class Agent:
             ],
         )
         self.connection.on_connected.append(self._on_connected)
+
+    def _check_update_size(self, wire: TensorDict) -> None:
+        """An update over ``max_payload_bytes`` (the broker's ``message_size_limit``) would be
+        dropped by the broker and re-sent after every reconnect, forever: refuse to start."""
+        header = UpdateHeader(fleet=self.cfg.fleet, sender=self.cfg.client_id, round=1, n_samples=1)
+        size = len(encode(header, wire)) + UPDATE_HEADER_MARGIN
+        if size > self.cfg.max_payload_bytes:
+            raise ValueError(f"max_payload_bytes: this model's updates take about {size} bytes, over the limit of "
+                             f"{self.cfg.max_payload_bytes}; raise it for the broker, the coordinator and every "
+                             "agent (edgefl broker-config --max-payload-bytes), or use a smaller model")
 
     # lifecycle -------------------------------------------------------------------------------
 
