@@ -232,27 +232,38 @@ def pretrain_command(
     window: Annotated[int, typer.Option(help="hours the model sees: past + forecast horizon")] = 24,
     stride: Annotated[int, typer.Option(help="step between training windows")] = 3,
     paper_sizes: Annotated[bool, typer.Option(help="d_model 256, 4 layers, 8 heads (Table 9)")] = False,
+    steps: Annotated[str, typer.Option(help="resolutions of every site in the fleet, e.g. 1h,3h,6h "
+                                       "(mean per interval)")] = "1h",
+    per_variable: Annotated[bool, typer.Option(help="also one client per measured variable of every site")] = False,
     seed: int = 42,
 ) -> None:
-    """Pretrain FedPoD's foundation model by masked reconstruction, federated over the weather sites."""
+    """Pretrain FedPoD's foundation model by masked reconstruction, federated over the weather sites
+    (with --steps and --per-variable: a fleet that mixes resolutions and quantities)."""
     from coordinator.simulation.pretrain import PretrainConfig, pretrain
     from edge_agent.data import load_sites
     from edge_agent.data.canonical import device_series
+    from edge_agent.data.resample import mixed_fleet
     from edge_agent.models.foundation import FoundationConfig, save_foundation
 
     try:
         fm = FoundationConfig.paper(window=window) if paper_sizes else FoundationConfig(window=window)
         cfg = PretrainConfig(rounds=rounds, local_epochs=local_epochs, participation=participation, stride=stride,
                              seed=seed)
-        devices = [device_series(table, fm.variables, fm.window, stride) for table in load_sites()]
+        fleet = mixed_fleet(load_sites(), [s.strip() for s in steps.split(",")], per_variable)
+        devices = [device_series(table, fm.variables, fm.window, stride) for table in fleet]
     except (DataError, ValidationError, ValueError) as exc:
         fail(str(exc))
     table = Table("round", "devices", "train masked MSE", "val masked MSE", "seconds", title="foundation pretraining")
     with Live(table, console=console, refresh_per_second=4):
         model, _ = pretrain(devices, fm, cfg, lambda r: table.add_row(
-            str(r.round), ", ".join(r.devices), f"{r.train_loss:.4f}", f"{r.val_loss:.4f}", f"{r.seconds:.1f}"))
+            str(r.round), _devices(r.devices, len(devices)), f"{r.train_loss:.4f}", f"{r.val_loss:.4f}", f"{r.seconds:.1f}"))
     digest = save_foundation(model, out)
     console.print(f"\nwrote {out} (sha256 {digest})", soft_wrap=True)
+
+
+def _devices(names: tuple[str, ...], fleet: int, shown: int = 6) -> str:
+    """The devices of a round by name, or how many of the fleet where names would not fit."""
+    return ", ".join(names) if len(names) <= shown else f"{len(names)} of {fleet}"
 
 
 def run_baselines(fleet, cfg, fed) -> dict[str, dict[str, float]]:

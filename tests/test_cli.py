@@ -127,6 +127,16 @@ def test_pretrain_writes_a_hashed_foundation_checkpoint(tmp_path: Path) -> None:
     assert proc.returncode == 2 and "participation" in proc.stdout
 
 
+def test_pretrain_over_a_fleet_of_mixed_resolutions_and_quantities(tmp_path: Path) -> None:
+    out = tmp_path / "fm.safetensors"
+    proc = edgefl("pretrain", "--rounds", "1", "--stride", "96", "--steps", "1h,6h", "--per-variable",
+                  "--participation", "0.1", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    assert out.is_file()
+    proc = edgefl("pretrain", "--steps", "1h,90min", "--out", str(out))
+    assert proc.returncode == 2 and "whole multiple" in proc.stdout
+
+
 def test_a_start_quorum_that_closed_registration_can_never_reach_is_refused(tmp_path: Path) -> None:
     config = tmp_path / "coordinator.toml"
     config.write_text('fleet = "farm"\nstate_dir = "/tmp/x"\nstart_clients = 3\nregistration = "closed"\n'
