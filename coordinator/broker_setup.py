@@ -44,8 +44,10 @@ from edge_agent.config import dump_toml
 from edge_agent.data import list_sites
 from edge_agent.mqtt import COORDINATOR_RECEIVE_WINDOW, DEFAULT_MAX_PAYLOAD_BYTES
 from edge_agent.protocol import Topics
+from edge_agent.storage import write_bytes_atomically
 
 COORDINATOR_USER = "coordinator"
+SECRET_MODE = 0o600  # passwords, keys and configs holding credentials: owner only, from the first byte
 QUEUED_PER_AGENT = 200  # messages the broker holds for the coordinator per agent (it may be down a while)
 MIN_QUEUED = 10_000
 
@@ -117,25 +119,10 @@ def make_tls(out: Path, host: str, days: int = 825) -> TlsFiles:
     files = TlsFiles(out / "ca.crt", out / "server.crt", out / "server.key")
     files.ca_cert.write_bytes(ca_cert.public_bytes(serialization.Encoding.PEM))
     files.server_cert.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    _write_secret(files.server_key, key.private_bytes(
+    write_bytes_atomically(files.server_key, key.private_bytes(
         serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-    ))
+    ), mode=SECRET_MODE)
     return files
-
-
-def _write_secret(path: Path, data: bytes) -> None:
-    """Replace ``path`` with ``data``, readable by the owner only from the first byte: a new
-    temporary file is created with mode 0600 (``O_EXCL``: never an existing file or link),
-    written, then renamed over ``path``."""
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
-    handle = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    try:
-        with os.fdopen(handle, "wb") as file:
-            file.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
 
 
 def mosquitto_conf(out: Path, listener: list[str], n_agents: int, max_payload_bytes: int) -> str:
@@ -159,9 +146,9 @@ def write_fleet_setup(
     """Write mosquitto.conf, passwords, acl and one TOML per service; returns what was written."""
     out.mkdir(parents=True, exist_ok=True)
     users = {COORDINATOR_USER: secrets.token_urlsafe(18), **{a: secrets.token_urlsafe(18) for a in agent_ids}}
-    _write_secret(out / "passwords", "".join(
+    write_bytes_atomically(out / "passwords", "".join(
         f"{user}:{mosquitto_password_hash(password)}\n" for user, password in users.items()
-    ).encode())
+    ).encode(), mode=SECRET_MODE)
     (out / "acl").write_text(acl_text(fleet, agent_ids))
     tls_files = make_tls(out, host) if tls else None
     listener = [f"listener {port} {host}"]
@@ -180,7 +167,7 @@ def write_fleet_setup(
         "broker": {**broker, "username": COORDINATOR_USER, "password": users[COORDINATOR_USER]},
     }
     written["coordinator.toml"] = out / "coordinator.toml"
-    _write_secret(written["coordinator.toml"], dump_toml(coordinator).encode())
+    write_bytes_atomically(written["coordinator.toml"], dump_toml(coordinator).encode(), mode=SECRET_MODE)
     sites = list_sites()
     for index, agent in enumerate(agent_ids):
         config = {
@@ -191,7 +178,7 @@ def write_fleet_setup(
         }
         written[f"{agent}.toml"] = out / "agents" / f"{agent}.toml"
         written[f"{agent}.toml"].parent.mkdir(exist_ok=True)
-        _write_secret(written[f"{agent}.toml"], dump_toml(config).encode())
+        write_bytes_atomically(written[f"{agent}.toml"], dump_toml(config).encode(), mode=SECRET_MODE)
     return written
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import secrets
 import tempfile
 from pathlib import Path
 
@@ -28,16 +29,18 @@ def writable_folder(folder: Path, what: str = "state_dir") -> Path:
     return folder
 
 
-def write_bytes_atomically(path: Path, data: bytes, sync_folder: bool = True) -> None:
+def write_bytes_atomically(path: Path, data: bytes, sync_folder: bool = True, mode: int = 0o666) -> None:
     """Replace ``path`` with ``data`` so that a crash leaves either the old or the new file.
 
-    With ``sync_folder=False`` the caller must ``fsync_folder`` before relying on the rename
-    (lets a batch of files share one folder sync)."""
+    The file has ``mode`` (less the umask) from its first byte: a new temporary file (``O_EXCL``:
+    never an existing file or link) is written, then renamed over ``path``. With
+    ``sync_folder=False`` the caller must ``fsync_folder`` before relying on the rename (lets a
+    batch of files share one folder sync)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
     try:
-        with open(tmp, "wb") as handle:
+        with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode), "wb") as handle:
             handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())

@@ -24,11 +24,10 @@ import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
-import torch
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from coordinator.strategies.base import ClientInfo, ClientUpdate
-from edge_agent.tensors import TensorDict
+from edge_agent.tensors import TensorDict, first_non_finite
 
 NOT_FINITE, NORM_OUTLIER, UNREGISTERED = "not_finite", "norm_outlier", "unregistered"
 
@@ -83,7 +82,7 @@ def screen(current: TensorDict, updates: Sequence[ClientUpdate], roster: Mapping
     for update in updates:
         if update.client_id not in roster:
             rejected[update.client_id] = UNREGISTERED
-        elif not is_finite(update.params):
+        elif first_non_finite(update.params) is not None:
             rejected[update.client_id] = NOT_FINITE
         else:
             finite.append(bound_weight(update, roster[update.client_id].n_samples, cap))
@@ -116,10 +115,6 @@ def bound_weight(update: ClientUpdate, declared: int, cap: float) -> ClientUpdat
     """The update with its sample count bounded by the hello's count and the cap."""
     n = int(min(update.n_samples, declared, cap))
     return update if n == update.n_samples else replace(update, n_samples=n)
-
-
-def is_finite(params: TensorDict) -> bool:
-    return all(bool(torch.isfinite(t).all()) for t in params.values() if t.is_floating_point())
 
 
 def delta_norm(current: TensorDict, params: TensorDict) -> float:
