@@ -49,7 +49,12 @@ class FoundationConfig(BaseModel):
 
 class FoundationModel(nn.Module):
     """(B, L, V) values, masked positions zeroed -> (B, L, V) reconstruction; ``encode`` gives
-    the (B, L, d_model) hidden sequence that prompts steer."""
+    the (B, L, d_model) hidden sequence that prompts steer.
+
+    ``latent_bias`` (window, d_model) is added to the hidden sequence before reconstruction: zero
+    unless the model was pretrained with FeDaL, whose server places the global bias reference b^g
+    there (FeDaL, Method, DBE: the bias is re-injected to restore the sequence; a new client has
+    no bias of its own, so it reconstructs with the fleet's)."""
 
     def __init__(self, cfg: FoundationConfig):
         super().__init__()
@@ -61,12 +66,13 @@ class FoundationModel(nn.Module):
         )
         self.encoder = nn.TransformerEncoder(layer, cfg.layers, enable_nested_tensor=False)
         self.reconstruct = nn.Linear(cfg.d_model, len(cfg.variables))
+        self.register_buffer("latent_bias", torch.zeros(cfg.window, cfg.d_model))
 
     def encode(self, x: torch.Tensor) -> torch.Tensor:
         return self.encoder(self.embed(x) + self.position[: x.shape[1]])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.reconstruct(self.encode(x))
+        return self.reconstruct(self.encode(x) + self.latent_bias[: x.shape[1]])
 
 
 def geometric_mask(length: int, variables: int, rate: float, mean_masked: float,
@@ -84,6 +90,18 @@ def geometric_mask(length: int, variables: int, rate: float, mean_masked: float,
         flip = draws[t] < np.where(state, leave_masked, leave_unmasked)
         state = state ^ flip
     return masked
+
+
+def patch_mask(length: int, variables: int, patch: int, rate: float, rng: np.random.Generator) -> np.ndarray:
+    """(length, variables) bool, True = masked: the series cut into patches of ``patch`` steps
+    (the last one shorter if ``patch`` does not divide ``length``) and round(rate * patches) of
+    them masked per variable, drawn without replacement (FeDaL, Method: patching and 75% random
+    masking; the masks are applied to the model's per-step input, so the model is unchanged)."""
+    patches = -(-length // patch)
+    chosen = np.argsort(rng.random((variables, patches)), axis=1)[:, : round(rate * patches)]
+    masked_patches = np.zeros((variables, patches), dtype=bool)
+    np.put_along_axis(masked_patches, chosen, True, axis=1)
+    return np.repeat(masked_patches, patch, axis=1)[:, :length].T
 
 
 def masked_mse(reconstruction: torch.Tensor, target: torch.Tensor, masked: torch.Tensor,
