@@ -60,6 +60,7 @@ class RoundEngine:
         self.forecaster = make_forecaster(twins.twin)
         self.history = TwinHistory(self.forecaster.window, history_folder)
         self.on_time = dict(on_time or {})
+        self.state_keys: frozenset[str] = frozenset()
 
     def observe_late(self, client_id: str, round_number: int, params: TensorDict) -> bool:
         """An update that arrived after its round closed: twin history only, and only from a
@@ -67,7 +68,7 @@ class RoundEngine:
         last = self.on_time.get(client_id)
         if last is None or (self.max_age is not None and last < round_number - self.max_age):
             return False
-        self.history.observe(client_id, round_number, params)
+        self.history.observe(client_id, round_number, _model_part(params, self.state_keys))
         return True
 
     def close(self, round_number: int, current: TensorDict, on_time: Sequence[ClientUpdate],
@@ -75,6 +76,7 @@ class RoundEngine:
         """Close ``round_number`` whose global state was ``current``; ``roster`` is every
         registered client. With no update left after screening the global state stays as it was."""
         on_time = sorted(on_time, key=lambda u: u.client_id)
+        self.state_keys = frozenset(current)
         reported = {u.client_id for u in on_time}
         clients = {c.client_id: c for c in roster}
         missing = sorted((c.client_id, c.n_samples) for c in roster if c.client_id not in reported)
@@ -88,11 +90,17 @@ class RoundEngine:
         else:
             state, personal, metrics = current, {}, {}
         for update in accepted:
-            self.history.observe(update.client_id, round_number, update.params)
+            self.history.observe(update.client_id, round_number, _model_part(update.params, self.state_keys))
             self.on_time[update.client_id] = round_number
         return RoundResult(round_number, state, personal, tuple(u.client_id for u in accepted),
                            tuple(u.client_id for u in imputed), tuple(imputation.dropped), _mean_loss(accepted),
                            self.forecaster.name, metrics, screened.rejected, screened.clipped)
+
+
+def _model_part(params: TensorDict, state: frozenset[str]) -> TensorDict:
+    """The tensors of an update that belong to the global state (twins forecast models, not the
+    core-sets some strategies' clients send along)."""
+    return {k: v for k, v in params.items() if k in state}
 
 
 def _mean_loss(updates: Sequence[ClientUpdate]) -> float:

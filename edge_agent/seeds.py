@@ -28,6 +28,9 @@ class Stream(IntEnum):
     MASKS = 9  # masked-reconstruction masks (evaluation: batch start)
     PERSONAL_PHASE = 10  # the personal part fitted to a newly installed global state (round, client index)
     SERVER_NOISE = 11  # the coordinator's Gaussian noise on the aggregate (DP-FedAvg: round)
+    CORESET = 12  # a client's core-set: start and matching batches (round, client index)
+    CORESET_NOISE = 13  # Fourier-magnitude noise on an uploaded core-set (round, client index)
+    CORESET_TUNING = 14  # the server's core-set tuning: batches and masks (round)
 
 
 def derive_seed(*parts: int) -> int:

@@ -1,21 +1,31 @@
-"""Federated pretraining of the FedPoD foundation model (appendix B.1): masked reconstruction on
-every device, FedAvg over the whole model, a share ``participation`` of the devices per round,
-all through the round engine."""
+"""Federated pretraining of the foundation model through the round engine, a share
+``participation`` of the devices per round:
+
+- ``fedavg``: FedPoD's pretraining (appendix B.1): geometric masks, FedAvg over the whole model;
+- ``fedal``: FeDaL (arXiv 2508.04045, Method): patch masks, Domain Bias Elimination and core-sets
+  on the devices, Global Bias Elimination on the server.
+
+``client`` settings with ``strategy = "fedavg"`` give FeDaL's baselines (FedAvg, FedProx) on the
+same patch masks.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from typing import Literal
+
 from pydantic import ConfigDict, Field
 
 from coordinator.engine import RoundEngine
 from coordinator.simulation.participation import sampled
 from coordinator.simulation.rounds import SimulatedRound, run_rounds
-from coordinator.strategies import ClientInfo, StrategySettings, make_strategy
+from coordinator.strategies import ClientInfo, GBESettings, StrategySettings, make_strategy
 from coordinator.twins import TwinSettings
 from edge_agent.data.canonical import DeviceSeries
-from edge_agent.learners import FoundationLearner
+from edge_agent.learners import FoundationLearner, Learner
+from edge_agent.learners.fedal import FedalClientSettings, FedalLearner, reconstruction_mse
 from edge_agent.learners.foundation import foundation_model, reconstruction_loss
 from edge_agent.models.foundation import FoundationConfig, FoundationModel
 from edge_agent.train import LocalTraining
@@ -31,6 +41,15 @@ class PretrainConfig(LocalTraining):
     batch_size: int = Field(64, ge=1)
     stride: int = Field(3, ge=1, description="step between training windows")
     seed: int = 42
+    strategy: Literal["fedavg", "fedal"] = Field("fedavg", description="how rounds aggregate")
+    client: FedalClientSettings | None = Field(None, description="FeDaL's device side (None: FedPoD's plain "
+                                               "masked reconstruction, or FeDaL's defaults under fedal)")
+    server: GBESettings = Field(GBESettings(), description="fedal: the server side (its model is the one pretrained)")
+
+    @property
+    def device_side(self) -> FedalClientSettings | None:
+        """FeDaL's device settings in use: ``client``, FeDaL's defaults under fedal, else none."""
+        return FedalClientSettings() if self.client is None and self.strategy == "fedal" else self.client
 
 
 @dataclass(frozen=True)
@@ -44,12 +63,13 @@ class PretrainRound:
 
 def pretrain(devices: Sequence[DeviceSeries], fm: FoundationConfig, cfg: PretrainConfig,
              on_round: Callable[[PretrainRound], None] | None = None) -> tuple[FoundationModel, list[PretrainRound]]:
-    """Rounds of FedAvg pretraining; validation loss is the sample-weighted masked MSE of all devices."""
+    """Rounds of federated pretraining; validation loss is the sample-weighted masked MSE of the
+    global model on every device's validation windows."""
     model = foundation_model(fm, cfg.seed)
     initial = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    learners = [FoundationLearner(fm, d, cfg, cfg.seed, i) for i, d in enumerate(devices)]
+    learners = pretraining_learners(devices, fm, cfg)
     roster = [ClientInfo(d.name, len(d.train)) for d in devices]
-    settings = StrategySettings()
+    settings = StrategySettings(strategy=cfg.strategy, fedal=cfg.server.model_copy(update={"model": fm}))
     engine = RoundEngine(make_strategy(settings, initial, cfg.seed), TwinSettings(), robust=settings.robust)
     plan = sampled(cfg.rounds, len(devices), cfg.participation, cfg.seed)
     sizes = [len(d.val) for d in devices]
@@ -57,10 +77,27 @@ def pretrain(devices: Sequence[DeviceSeries], fm: FoundationConfig, cfg: Pretrai
 
     def after_round(done: SimulatedRound) -> None:
         model.load_state_dict(done.result.global_state)
-        val = sum(reconstruction_loss(model, d, d.val, cfg.seed) * n for d, n in zip(devices, sizes)) / sum(sizes)
+        val = sum(validation_loss(model, d, cfg) * n for d, n in zip(devices, sizes)) / sum(sizes)
         records.append(PretrainRound(done.result.round, done.result.on_time, done.result.loss, val, done.seconds))
         if on_round:
             on_round(records[-1])
 
     run_rounds(learners, roster, engine, initial, plan, after_round)
     return model.eval(), records
+
+
+def pretraining_learners(devices: Sequence[DeviceSeries], fm: FoundationConfig, cfg: PretrainConfig) -> list[Learner]:
+    """One learner per device: FeDaL's when ``cfg.client`` is set, else FedPoD's plain one."""
+    client = cfg.device_side
+    if client is None:
+        return [FoundationLearner(fm, d, cfg, cfg.seed, i) for i, d in enumerate(devices)]
+    return [FedalLearner(fm, client, d, cfg, cfg.seed, i) for i, d in enumerate(devices)]
+
+
+def validation_loss(model: FoundationModel, device: DeviceSeries, cfg: PretrainConfig,
+                    windows: str = "val") -> float:
+    """Masked MSE of ``model`` on a device's windows with the masks the run trains on."""
+    data, client = getattr(device, windows), cfg.device_side
+    if client is None:
+        return reconstruction_loss(model, device, data, cfg.seed)
+    return reconstruction_mse(model, data, device.present, client.patch, client.mask_rate, cfg.seed)

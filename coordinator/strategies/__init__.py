@@ -9,6 +9,7 @@ from pydantic import BaseModel, Field, field_validator
 from coordinator.strategies.base import Aggregate, ClientInfo, ClientUpdate, Strategy, weighted_mean
 from coordinator.strategies.bounds import RobustSettings
 from coordinator.strategies.dp_fedavg import DPFedAvg, NoiseSettings
+from coordinator.strategies.fedal import FeDaL, GBESettings
 from coordinator.strategies.fedavg import FedAvg
 from coordinator.strategies.fedopt import FedAdam, FedAvgM, ServerSettings
 from coordinator.strategies.fedpod import FedPoD, GraphSettings
@@ -28,6 +29,8 @@ class StrategySettings(BaseModel):
     robust: RobustSettings = Field(RobustSettings(), description="weight caps and norm bounds every update "
                                    "passes, and trimmed_mean's trim share")
     noise: NoiseSettings = Field(NoiseSettings(), description="dp_fedavg: clip norm and noise multiplier")
+    fedal: GBESettings = Field(GBESettings(), description="fedal: Global Bias Elimination (correction, core-set "
+                               "tuning, fusion)")
 
     @field_validator("strategy")
     @classmethod
@@ -43,6 +46,7 @@ STRATEGIES: dict[str, Callable[[TensorDict, StrategySettings, int], Strategy]] =
     Median.name: lambda initial, settings, seed: Median(),
     TrimmedMean.name: lambda initial, settings, seed: TrimmedMean(settings.robust.trim_fraction),
     DPFedAvg.name: lambda initial, settings, seed: DPFedAvg(settings.noise, seed),
+    FeDaL.name: lambda initial, settings, seed: FeDaL(initial, settings.fedal, seed),
 }
 
 
@@ -52,7 +56,7 @@ def make_strategy(settings: StrategySettings, initial: TensorDict, seed: int) ->
 
 
 __all__ = [
-    "STRATEGIES", "Aggregate", "ClientInfo", "ClientUpdate", "GraphSettings", "NoiseSettings", "RobustSettings",
+    "STRATEGIES", "Aggregate", "ClientInfo", "ClientUpdate", "GBESettings", "GraphSettings", "NoiseSettings", "RobustSettings",
     "ServerSettings", "Strategy",
     "StrategySettings",
     "make_strategy", "weighted_mean",

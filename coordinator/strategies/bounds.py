@@ -125,6 +125,7 @@ def delta_norm(current: TensorDict, params: TensorDict) -> float:
 
 
 def scale_delta(current: TensorDict, params: TensorDict, factor: float) -> TensorDict:
-    """``current + factor * (params - current)`` on the floating-point tensors; others unchanged."""
+    """``current + factor * (params - current)`` on the floating-point tensors of the global
+    state; others (and what an update carries beyond the state, e.g. core-sets) unchanged."""
     return {k: (current[k].double() + factor * (p.double() - current[k].double())).to(p.dtype)
-            if p.is_floating_point() else p for k, p in params.items()}
+            if k in current and p.is_floating_point() else p for k, p in params.items()}

@@ -1,0 +1,97 @@
+"""FeDaL's core-sets (Method, Global Bias Elimination, core-set tuning): a few synthetic windows per
+client, learnt so that the model's gradient on them matches its gradient on real mini-batches
+(L_match = sum_x ||grad f(C) - grad f(x)||^2, gradient matching after Zhao et al. 2021), then
+perturbed in their Fourier magnitudes before upload (``edge_agent.privacy``).
+
+``nearest_window_correlation`` is what an operator reads to choose the noise level: how closely
+the best-matching real window of the client follows a core-set series, i.e. what an attacker
+holding the core-set could claim to have recovered.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from edge_agent.models.foundation import FoundationModel, masked_mse, patch_mask
+from edge_agent.privacy import fourier_magnitude_noise
+from edge_agent.seeds import derive_seed
+
+
+class CoresetSettings(BaseModel):
+    """Core-set size K, gradient-matching effort and the Fourier-magnitude noise level."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    size: int = Field(8, ge=1, le=256, description="K synthetic windows per client and round")
+    steps: int = Field(10, ge=0, description="gradient-matching steps per round")
+    real_batch: int = Field(32, ge=1, description="real windows per matching step")
+    lr: float = Field(0.05, gt=0.0, description="Adam step on the core-set values")
+    noise: float = Field(0.5, ge=0.0, description="sigma of the log-normal noise on Fourier magnitudes")
+
+
+def mask_batch(shape: tuple[int, ...], patch: int, rate: float, seed: int) -> torch.Tensor:
+    """Independent patch masks (B, L, V) for a batch, drawn from ``seed``."""
+    rng = np.random.default_rng(seed)
+    return torch.from_numpy(np.stack([patch_mask(shape[1], shape[2], patch, rate, rng) for _ in range(shape[0])]))
+
+
+def learn_coreset(model: FoundationModel, windows: torch.Tensor, present: torch.Tensor, settings: CoresetSettings,
+                  patch: int, rate: float, seed: int) -> torch.Tensor:
+    """(K, L, V) core-set for ``windows`` (N, L, V): started from Gaussian noise (never from a real
+    window), matched for ``settings.steps`` steps on the masked-reconstruction loss, unmeasured
+    variables kept at zero. The model's parameters are not changed."""
+    generator = torch.Generator().manual_seed(seed)
+    shape, keep = (settings.size, *windows.shape[1:]), present.float()
+    coreset = (torch.randn(shape, generator=generator) * keep).requires_grad_(True)
+    optimizer = torch.optim.Adam([coreset], lr=settings.lr)
+    params = [p for p in model.parameters() if p.requires_grad]
+    was_training = model.training
+    model.eval()
+    for step in range(settings.steps):
+        real = windows[torch.randint(len(windows), (min(settings.real_batch, len(windows)),), generator=generator)]
+        real_grads = _gradients(model, params, real, present, mask_batch(real.shape, patch, rate, derive_seed(seed, step, 0)),
+                                create_graph=False)
+        fake_grads = _gradients(model, params, coreset, present,
+                                mask_batch(shape, patch, rate, derive_seed(seed, step, 1)), create_graph=True)
+        loss = sum((f - r).pow(2).sum() for f, r in zip(fake_grads, real_grads))
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        with torch.no_grad():
+            coreset.mul_(keep)
+    model.train(was_training)
+    return coreset.detach()
+
+
+def _gradients(model: FoundationModel, params: list[torch.nn.Parameter], x: torch.Tensor, present: torch.Tensor,
+               masked: torch.Tensor, create_graph: bool) -> tuple[torch.Tensor, ...]:
+    with sdpa_kernel(SDPBackend.MATH):  # the fused CPU attention kernels have no second derivative
+        loss = masked_mse(model(x.masked_fill(masked, 0.0)), x, masked, present)
+    grads = torch.autograd.grad(loss, params, create_graph=create_graph, allow_unused=True)
+    return tuple(torch.zeros_like(p) if g is None else (g if create_graph else g.detach()) for p, g in zip(params, grads))
+
+
+def private_coreset(coreset: torch.Tensor, present: torch.Tensor, sigma: float, seed: int) -> torch.Tensor:
+    """The core-set as uploaded: Fourier-magnitude noise along time, unmeasured variables zero."""
+    noisy = fourier_magnitude_noise(coreset, sigma, torch.Generator().manual_seed(seed), dim=-2)
+    return noisy * present.float()
+
+
+def nearest_window_correlation(coreset: torch.Tensor, windows: torch.Tensor, present: torch.Tensor) -> float:
+    """Mean over core-set series (window x measured variable) of the highest Pearson correlation
+    with the same variable in any real window: 1.0 means a real window was handed over."""
+    best = []
+    for v in torch.nonzero(present).flatten().tolist():
+        fake, real = _centred(coreset[..., v]), _centred(windows[..., v])
+        best.append((fake @ real.T).max(dim=1).values)
+    return float(torch.cat(best).mean()) if best else float("nan")
+
+
+def _centred(series: torch.Tensor) -> torch.Tensor:
+    """Rows centred and scaled to unit norm (constant rows become zero)."""
+    centred = series.double() - series.double().mean(dim=1, keepdim=True)
+    norm = centred.norm(dim=1, keepdim=True)
+    return torch.where(norm > 0, centred / norm.clamp_min(1e-12), torch.zeros_like(centred))
