@@ -90,11 +90,22 @@ class AgentConfig(FleetModel):
         100.0, gt=1.0, description="refuse a global model whose L2 norm exceeds this multiple of the last accepted "
                                    "one's (at least 1.0): a poisoned average is not trained on")
     broker: BrokerConfig = BrokerConfig()
+    zero_shot_foundation: Path | None = Field(
+        None, description="head mode: a pretrained foundation checkpoint (edgefl pretrain) that `agent forecast` "
+                          "uses alone (zero-shot) while the local history is too short to train on or no model is "
+                          "trained yet; prompt mode does this with its `foundation`")
+    zero_shot_foundation_sha256: str | None = Field(
+        None, pattern=r"^[0-9a-f]{64}$", description="refuse any other zero-shot checkpoint")
 
     @model_validator(mode="after")
     def _settings_of_this_mode(self) -> "AgentConfig":
         if self.dp_sigma > 0 and self.mode != "prompt":
             raise ValueError("dp_sigma: noise applies to uploaded prompts (mode 'prompt')")
+        zero_shot = sorted({"zero_shot_foundation", "zero_shot_foundation_sha256"} & self.model_fields_set)
+        if zero_shot and self.mode != "head":
+            raise ValueError(f"{', '.join(zero_shot)}: mode 'prompt' forecasts zero-shot with its foundation")
+        if self.zero_shot_foundation_sha256 and self.zero_shot_foundation is None:
+            raise ValueError("zero_shot_foundation_sha256: given without zero_shot_foundation")
         head_only = sorted({"personal_epochs", "alternate", "prox_mu"} & self.training.model_fields_set)
         if head_only and self.mode != "head":
             raise ValueError(f"training.{', '.join(head_only)}: head-mode options, not used in mode {self.mode!r}")

@@ -1,5 +1,7 @@
 """Forecasts on the gateway: the agent's own model (its personal part and the last global state,
-as the agent saved them) on its latest local window, in torch or in ONNX Runtime."""
+as the agent saved them) on its latest local window, in torch or in ONNX Runtime; or, while the
+gateway's history is too short to train on or nothing is trained yet, the foundation model alone
+(zero-shot, ``edge_agent.zero_shot``) where one is configured."""
 
 from __future__ import annotations
 
@@ -10,11 +12,13 @@ import numpy as np
 import torch
 
 from edge_agent.config import AgentConfig
-from edge_agent.data import SeriesTable, prepare_client, time_features
-from edge_agent.learners import HeadLearner, make_learner
+from edge_agent.data import DataError, SeriesTable, prepare_client, time_features
+from edge_agent.learners import HeadLearner, make_learner, training_rows_needed
 from edge_agent.learners.head import Served
 from edge_agent.models import Forecaster
+from edge_agent.models.foundation import load_foundation
 from edge_agent.state import AgentState
+from edge_agent.zero_shot import zero_shot_forecast
 
 
 def load_local_model(cfg: AgentConfig, table: SeriesTable) -> Forecaster:
@@ -39,15 +43,31 @@ class Forecast:
     stamps: list[str]
     columns: list[str]
     values: torch.Tensor  # (H, F)
-    model: str  # "federated", "local" or the ONNX file
+    model: str  # "federated", "local", the ONNX file or "zero-shot foundation (why)"
+    zero_shot: bool = False
+
+    @property
+    def served_by(self) -> str:
+        """Which model made the forecast, as a phrase: "the federated model", "zero-shot foundation (...)"."""
+        return self.model if self.zero_shot else f"the {self.model} model"
 
 
 @torch.no_grad()
 def forecast(cfg: AgentConfig, onnx_model: Path | None = None) -> Forecast:
     """Forecast the horizon after the latest window of local data, in the data's own units,
     with the served torch model or, given ``onnx_model`` (an ``edgefl export onnx`` model.onnx),
-    ONNX Runtime."""
+    ONNX Runtime; without a model of the gateway's own (see ``no_model_yet``) with the zero-shot
+    foundation, where one is configured."""
     table = cfg.data.load()
+    needed = training_rows_needed(cfg)
+    why, checkpoint = no_model_yet(cfg, table, needed), zero_shot_checkpoint(cfg)
+    if why and checkpoint and onnx_model is None:
+        return _zero_shot(cfg, table, checkpoint, why)
+    if table.n_rows < needed:
+        meanwhile = ("set zero_shot_foundation = <checkpoint from edgefl pretrain> in the agent config for "
+                     "zero-shot forecasts meanwhile" if checkpoint is None
+                     else "the zero-shot foundation serves without an ONNX model")
+        raise DataError(f"{table.name}: {why}; {meanwhile}")
     if not table.present[-cfg.model.lookback :].all():
         raise ValueError(f"{table.name}: the latest {cfg.model.lookback} steps have a gap; no forecast from them")
     data = prepare_client(table, cfg.model.lookback, cfg.model.horizon)
@@ -60,9 +80,40 @@ def forecast(cfg: AgentConfig, onnx_model: Path | None = None) -> Forecast:
     else:
         scaled, which = run_onnx_forecast(Path(onnx_model), series, marks)[0], str(onnx_model)
     values = torch.as_tensor(data.scaler.inverse_transform(scaled))
+    return Forecast(next_stamps(table, cfg.model.horizon), list(data.columns), values, which)
+
+
+def no_model_yet(cfg: AgentConfig, table: SeriesTable, needed: int) -> str | None:
+    """Why the gateway has no model of its own to serve (too little history to train on, or no
+    trained state yet), or None when it has one."""
+    if table.n_rows < needed:
+        return f"{table.n_rows} rows of history; local training needs {needed}"
+    if not AgentState(cfg.state_dir).has_trained_model():
+        return f"no model trained yet in {cfg.state_dir}"
+    return None
+
+
+def zero_shot_checkpoint(cfg: AgentConfig) -> tuple[Path, str | None] | None:
+    """The foundation checkpoint (and expected hash) for zero-shot forecasts: prompt mode's own
+    foundation, head mode's ``zero_shot_foundation``; None where head mode names none."""
+    if cfg.mode == "prompt":
+        return cfg.foundation, cfg.foundation_sha256
+    if cfg.zero_shot_foundation is None:
+        return None
+    return cfg.zero_shot_foundation, cfg.zero_shot_foundation_sha256
+
+
+def _zero_shot(cfg: AgentConfig, table: SeriesTable, checkpoint: tuple[Path, str | None], why: str) -> Forecast:
+    """The foundation model's forecast alone, for the agent's horizon."""
+    horizon = cfg.prompt.horizon if cfg.mode == "prompt" else cfg.model.horizon
+    values = torch.as_tensor(zero_shot_forecast(load_foundation(*checkpoint), table, horizon))
+    return Forecast(next_stamps(table, horizon), list(table.columns), values, f"zero-shot foundation ({why})", True)
+
+
+def next_stamps(table: SeriesTable, horizon: int) -> list[str]:
+    """The ``horizon`` timestamps after the table's last row, at its last step."""
     step = table.index[-1] - table.index[-2]
-    stamps = [str(table.index[-1] + step * (h + 1)) for h in range(cfg.model.horizon)]
-    return Forecast(stamps, list(data.columns), values, which)
+    return [str(table.index[-1] + step * (h + 1)) for h in range(horizon)]
 
 
 def run_onnx_forecast(path: Path, series: np.ndarray, marks: np.ndarray) -> np.ndarray:

@@ -30,6 +30,10 @@ class AgentState:
     def trained_round(self) -> int:
         return int(json.loads(self._progress.read_text())["trained_round"]) if self._progress.is_file() else 0
 
+    def has_trained_model(self) -> bool:
+        """Whether local training has saved a personal state (a model of this gateway's own) yet."""
+        return self._personal.is_file()
+
     def save_round(self, learner: Learner, round_index: int, payload: bytes) -> None:
         """After training: the personal state, the update to (re)send, then the round as done."""
         write_tensors_atomically(self._personal, learner.personal_state())

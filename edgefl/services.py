@@ -178,13 +178,13 @@ def agent_forecast(
         result = forecast(cfg, onnx)
     except (DataError, ValueError) as err:
         _fail(str(err))
-    console.print(f"{cfg.client_id}: forecast by the {result.model} model")
+    console.print(f"{cfg.client_id}: forecast by {result.served_by}", soft_wrap=True)
     if csv:
         print(",".join(["time", *result.columns]))
         for stamp, row in zip(result.stamps, result.values.tolist()):
             print(",".join([stamp, *(f"{v:.6g}" for v in row)]))
         return
-    table = Table(title=f"{cfg.client_id}: next {len(result.stamps)} steps ({result.model} model)")
+    table = Table(title=f"{cfg.client_id}: next {len(result.stamps)} steps, by {result.served_by}")
     table.add_column("time", no_wrap=True)
     for column in result.columns:
         table.add_column(column, justify="right")

@@ -7,7 +7,9 @@ from dataclasses import dataclass
 import torch
 
 from edge_agent.data.table import DataError, SeriesTable
-from edge_agent.data.windows import prepare_client
+from edge_agent.data.windows import min_training_rows, prepare_client
+
+DEVICE_HORIZON = 1  # device_series cuts whole windows; one step is split off only to reuse prepare_client
 
 
 @dataclass(frozen=True)
@@ -21,14 +23,24 @@ class DeviceSeries:
     present: torch.Tensor  # (V,) bool
 
 
-def device_series(table: SeriesTable, variables: tuple[str, ...], window: int, stride: int) -> DeviceSeries:
-    """Window ``table`` (its own scaler, fitted on training rows) into ``window``-long windows
-    placed on ``variables``; unmeasured variables are zero and flagged absent in ``present``."""
+def canonical_index(table: SeriesTable, variables: tuple[str, ...]) -> torch.Tensor:
+    """Position of each of ``table``'s columns in ``variables``; a column not among them is refused by name."""
     unknown = [c for c in table.columns if c not in variables]
     if unknown:
         raise DataError(f"{table.name}: variables {unknown} are not in the foundation model's {list(variables)}")
-    data = prepare_client(table, window, 1, stride, val_stride=stride)
-    index = torch.tensor([variables.index(c) for c in table.columns])
+    return torch.tensor([variables.index(c) for c in table.columns])
+
+
+def device_rows_needed(window: int) -> int:
+    """The least history ``device_series`` accepts for ``window``-long windows."""
+    return min_training_rows(window, DEVICE_HORIZON)
+
+
+def device_series(table: SeriesTable, variables: tuple[str, ...], window: int, stride: int) -> DeviceSeries:
+    """Window ``table`` (its own scaler, fitted on training rows) into ``window``-long windows
+    placed on ``variables``; unmeasured variables are zero and flagged absent in ``present``."""
+    index = canonical_index(table, variables)
+    data = prepare_client(table, window, DEVICE_HORIZON, stride, val_stride=stride)
     present = torch.zeros(len(variables), dtype=torch.bool)
     present[index] = True
 

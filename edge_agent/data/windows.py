@@ -15,6 +15,7 @@ from edge_agent.data.table import DataError, SeriesTable
 
 TIME_FEATURES = 4
 Ratios = tuple[float, float, float]
+RATIOS: Ratios = (0.8, 0.1, 0.1)
 Batch = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 
 
@@ -92,7 +93,7 @@ class StandardScaler:
 
 
 def split_bounds(
-    n_rows: int, lookback: int, horizon: int, ratios: Ratios = (0.8, 0.1, 0.1)
+    n_rows: int, lookback: int, horizon: int, ratios: Ratios = RATIOS
 ) -> dict[str, tuple[int, int]]:
     """Row ranges [start, end) of the chronological split; val and test start `lookback` rows early for context."""
     if lookback < 1 or horizon < 1:
@@ -100,7 +101,7 @@ def split_bounds(
     _check_ratios(ratios)
     bounds = _bounds(n_rows, lookback, ratios)
     if not _all_windowed(bounds, lookback, horizon):
-        needed = _min_rows(lookback, horizon, ratios)
+        needed = min_training_rows(lookback, horizon, ratios)
         raise DataError(f"needs at least {needed} rows for lookback {lookback} + horizon {horizon} (has {n_rows})")
     return bounds
 
@@ -126,8 +127,10 @@ def _all_windowed(bounds: dict[str, tuple[int, int]], lookback: int, horizon: in
     return all(start >= 0 and end - start >= lookback + horizon for start, end in bounds.values())
 
 
-def _min_rows(lookback: int, horizon: int, ratios: Ratios) -> int:
-    """Smallest N such that every series of N or more rows splits into windowed parts."""
+def min_training_rows(lookback: int, horizon: int, ratios: Ratios = RATIOS) -> int:
+    """Smallest N such that every series of N or more rows splits into windowed parts: the least
+    history ``prepare_client`` accepts (gaps aside), e.g. before a gateway can train locally."""
+    _check_ratios(ratios)
     n = math.ceil(max((lookback + horizon + 1) / ratios[0], (horizon + 1) / ratios[1], horizon / ratios[2] + 1))
     while not _all_windowed(_bounds(n, lookback, ratios), lookback, horizon):
         n += 1
@@ -195,7 +198,7 @@ def prepare_client(
     lookback: int,
     horizon: int,
     stride: int = 1,
-    ratios: Ratios = (0.8, 0.1, 0.1),
+    ratios: Ratios = RATIOS,
     val_stride: int = 1,
     history: int | None = None,
 ) -> ClientData:

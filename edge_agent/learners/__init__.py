@@ -7,8 +7,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from edge_agent.config import AgentConfig, FleetModel
-from edge_agent.data import SeriesTable, prepare_client
-from edge_agent.data.canonical import device_series
+from edge_agent.data import SeriesTable, min_training_rows, prepare_client
+from edge_agent.data.canonical import device_rows_needed, device_series
 from edge_agent.learners.base import Learner
 from edge_agent.learners.foundation import FoundationLearner
 from edge_agent.learners.head import HeadLearner, head_signature, initial_shared_state
@@ -60,10 +60,17 @@ def make_learner(cfg: AgentConfig, table: SeriesTable) -> Learner:
     return LEARNERS[cfg.mode][0](cfg, table)
 
 
+def training_rows_needed(cfg: AgentConfig) -> int:
+    """The least history the learner of ``cfg.mode`` trains on (its ``prepare_client`` split)."""
+    if cfg.mode == PromptLearner.kind:
+        return device_rows_needed(cfg.prompt.lookback + cfg.prompt.horizon)
+    return min_training_rows(cfg.model.lookback, cfg.model.horizon)
+
+
 def fleet_template(cfg: FleetModel, seed: int) -> FleetTemplate:
     """The round-1 global state and model signature of a fleet (the coordinator's side)."""
     return LEARNERS[cfg.mode][1](cfg, seed)
 
 
 __all__ = ["LEARNERS", "FleetTemplate", "FoundationLearner", "HeadLearner", "Learner", "PromptLearner",
-           "fleet_template", "make_learner"]
+           "fleet_template", "make_learner", "training_rows_needed"]
