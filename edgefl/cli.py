@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from enum import Enum
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -223,9 +224,18 @@ def simulate(
         console.print(f"wrote {json_out}")
 
 
+class PretrainStrategy(str, Enum):
+    """How ``edgefl pretrain`` aggregates (the strategies of ``coordinator.simulation.pretrain``)."""
+
+    fedavg = "fedavg"
+    fedal = "fedal"
+
+
 @app.command("pretrain")
 def pretrain_command(
     out: Annotated[Path, typer.Option(help="foundation checkpoint to write")] = Path("runs/foundation.safetensors"),
+    strategy: Annotated[PretrainStrategy, typer.Option(help="fedavg: FedPoD's masked pretraining (appendix B.1); fedal: FeDaL's "
+                                          "bias elimination, core-sets and server correction")] = PretrainStrategy.fedavg,
     rounds: Annotated[int, typer.Option(help="federated rounds (paper: 20)")] = 5,
     local_epochs: Annotated[int, typer.Option(help="local epochs per round (paper: 20)")] = 1,
     participation: Annotated[float, typer.Option(help="share C of devices per round (paper: 0.5)")] = 0.5,
@@ -235,25 +245,31 @@ def pretrain_command(
     steps: Annotated[str, typer.Option(help="resolutions of every site in the fleet, e.g. 1h,3h,6h "
                                        "(mean per interval)")] = "1h",
     per_variable: Annotated[bool, typer.Option(help="also one client per measured variable of every site")] = False,
+    extra_series: Annotated[bool, typer.Option(help="also pvlib's other real series: Craig CO every 30 min and "
+                                               "hourly rain + particulates (adds their quantities to the model)")] = False,
     seed: int = 42,
 ) -> None:
-    """Pretrain FedPoD's foundation model by masked reconstruction, federated over the weather sites
-    (with --steps and --per-variable: a fleet that mixes resolutions and quantities)."""
+    """Pretrain the foundation model by masked reconstruction, federated over the weather sites
+    (with --steps, --per-variable and --extra-series: a fleet that mixes resolutions and quantities)."""
     from coordinator.simulation.pretrain import PretrainConfig, pretrain
     from edge_agent.data import load_sites
     from edge_agent.data.canonical import device_series
+    from edge_agent.data.extra import EXTRA_VARIABLES, extra_series as load_extra
     from edge_agent.data.resample import mixed_fleet
+    from edge_agent.data.weather import WEATHER_VARIABLES
     from edge_agent.models.foundation import FoundationConfig, save_foundation
 
     try:
-        fm = FoundationConfig.paper(window=window) if paper_sizes else FoundationConfig(window=window)
-        cfg = PretrainConfig(rounds=rounds, local_epochs=local_epochs, participation=participation, stride=stride,
-                             seed=seed)
+        variables = WEATHER_VARIABLES + (EXTRA_VARIABLES if extra_series else ())
+        fm = (FoundationConfig.paper if paper_sizes else FoundationConfig)(window=window, variables=variables)
+        cfg = PretrainConfig(strategy=strategy.value, rounds=rounds, local_epochs=local_epochs, participation=participation,
+                             stride=stride, seed=seed)
         fleet = mixed_fleet(load_sites(), [s.strip() for s in steps.split(",")], per_variable)
+        fleet += load_extra() if extra_series else []
         devices = [device_series(table, fm.variables, fm.window, stride) for table in fleet]
     except (DataError, ValidationError, ValueError) as exc:
         fail(str(exc))
-    table = Table("round", "devices", "train masked MSE", "val masked MSE", "seconds", title="foundation pretraining")
+    table = Table("round", "devices", "train loss", "val masked MSE", "seconds", title=f"foundation pretraining ({strategy.value})")
     with Live(table, console=console, refresh_per_second=4):
         model, _ = pretrain(devices, fm, cfg, lambda r: table.add_row(
             str(r.round), _devices(r.devices, len(devices)), f"{r.train_loss:.4f}", f"{r.val_loss:.4f}", f"{r.seconds:.1f}"))

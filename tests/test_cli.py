@@ -137,6 +137,21 @@ def test_pretrain_over_a_fleet_of_mixed_resolutions_and_quantities(tmp_path: Pat
     assert proc.returncode == 2 and "whole multiple" in proc.stdout
 
 
+def test_fedal_pretraining_with_the_extra_real_series_writes_a_checkpoint_with_their_quantities(tmp_path: Path) -> None:
+    from edge_agent.data.extra import EXTRA_VARIABLES
+    from edge_agent.models.foundation import load_foundation
+
+    out = tmp_path / "fm.safetensors"
+    proc = edgefl("pretrain", "--strategy", "fedal", "--rounds", "1", "--stride", "96", "--extra-series",
+                  "--participation", "0.3", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    assert "foundation pretraining (fedal)" in proc.stdout
+    model = load_foundation(out)
+    assert model.cfg.variables[-3:] == EXTRA_VARIABLES and float(model.latent_bias.abs().sum()) > 0
+    proc = edgefl("pretrain", "--strategy", "fedprox", "--out", str(out))
+    assert proc.returncode == 2 and "fedprox" in proc.stderr
+
+
 def test_a_start_quorum_that_closed_registration_can_never_reach_is_refused(tmp_path: Path) -> None:
     config = tmp_path / "coordinator.toml"
     config.write_text('fleet = "farm"\nstate_dir = "/tmp/x"\nstart_clients = 3\nregistration = "closed"\n'

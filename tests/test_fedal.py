@@ -106,3 +106,23 @@ def test_core_sets_match_gradients_without_copying_a_real_window(station) -> Non
     assert not torch.allclose(noisy, coreset)
     copied = nearest_window_correlation(station.train[:4], station.train, station.present)
     assert copied == pytest.approx(1.0)  # a real window handed over is found exactly
+
+
+def test_fedal_pretraining_on_a_mixed_fleet_is_reproducible_learns_and_broadcasts_a_bias_reference() -> None:
+    from coordinator.simulation.pretrain import PretrainConfig, pretrain
+    from edge_agent.data.extra import EXTRA_VARIABLES, particulates
+    from edge_agent.data.resample import mixed_fleet
+    from edge_agent.learners.fedal import FedalClientSettings
+
+    fm = SMALL.model_copy(update={"variables": SMALL.variables + EXTRA_VARIABLES})
+    tables = mixed_fleet([load_site("amsterdam").select(["temp_air", "pressure"])], ["1h", "3h"], per_variable=False)
+    devices = [device_series(t, fm.variables, fm.window, 48) for t in [*tables, particulates()]]
+    client = FedalClientSettings(coreset=CoresetSettings(size=2, steps=2, real_batch=8))
+    cfg = PretrainConfig(strategy="fedal", client=client, rounds=3, participation=1.0, batch_size=32, lr=3e-3,
+                         stride=48, seed=3, server=GBESettings(tune_steps=2))
+    model, records = pretrain(devices, fm, cfg)
+    again, _ = pretrain(devices, fm, cfg)
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), again.state_dict().values()))
+    assert records[-1].val_loss < records[0].val_loss
+    assert float(model.latent_bias.abs().sum()) > 0  # b^g: the clients' averaged biases
+    assert [len(r.devices) for r in records] == [3, 3, 3]

@@ -54,3 +54,13 @@ def test_mixed_clients_window_onto_the_foundation_layout() -> None:
     one = device_series(single, fm.variables, fm.window, stride=24)
     assert one.present.sum() == 1 and one.present[fm.variables.index(site.columns[0])]
     assert device_series(coarse, fm.variables, fm.window, stride=4).train.shape[1:] == (24, len(fm.variables))
+
+
+def test_the_extra_series_add_a_finer_resolution_and_other_physical_quantities() -> None:
+    from edge_agent.data.extra import EXTRA_VARIABLES, craig_co_half_hourly, particulates
+
+    half_hourly, dust = craig_co_half_hourly(), particulates()
+    assert half_hourly.n_rows == 2 * 8760 and (half_hourly.index[1] - half_hourly.index[0]) == pd.Timedelta("30min")
+    assert half_hourly.index.tz is None and "temp_air" in half_hourly.columns
+    assert dust.columns == EXTRA_VARIABLES and dust.n_rows == 8760
+    assert 1 < float(np.nanmean(dust.values[:, 1])) < 500  # PM2.5 in micrograms per cubic metre
