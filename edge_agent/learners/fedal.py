@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from edge_agent.coreset import CoresetSettings, learn_coreset, mask_batch, private_coreset
 from edge_agent.data.canonical import DeviceSeries
-from edge_agent.learners.foundation import FoundationLearner
+from edge_agent.learners.foundation import FoundationLearner, pretraining_signature
 from edge_agent.models.dbe import DBESettings, DomainBiasElimination
 from edge_agent.models.foundation import FoundationConfig, FoundationModel, masked_mse
 from edge_agent.seeds import Stream, derive_seed, seed_for
@@ -81,6 +81,7 @@ class FedalLearner(FoundationLearner):
         super().__init__(cfg, data, training, seed, client_index)
         self.dbe = DomainBiasElimination(cfg.window, cfg.d_model, settings.dbe) if settings.dbe else None
         self.settings, self.coreset = settings, coreset_layout(cfg, settings)
+        self.signature = pretraining_signature(cfg, self.wire_state(0))
 
     def train(self, round_index: int) -> float:
         """E epochs of masked reconstruction (+ DBE's bias term, + FedProx's), then the core-set."""
@@ -137,6 +138,9 @@ class FedalLearner(FoundationLearner):
         if self.dbe is not None:
             state["latent_bias"] = self.dbe.running.detach().clone()
         return {**state, **{k: v.clone() for k, v in self.coreset.items()}}
+
+    def global_part(self, wire: TensorDict) -> TensorDict:
+        return split_coreset(wire)[0]
 
     def personal_state(self) -> TensorDict:
         return {k: v.detach().clone() for k, v in self.dbe.state_dict().items()} if self.dbe else {}

@@ -1,0 +1,54 @@
+"""Pretrain mode in the coordinator service: which strategies fit the fleet's device side, FeDaL's
+server taking its model from the fleet's ``foundation_model``, and the pretrained model written
+as a foundation checkpoint (``<state_dir>/foundation.safetensors``) after every round."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from coordinator.strategies import GBESettings
+from edge_agent.models.foundation import FoundationConfig, FoundationModel, save_foundation
+from edge_agent.tensors import TensorDict
+
+if TYPE_CHECKING:
+    from coordinator.config import CoordinatorConfig
+
+FOUNDATION_FILE = "foundation.safetensors"
+
+
+def with_fleet_foundation(data: object) -> object:
+    """A raw ``coordinator.toml`` with ``fedal.model`` taken from ``foundation_model`` where a
+    pretrain fleet runs FeDaL and leaves it out, so the model's sizes are given once."""
+    if not isinstance(data, dict) or data.get("mode") != "pretrain" or data.get("strategy") != "fedal":
+        return data
+    fedal = data.get("fedal", {})
+    if isinstance(fedal, GBESettings):
+        fedal = fedal.model_dump(exclude_unset=True)
+    if "model" in fedal or "foundation_model" not in data:
+        return data
+    return {**data, "fedal": {**fedal, "model": data["foundation_model"]}}
+
+
+def check_pretraining(cfg: CoordinatorConfig) -> None:
+    """FeDaL tunes on core-sets, which only pretrain mode's FeDaL devices upload, on the fleet's
+    own model; no other strategy may receive core-sets (it would average them into the model)."""
+    coresets = cfg.mode == "pretrain" and cfg.fedal_client is not None and cfg.fedal_client.coreset is not None
+    if cfg.strategy == "fedal" and not coresets:
+        raise ValueError("strategy 'fedal' tunes on the devices' core-sets: it needs mode = 'pretrain' with "
+                         "[fedal_client] (core-sets on)")
+    if cfg.strategy == "fedal" and cfg.fedal.model != cfg.foundation_model:
+        raise ValueError("fedal.model differs from foundation_model: the server would tune another model than "
+                         "the devices train (leave fedal.model out: it is taken from foundation_model)")
+    if cfg.strategy != "fedal" and coresets:
+        raise ValueError(f"fedal_client: its devices upload core-sets, which only strategy 'fedal' uses, "
+                         f"not {cfg.strategy!r}")
+
+
+def write_foundation(state: TensorDict, cfg: FoundationConfig, folder: Path) -> tuple[Path, str]:
+    """``state`` as a foundation checkpoint at ``folder / FOUNDATION_FILE`` (written atomically,
+    so a crash leaves the previous round's); returns the path and its content hash."""
+    model = FoundationModel(cfg)
+    model.load_state_dict(state)
+    path = Path(folder) / FOUNDATION_FILE
+    return path, save_foundation(model, path)
