@@ -51,7 +51,7 @@ class CoordinatorConfig(FleetModel, TwinSettings, StrategySettings):
     def _check(self) -> "CoordinatorConfig":
         if self.strategy == "fedpod" and self.mode != "prompt":
             raise ValueError("strategy 'fedpod' personalizes prompts: it needs mode = 'prompt'")
-        check_pretraining(self)
+        check_pretraining(self, self)
         if self.registration == "closed" and not self.allowed_clients:
             raise ValueError("registration is closed but allowed_clients is empty")
         if self.registration == "closed" and self.start_clients > len(self.allowed_clients):

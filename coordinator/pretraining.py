@@ -5,14 +5,11 @@ as a foundation checkpoint (``<state_dir>/foundation.safetensors``) after every 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-from coordinator.strategies import GBESettings
+from coordinator.strategies import GBESettings, StrategySettings
+from edge_agent.config import FleetModel
 from edge_agent.models.foundation import FoundationConfig, FoundationModel, save_foundation
 from edge_agent.tensors import TensorDict
-
-if TYPE_CHECKING:
-    from coordinator.config import CoordinatorConfig
 
 FOUNDATION_FILE = "foundation.safetensors"
 
@@ -30,14 +27,15 @@ def with_fleet_foundation(data: object) -> object:
     return {**data, "fedal": {**fedal, "model": data["foundation_model"]}}
 
 
-def check_pretraining(cfg: CoordinatorConfig) -> None:
+def check_pretraining(fleet: FleetModel, cfg: StrategySettings) -> None:
     """FeDaL tunes on core-sets, which only pretrain mode's FeDaL devices upload, on the fleet's
     own model; no other strategy may receive core-sets (it would average them into the model)."""
-    coresets = cfg.mode == "pretrain" and cfg.fedal_client is not None and cfg.fedal_client.coreset is not None
+    device = fleet.fedal_client
+    coresets = fleet.mode == "pretrain" and device is not None and device.coreset is not None
     if cfg.strategy == "fedal" and not coresets:
         raise ValueError("strategy 'fedal' tunes on the devices' core-sets: it needs mode = 'pretrain' with "
                          "[fedal_client] (core-sets on)")
-    if cfg.strategy == "fedal" and cfg.fedal.model != cfg.foundation_model:
+    if cfg.strategy == "fedal" and cfg.fedal.model != fleet.foundation_model:
         raise ValueError("fedal.model differs from foundation_model: the server would tune another model than "
                          "the devices train (leave fedal.model out: it is taken from foundation_model)")
     if cfg.strategy != "fedal" and coresets:

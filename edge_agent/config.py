@@ -11,8 +11,8 @@ import tomli_w
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from edge_agent.data import GapPolicy, SeriesTable, load_csv, load_site
-from edge_agent.learners.fedal import FedalClientSettings
 from edge_agent.models import ModelConfig
+from edge_agent.models.fedal_settings import FedalClientSettings
 from edge_agent.models.foundation import FoundationConfig
 from edge_agent.models.prompts import PromptModeSettings
 from edge_agent.mqtt import DEFAULT_MAX_PAYLOAD_BYTES, BrokerConfig

@@ -23,7 +23,7 @@ from coordinator.strategies import GBESettings
 from edge_agent.config import dump_toml, load_config
 from edge_agent.data import load_site
 from edge_agent.data.canonical import device_series
-from edge_agent.learners.fedal import FedalClientSettings
+from edge_agent.models.fedal_settings import FedalClientSettings
 from edge_agent.models.foundation import FoundationConfig, load_foundation
 from edge_agent.protocol import HelloHeader, UpdateHeader, encode
 from tests.fleet import SEED, coordinator_config, start, wait_for

@@ -25,8 +25,9 @@ from coordinator.strategies import ClientInfo, GBESettings, StrategySettings, ma
 from coordinator.twins import TwinSettings
 from edge_agent.data.canonical import DeviceSeries
 from edge_agent.learners import FoundationLearner, Learner
-from edge_agent.learners.fedal import FedalClientSettings, FedalLearner, reconstruction_mse
+from edge_agent.learners.fedal import FedalLearner, reconstruction_mse
 from edge_agent.learners.foundation import foundation_model, reconstruction_loss
+from edge_agent.models.fedal_settings import FedalClientSettings
 from edge_agent.models.foundation import FoundationConfig, FoundationModel
 from edge_agent.tensors import TensorDict
 from edge_agent.train import LocalTraining

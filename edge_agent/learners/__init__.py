@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
+from edge_agent.config import AgentConfig, FleetModel
 from edge_agent.data import SeriesTable, min_training_rows, prepare_client
 from edge_agent.data.canonical import device_rows_needed, device_series
 from edge_agent.learners.base import Learner
@@ -16,9 +16,6 @@ from edge_agent.learners.head import HeadLearner, head_signature, initial_shared
 from edge_agent.learners.prompt import PromptLearner, initial_prompt_state, prompt_signature
 from edge_agent.models.foundation import load_foundation
 from edge_agent.tensors import Layout, TensorDict, layout_of
-
-if TYPE_CHECKING:  # edge_agent.config imports the learners' settings (FedalClientSettings)
-    from edge_agent.config import AgentConfig, FleetModel
 
 
 @dataclass(frozen=True)
