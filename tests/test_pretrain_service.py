@@ -20,12 +20,15 @@ from coordinator.simulation.participation import recorded
 from coordinator.simulation.pretrain import PretrainConfig, pretrain
 from coordinator.store import Store
 from coordinator.strategies import GBESettings
-from edge_agent.config import dump_toml, load_config
+from edge_agent.agent import Agent
+from edge_agent.config import AgentConfig, dump_toml, load_config
 from edge_agent.data import load_site
 from edge_agent.data.canonical import device_series
+from edge_agent.learners import fleet_template
 from edge_agent.models.fedal_settings import FedalClientSettings
 from edge_agent.models.foundation import FoundationConfig, load_foundation
 from edge_agent.protocol import HelloHeader, UpdateHeader, encode
+from edge_agent.tensors import layout_of
 from tests.fleet import SEED, coordinator_config, start, wait_for
 from tests.test_hostile import message
 from tests.test_service import finish, served_rounds, state
@@ -177,3 +180,15 @@ def test_pretrain_mode_picks_and_checks_its_strategy(tmp_path: Path) -> None:
         CoordinatorConfig(**base, strategy="fedavg")
     with pytest.raises(ValueError, match="model: not used in mode 'pretrain'"):
         CoordinatorConfig(**base, model={"lookback": 24})
+
+
+def test_a_fedal_agent_checks_globals_without_and_payload_size_with_its_coreset(tmp_path: Path) -> None:
+    """The agent checks announced global states against the model alone (the core-set is not
+    announced back), while its update-size check counts the core-set: 4000 windows (1.7 MB) do
+    not fit 500 kB, the model alone would."""
+    cfg = load_config(pretrain_agent(tmp_path, free_port(), 0), AgentConfig)
+    fleet = load_config(pretrain_coordinator(tmp_path, free_port()), CoordinatorConfig)
+    assert Agent(cfg).layout == layout_of(fleet_template(fleet, SEED).initial)
+    big = cfg.fedal_client.model_copy(update={"coreset": cfg.fedal_client.coreset.model_copy(update={"size": 4000})})
+    with pytest.raises(ValueError, match=r"max_payload_bytes: this model's updates take about \d+ bytes"):
+        Agent(cfg.model_copy(update={"fedal_client": big, "max_payload_bytes": 500_000}))
