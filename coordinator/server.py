@@ -53,7 +53,8 @@ class Coordinator:
         self.topics = Topics(cfg.fleet)
         self.store = Store(cfg.state_dir)
         template = fleet_template(cfg, cfg.seed)
-        self.initial, self.signature, self.layout = template.initial, template.signature, template.update_layout
+        self.initial, self.signature = template.initial, template.signature
+        self.update_layout = template.update_layout  # global state + what updates carry beyond it (core-sets)
         self.strategy = make_strategy(cfg, template.initial, cfg.seed)
         self.engine = RoundEngine(self.strategy, cfg, self.store.dir / "twins", robust=cfg.robust,
                                   on_time=self.store.last_on_time(), state_keys=template.initial)
@@ -366,7 +367,7 @@ class Coordinator:
             raise ProtocolError("future_round", f"round {header.round} has not started; current is {current.round}")
         if self.store.has_update(header.round, client):
             raise ProtocolError("duplicate", f"round {header.round} already has an update from {client!r}")
-        check_tensors(tensors, self.layout)
+        check_tensors(tensors, self.update_layout)
         late = header.round < current.round or current.closed_at is not None
         self.store.save_update(
             header.round, client, header.n_samples, body, header.body_sha256, header.metrics, late=late

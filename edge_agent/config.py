@@ -26,6 +26,10 @@ class ConfigError(ValueError):
     """A config file that cannot be used; the message names the file and every bad field."""
 
 
+MODE_FIELDS = {"head": {"model"}, "prompt": {"foundation", "foundation_sha256", "prompt"},
+               "pretrain": {"foundation_model", "fedal_client"}}
+
+
 class FleetModel(PromptModeSettings):
     """What the fleet trains: the same fields in ``agent.toml`` and ``coordinator.toml``, since both
     sides must build the same model (head mode: ``model``; prompt mode: foundation + prompts;
@@ -46,10 +50,6 @@ class FleetModel(PromptModeSettings):
         if given:
             raise ValueError(f"{', '.join(given)}: not used in mode {self.mode!r}")
         return self
-
-
-MODE_FIELDS = {"head": {"model"}, "prompt": {"foundation", "foundation_sha256", "prompt"},
-               "pretrain": {"foundation_model", "fedal_client"}}
 
 
 class DataSource(BaseModel):
