@@ -123,11 +123,12 @@ def offline_pretraining(tmp_path: Path) -> Coordinator:
     return coordinator
 
 
-def upload(coordinator: Coordinator, client: str, windows: torch.Tensor):
-    """``client``'s round-1 update: the initial model moved by 0.01 (a drift) and a core-set of ``windows``."""
+def upload(coordinator: Coordinator, client: str, windows: torch.Tensor, number: int = 1):
+    """``client``'s update for round ``number``: the initial model moved by 0.01 (a drift) and a
+    core-set of ``windows``."""
     model = {k: v + 0.01 for k, v in coordinator.initial.items()}
     tensors = {**model, "coreset.windows": windows, "coreset.present": torch.ones(9)}
-    header = UpdateHeader(fleet="test", sender=client, round=1, n_samples=50, campaign=coordinator.campaign)
+    header = UpdateHeader(fleet="test", sender=client, round=number, n_samples=50, campaign=coordinator.campaign)
     return message(client, "update", encode(header, tensors))
 
 
@@ -163,6 +164,28 @@ def test_a_bad_coreset_is_refused_by_name_and_the_round_closes_with_the_drift_ke
     restarted = Coordinator(coordinator.cfg)
     restarted._resume()
     assert all(torch.equal(restarted.strategy.state_dict()[k], v) for k, v in drift.items())
+    restarted.store.close()
+
+
+def test_after_a_restart_a_late_update_feeds_its_twin_the_model_without_the_coreset(tmp_path: Path) -> None:
+    """b misses round 2 (imputed by its stale twin); its update arrives after a restart, before
+    the restarted coordinator closes any round: the twin keeps the model part, not the core-set."""
+    cfg = load_config(pretrain_coordinator(tmp_path, free_port(), twin="stale"), CoordinatorConfig)
+    coordinator = Coordinator(cfg)
+    coordinator._resume()
+    coordinator._process([hello(coordinator, "a"), hello(coordinator, "b")])
+    coreset = torch.randn(2, 12, 9)
+    coordinator._process([upload(coordinator, "a", coreset), upload(coordinator, "b", coreset)])
+    assert coordinator._maybe_close(coordinator.store.round(1)).round == 2
+    coordinator._process([message("b", "status", b"offline"), upload(coordinator, "a", coreset, 2)])
+    assert coordinator._maybe_close(coordinator.store.round(2)).closed_at is not None
+    assert coordinator.store.round(2).metrics["imputed"] == ["b"]
+    coordinator.store.close()
+    restarted = Coordinator(cfg)
+    restarted._process([upload(restarted, "b", coreset, 2)])
+    assert [e["code"] for e in restarted.store.events(accepted=True) if e["client_id"] == "b"][-1] == "late"
+    assert restarted.engine.history.last_round("b") == 2
+    assert restarted.engine.history.history("b")[-1].keys() == restarted.initial.keys()
     restarted.store.close()
 
 
