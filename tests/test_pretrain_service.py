@@ -24,7 +24,7 @@ from edge_agent.agent import Agent
 from edge_agent.config import AgentConfig, dump_toml, load_config
 from edge_agent.data import load_site
 from edge_agent.data.canonical import device_series
-from edge_agent.learners import fleet_template
+from edge_agent.learners import fleet_template, make_learner
 from edge_agent.models.fedal_settings import FedalClientSettings
 from edge_agent.models.foundation import FoundationConfig, load_foundation
 from edge_agent.protocol import HelloHeader, UpdateHeader, encode
@@ -46,10 +46,10 @@ def pretrain_coordinator(folder: Path, port: int, **overrides: object) -> Path:
     return coordinator_config(folder, port, ROUNDS, fleet_model=FLEET, fedal=SERVER, **overrides)
 
 
-def pretrain_agent(folder: Path, port: int, index: int) -> Path:
+def pretrain_agent(folder: Path, port: int, index: int, fleet: dict = FLEET) -> Path:
     path = folder / f"agent{index}.toml"
     path.write_text(dump_toml({
-        **FLEET, "fleet": "test", "client_id": f"client{index:02d}", "state_dir": str(folder / f"agent{index}"),
+        **fleet, "fleet": "test", "client_id": f"client{index:02d}", "state_dir": str(folder / f"agent{index}"),
         "seed": SEED, "client_index": index, "data": {"site": SITES[index]}, "training": TRAINING,
         "broker": {"port": port, "keepalive_s": 5},
     }))
@@ -215,3 +215,17 @@ def test_a_fedal_agent_checks_globals_without_and_payload_size_with_its_coreset(
     big = cfg.fedal_client.model_copy(update={"coreset": cfg.fedal_client.coreset.model_copy(update={"size": 4000})})
     with pytest.raises(ValueError, match=r"max_payload_bytes: this model's updates take about \d+ bytes"):
         Agent(cfg.model_copy(update={"fedal_client": big, "max_payload_bytes": 500_000}))
+
+
+@pytest.mark.parametrize("device_side", [DEVICE_SIDE, None], ids=["fedal", "plain"])
+def test_the_fleet_template_matches_what_pretrain_agents_upload(tmp_path: Path, device_side: dict | None) -> None:
+    """Same signature, and updates laid out as the coordinator checks them, for FeDaL's devices
+    (model + core-set) and FedPoD's plain masked pretraining (model alone, strategy fedavg)."""
+    fleet = {**FLEET, "fedal_client": device_side} if device_side else {"mode": "pretrain", "foundation_model": FOUNDATION}
+    coordinator = load_config(coordinator_config(tmp_path, free_port(), ROUNDS, fleet_model=fleet), CoordinatorConfig)
+    agent = load_config(pretrain_agent(tmp_path, free_port(), 0, fleet), AgentConfig)
+    learner = make_learner(agent, agent.data.load())
+    template = fleet_template(coordinator, SEED)
+    assert coordinator.strategy == ("fedal" if device_side else "fedavg")
+    assert learner.signature == template.signature
+    assert layout_of(learner.wire_state(1)) == template.update_layout
