@@ -29,18 +29,26 @@ def with_fleet_foundation(data: object) -> object:
 
 def check_pretraining(fleet: FleetModel, cfg: StrategySettings) -> None:
     """FeDaL tunes on core-sets, which only pretrain mode's FeDaL devices upload, on the fleet's
-    own model; no other strategy may receive core-sets (it would average them into the model)."""
+    own model with the devices' masks; no other strategy may receive core-sets (it would average
+    them into the model)."""
     device = fleet.fedal_client
     coresets = fleet.mode == "pretrain" and device is not None and device.coreset is not None
-    if cfg.strategy == "fedal" and not coresets:
+    if cfg.strategy != "fedal":
+        if coresets:
+            raise ValueError(f"fedal_client: its devices upload core-sets, which only strategy 'fedal' uses, "
+                             f"not {cfg.strategy!r}")
+        return
+    if not coresets:
         raise ValueError("strategy 'fedal' tunes on the devices' core-sets: it needs mode = 'pretrain' with "
                          "[fedal_client] (core-sets on)")
-    if cfg.strategy == "fedal" and cfg.fedal.model != fleet.foundation_model:
+    if cfg.fedal.model != fleet.foundation_model:
         raise ValueError("fedal.model differs from foundation_model: the server would tune another model than "
                          "the devices train (leave fedal.model out: it is taken from foundation_model)")
-    if cfg.strategy != "fedal" and coresets:
-        raise ValueError(f"fedal_client: its devices upload core-sets, which only strategy 'fedal' uses, "
-                         f"not {cfg.strategy!r}")
+    for name in ("patch", "mask_rate"):
+        server, devices = getattr(cfg.fedal, name), getattr(device, name)
+        if server != devices:
+            raise ValueError(f"fedal.{name} = {server} differs from fedal_client.{name} = {devices}: the server "
+                             "tunes on the core-sets with the devices' masks")
 
 
 def write_foundation(state: TensorDict, cfg: FoundationConfig, folder: Path) -> tuple[Path, str]:

@@ -199,6 +199,8 @@ def test_pretrain_mode_picks_and_checks_its_strategy(tmp_path: Path) -> None:
         CoordinatorConfig(**plain, strategy="fedal")
     with pytest.raises(ValueError, match="fedal.model differs from foundation_model"):
         CoordinatorConfig(**base, fedal={"model": {"window": 24}})
+    with pytest.raises(ValueError, match="fedal.patch = 3 differs from fedal_client.patch = 4"):
+        CoordinatorConfig(**{**base, "fedal_client": {**DEVICE_SIDE, "patch": 4}})
     with pytest.raises(ValueError, match="only strategy 'fedal' uses, not 'fedavg'"):
         CoordinatorConfig(**base, strategy="fedavg")
     with pytest.raises(ValueError, match="model: not used in mode 'pretrain'"):
