@@ -7,6 +7,7 @@ from typing import Literal
 
 from pydantic import ConfigDict, Field, model_validator
 
+from coordinator.pretraining import check_pretraining, with_fleet_foundation
 from coordinator.strategies import StrategySettings
 from coordinator.twins import TwinSettings
 from edge_agent.config import FleetModel
@@ -35,16 +36,22 @@ class CoordinatorConfig(FleetModel, TwinSettings, StrategySettings):
 
     @model_validator(mode="before")
     @classmethod
-    def _prompt_mode_runs_fedpod(cls, data: object) -> object:
-        """Prompt mode aggregates with FedPoD unless a strategy is named."""
-        if isinstance(data, dict) and data.get("mode") == "prompt" and "strategy" not in data:
+    def _default_strategy(cls, data: object) -> object:
+        """Prompt mode aggregates with FedPoD unless a strategy is named; pretrain mode with FeDaL
+        where FeDaL's device side is set, else FedAvg; FeDaL's server pretrains the fleet's model."""
+        if not isinstance(data, dict) or "strategy" in data:
+            return with_fleet_foundation(data)
+        if data.get("mode") == "prompt":
             return {**data, "strategy": "fedpod"}
+        if data.get("mode") == "pretrain" and data.get("fedal_client") is not None:
+            return with_fleet_foundation({**data, "strategy": "fedal"})
         return data
 
     @model_validator(mode="after")
     def _check(self) -> "CoordinatorConfig":
         if self.strategy == "fedpod" and self.mode != "prompt":
             raise ValueError("strategy 'fedpod' personalizes prompts: it needs mode = 'prompt'")
+        check_pretraining(self, self)
         if self.registration == "closed" and not self.allowed_clients:
             raise ValueError("registration is closed but allowed_clients is empty")
         if self.registration == "closed" and self.start_clients > len(self.allowed_clients):

@@ -14,7 +14,7 @@ so the same updates give bit-identical results wherever the round closes.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -52,15 +52,17 @@ class RoundEngine:
     """Runs a strategy with digital twins of the clients."""
 
     def __init__(self, strategy: Strategy, twins: TwinSettings, history_folder: Path | None = None, *,
-                 robust: RobustSettings, on_time: dict[str, int] | None = None):
+                 robust: RobustSettings, on_time: dict[str, int] | None = None, state_keys: Iterable[str] = ()):
         """``history_folder``: keep the twins' history on disk there (the service), else in memory;
         ``robust``: how updates are screened before the strategy sees them; ``on_time``: each
-        client's newest closed round with an accepted on-time update (a service resuming)."""
+        client's newest closed round with an accepted on-time update (a service resuming);
+        ``state_keys``: the global state's tensor names, known before a close (a service resuming
+        takes late updates before its first close); else learnt from the first close."""
         self.strategy, self.max_age, self.robust = strategy, twins.twin_max_age, robust
         self.forecaster = make_forecaster(twins.twin)
         self.history = TwinHistory(self.forecaster.window, history_folder)
         self.on_time = dict(on_time or {})
-        self.state_keys: frozenset[str] = frozenset()
+        self.state_keys: frozenset[str] = frozenset(state_keys)
 
     def observe_late(self, client_id: str, round_number: int, params: TensorDict) -> bool:
         """An update that arrived after its round closed: twin history only, and only from a

@@ -21,6 +21,7 @@ from functools import partial
 from coordinator.config import CoordinatorConfig
 from coordinator.engine import RoundEngine, RoundResult
 from coordinator.intake import STORAGE_ERRORS, Effects, Refusal, guarded, record, with_retries
+from coordinator.pretraining import write_foundation
 from coordinator.store import RoundRow, Store
 from coordinator.strategies import ClientInfo, ClientUpdate, make_strategy
 from edge_agent.learners import fleet_template
@@ -38,7 +39,7 @@ from edge_agent.protocol import (
     decode,
     encode,
 )
-from edge_agent.tensors import TensorDict, layout_of
+from edge_agent.tensors import TensorDict
 
 log = logging.getLogger("edgefl.coordinator")
 SENDER = "coordinator"
@@ -52,10 +53,11 @@ class Coordinator:
         self.topics = Topics(cfg.fleet)
         self.store = Store(cfg.state_dir)
         template = fleet_template(cfg, cfg.seed)
-        self.initial, self.signature, self.layout = template.initial, template.signature, layout_of(template.initial)
+        self.initial, self.signature = template.initial, template.signature
+        self.update_layout = template.update_layout  # global state + what updates carry beyond it (core-sets)
         self.strategy = make_strategy(cfg, template.initial, cfg.seed)
         self.engine = RoundEngine(self.strategy, cfg, self.store.dir / "twins", robust=cfg.robust,
-                                  on_time=self.store.last_on_time())
+                                  on_time=self.store.last_on_time(), state_keys=template.initial)
         self.on_event = on_event or (lambda kind, data: None)
         self.connection = Connection(
             cfg.broker,
@@ -84,6 +86,7 @@ class Coordinator:
                 return
             closed = current.round if current.closed_at is not None else current.round - 1
             self._send_personal(closed, self.store.personal_messages(closed))  # again after a restart
+            self._write_foundation(closed)  # again: a crash may have come between the close and the file
             self._announce(current)
             while current.closed_at is None and not stop():
                 batch = self._drain()
@@ -204,6 +207,7 @@ class Coordinator:
             self.store.log("update", client, row.round, False, code, "left out of the round by the engine's screening")
             self.on_event("rejected", {"client": client, "code": code, "reason": "screening"})
         self._report_close(row.round, result, why)
+        self._write_foundation(row.round)
         self._send_personal(row.round, result.personal)
         following = self.store.round(row.round if last else row.round + 1)
         self._announce(following)
@@ -215,6 +219,16 @@ class Coordinator:
                                  "imputed": list(result.imputed), "loss": result.loss, "why": why})
         log.info("round %d closed (%s): %d updates, %d imputed by %s, loss %.4f", number, why, len(result.on_time),
                  len(result.imputed), result.twin, result.loss)
+
+    def _write_foundation(self, number: int) -> None:
+        """Pretrain mode: the global model after round ``number`` as the fleet's foundation
+        checkpoint (``coordinator.pretraining``); nothing before round 1 closes."""
+        if self.cfg.mode != "pretrain" or number < 1:
+            return
+        path, digest = write_foundation(self.store.load_file(self.store.round(number).result_file),
+                                        self.cfg.foundation_model, self.store.dir)
+        log.info("round %d: foundation checkpoint %s (sha256 %s)", number, path, digest)
+        self.on_event("foundation", {"round": number, "path": str(path), "sha256": digest})
 
     def _send_personal(self, number: int, messages: dict[str, TensorDict]) -> None:
         """Each client's own tensors of round ``number`` (FedPoD: personalized prompts) on its task
@@ -353,7 +367,7 @@ class Coordinator:
             raise ProtocolError("future_round", f"round {header.round} has not started; current is {current.round}")
         if self.store.has_update(header.round, client):
             raise ProtocolError("duplicate", f"round {header.round} already has an update from {client!r}")
-        check_tensors(tensors, self.layout)
+        check_tensors(tensors, self.update_layout)
         late = header.round < current.round or current.closed_at is not None
         self.store.save_update(
             header.round, client, header.n_samples, body, header.body_sha256, header.metrics, late=late

@@ -53,8 +53,8 @@ class Agent:
         self.learner = self._saved_learner()
         self.trained_round = self.files.trained_round()
         wire = self.learner.wire_state(self.trained_round)
-        self.layout, self.global_norm = layout_of(wire), l2_norm(wire)
         self._check_update_size(wire)
+        self.layout, self.global_norm = layout_of(self.learner.global_part(wire)), self._model_norm()
         self.on_event = on_event or (lambda kind, data: None)
         self.finished = False
         self.connection = Connection(
@@ -188,10 +188,15 @@ class Agent:
             log.warning("state of campaign %s (round %d) dropped: starting over for campaign %s",
                         self.files.campaign, self.trained_round, header.campaign)
             self.learner, self.trained_round = make_learner(self.cfg, self.table), 0
-            self.global_norm = l2_norm(self.learner.wire_state(0))
+            self.global_norm = self._model_norm()
         self.files.join(header.campaign)
         self.on_event("joined", {"campaign": header.campaign})
         return True
+
+    def _model_norm(self) -> float:
+        """The L2 norm of the learner's part of the global state (the reference of
+        ``max_global_growth`` until a global model is accepted)."""
+        return l2_norm(self.learner.global_part(self.learner.wire_state(self.trained_round)))
 
     def _global_problem(self, header: RoundHeader, state: TensorDict) -> str | None:
         """Why a round's global model must not be installed, or None when it may."""

@@ -12,6 +12,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from edge_agent.data import GapPolicy, SeriesTable, load_csv, load_site
 from edge_agent.models import ModelConfig
+from edge_agent.models.fedal_settings import FedalClientSettings
+from edge_agent.models.foundation import FoundationConfig
 from edge_agent.models.prompts import PromptModeSettings
 from edge_agent.mqtt import DEFAULT_MAX_PAYLOAD_BYTES, BrokerConfig
 from edge_agent.protocol import NAME_PATTERN
@@ -24,16 +26,26 @@ class ConfigError(ValueError):
     """A config file that cannot be used; the message names the file and every bad field."""
 
 
+MODE_FIELDS = {"head": {"model"}, "prompt": {"foundation", "foundation_sha256", "prompt"},
+               "pretrain": {"foundation_model", "fedal_client"}}
+
+
 class FleetModel(PromptModeSettings):
     """What the fleet trains: the same fields in ``agent.toml`` and ``coordinator.toml``, since both
-    sides must build the same model (head mode: ``model``; prompt mode: foundation + prompts).
-    Settings of the other mode are refused rather than silently ignored."""
+    sides must build the same model (head mode: ``model``; prompt mode: foundation + prompts;
+    pretrain mode: the foundation model's sizes and FeDaL's device side). Settings of the other
+    modes are refused rather than silently ignored."""
 
     model: ModelConfig = ModelConfig()
+    foundation_model: FoundationConfig = Field(
+        FoundationConfig(), description="pretrain mode: the foundation model being pretrained (its sizes)")
+    fedal_client: FedalClientSettings | None = Field(
+        None, description="pretrain mode: FeDaL's device side (patch masks, DBE, core-sets); absent: FedPoD's plain "
+                          "masked pretraining")
 
     @model_validator(mode="after")
     def _one_mode(self) -> "FleetModel":
-        other = {"model"} if self.mode == "prompt" else {"foundation", "foundation_sha256", "prompt"}
+        other = set().union(*(fields for mode, fields in MODE_FIELDS.items() if mode != self.mode))
         given = sorted(other & self.model_fields_set)
         if given:
             raise ValueError(f"{', '.join(given)}: not used in mode {self.mode!r}")
@@ -103,7 +115,8 @@ class AgentConfig(FleetModel):
             raise ValueError("dp_sigma: noise applies to uploaded prompts (mode 'prompt')")
         zero_shot = sorted({"zero_shot_foundation", "zero_shot_foundation_sha256"} & self.model_fields_set)
         if zero_shot and self.mode != "head":
-            raise ValueError(f"{', '.join(zero_shot)}: mode 'prompt' forecasts zero-shot with its foundation")
+            why = "forecasts zero-shot with its foundation" if self.mode == "prompt" else "serves no forecasts"
+            raise ValueError(f"{', '.join(zero_shot)}: mode {self.mode!r} {why}")
         if self.zero_shot_foundation_sha256 and self.zero_shot_foundation is None:
             raise ValueError("zero_shot_foundation_sha256: given without zero_shot_foundation")
         head_only = sorted({"personal_epochs", "alternate", "prox_mu"} & self.training.model_fields_set)

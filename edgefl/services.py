@@ -54,6 +54,9 @@ def _print_event(kind: str, data: dict) -> None:
             f"round {data['round']:>3} closed: {data['accepted']} accepted, {data['rejected']} rejected, "
             f"loss {data['loss']:.4f} ({data['why']})"
         )
+    elif kind == "foundation":
+        console.print(f"round {data['round']}: foundation checkpoint {data['path']} (sha256 {data['sha256']})",
+                      soft_wrap=True)
     elif kind in ("rejected", "resumed", "registered", "campaign", "cleared", "ignored") or (
             kind == "presence" and not data["online"]):
         console.print(f"{kind}: {data}")

@@ -41,12 +41,14 @@ def simulation_clients(paths: list[Path]):
 
 
 def coordinator_config(
-    folder: Path, port: int, rounds: int, broker: dict | None = None, **overrides: object
+    folder: Path, port: int, rounds: int, broker: dict | None = None, fleet_model: dict | None = None,
+    **overrides: object,
 ) -> Path:
+    """``coordinator.toml`` of a test fleet; ``fleet_model``: the mode's fields (default: head mode's MODEL)."""
     data = {
         "fleet": "test", "state_dir": str(folder / "coordinator"), "rounds": rounds, "min_clients": 1,
         "round_timeout_s": 60.0, "seed": SEED, **overrides,
-        "model": MODEL, "broker": {"port": port, **(broker or {})},
+        **(fleet_model or {"model": MODEL}), "broker": {"port": port, **(broker or {})},
     }
     path = folder / "coordinator.toml"
     path.write_text(dump_toml(data))

@@ -12,22 +12,24 @@ same patch masks.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from typing import Literal
 
 from pydantic import ConfigDict, Field
 
 from coordinator.engine import RoundEngine
-from coordinator.simulation.participation import sampled
+from coordinator.simulation.participation import Participation, sampled
 from coordinator.simulation.rounds import SimulatedRound, run_rounds
 from coordinator.strategies import ClientInfo, GBESettings, StrategySettings, make_strategy
 from coordinator.twins import TwinSettings
 from edge_agent.data.canonical import DeviceSeries
 from edge_agent.learners import FoundationLearner, Learner
-from edge_agent.learners.fedal import FedalClientSettings, FedalLearner, reconstruction_mse
+from edge_agent.learners.fedal import FedalLearner, reconstruction_mse
 from edge_agent.learners.foundation import foundation_model, reconstruction_loss
+from edge_agent.models.fedal_settings import FedalClientSettings
 from edge_agent.models.foundation import FoundationConfig, FoundationModel
+from edge_agent.tensors import TensorDict
 from edge_agent.train import LocalTraining
 
 
@@ -54,31 +56,38 @@ class PretrainConfig(LocalTraining):
 
 @dataclass(frozen=True)
 class PretrainRound:
+    """A closed round: who trained, the losses, the wall time and the global state it produced."""
+
     round: int
     devices: tuple[str, ...]
     train_loss: float
     val_loss: float
     seconds: float
+    global_state: TensorDict = field(default_factory=dict, repr=False)
 
 
 def pretrain(devices: Sequence[DeviceSeries], fm: FoundationConfig, cfg: PretrainConfig,
-             on_round: Callable[[PretrainRound], None] | None = None) -> tuple[FoundationModel, list[PretrainRound]]:
+             on_round: Callable[[PretrainRound], None] | None = None,
+             participation: Participation | None = None) -> tuple[FoundationModel, list[PretrainRound]]:
     """Rounds of federated pretraining; validation loss is the sample-weighted masked MSE of the
-    global model on every device's validation windows."""
+    global model on every device's validation windows. ``participation``: who takes part in
+    each round (default: a share ``cfg.participation`` sampled per round; a service's test
+    passes what its fleet did)."""
     model = foundation_model(fm, cfg.seed)
     initial = {k: v.detach().clone() for k, v in model.state_dict().items()}
     learners = pretraining_learners(devices, fm, cfg)
     roster = [ClientInfo(d.name, len(d.train)) for d in devices]
     settings = StrategySettings(strategy=cfg.strategy, fedal=cfg.server.model_copy(update={"model": fm}))
     engine = RoundEngine(make_strategy(settings, initial, cfg.seed), TwinSettings(), robust=settings.robust)
-    plan = sampled(cfg.rounds, len(devices), cfg.participation, cfg.seed)
+    plan = participation or sampled(cfg.rounds, len(devices), cfg.participation, cfg.seed)
     sizes = [len(d.val) for d in devices]
     records: list[PretrainRound] = []
 
     def after_round(done: SimulatedRound) -> None:
         model.load_state_dict(done.result.global_state)
         val = sum(validation_loss(model, d, cfg) * n for d, n in zip(devices, sizes)) / sum(sizes)
-        records.append(PretrainRound(done.result.round, done.result.on_time, done.result.loss, val, done.seconds))
+        records.append(PretrainRound(done.result.round, done.result.on_time, done.result.loss, val, done.seconds,
+                                     done.result.global_state))
         if on_round:
             on_round(records[-1])
 

@@ -4,26 +4,34 @@ line in ``LEARNERS`` and its two builders."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from edge_agent.config import AgentConfig, FleetModel
 from edge_agent.data import SeriesTable, min_training_rows, prepare_client
 from edge_agent.data.canonical import device_rows_needed, device_series
 from edge_agent.learners.base import Learner
-from edge_agent.learners.foundation import FoundationLearner
+from edge_agent.learners.fedal import FedalLearner, coreset_layout
+from edge_agent.learners.foundation import FoundationLearner, foundation_model, pretraining_signature
 from edge_agent.learners.head import HeadLearner, head_signature, initial_shared_state
 from edge_agent.learners.prompt import PromptLearner, initial_prompt_state, prompt_signature
 from edge_agent.models.foundation import load_foundation
-from edge_agent.tensors import TensorDict
+from edge_agent.tensors import Layout, TensorDict, layout_of
 
 
 @dataclass(frozen=True)
 class FleetTemplate:
-    """What the coordinator needs of the fleet's model: the round-1 global state and the
-    signature every agent's model must show."""
+    """What the coordinator needs of the fleet's model: the round-1 global state, the signature
+    every agent's model must show and ``extras``, zero tensors laid out as what an update carries
+    beyond the global state (FeDaL's core-sets; none in the other modes)."""
 
     initial: TensorDict
     signature: str
+    extras: TensorDict = field(default_factory=dict)
+
+    @property
+    def update_layout(self) -> Layout:
+        """The layout every update must show: the global state plus the extras."""
+        return layout_of({**self.initial, **self.extras})
 
 
 def _head_learner(cfg: AgentConfig, table: SeriesTable) -> Learner:
@@ -38,6 +46,14 @@ def _prompt_learner(cfg: AgentConfig, table: SeriesTable) -> Learner:
                          cfg.seed, cfg.client_index, cfg.dp_sigma)
 
 
+def _pretrain_learner(cfg: AgentConfig, table: SeriesTable) -> Learner:
+    fm = cfg.foundation_model
+    data = device_series(table, fm.variables, fm.window, cfg.training.stride)
+    if cfg.fedal_client is None:
+        return FoundationLearner(fm, data, cfg.training, cfg.seed, cfg.client_index)
+    return FedalLearner(fm, cfg.fedal_client, data, cfg.training, cfg.seed, cfg.client_index)
+
+
 def _head_template(cfg: FleetModel, seed: int) -> FleetTemplate:
     initial = initial_shared_state(cfg.model, seed)
     return FleetTemplate(initial, head_signature(cfg.model, initial))
@@ -49,9 +65,17 @@ def _prompt_template(cfg: FleetModel, seed: int) -> FleetTemplate:
     return FleetTemplate(initial, prompt_signature(cfg.prompt, foundation, initial))
 
 
+def _pretrain_template(cfg: FleetModel, seed: int) -> FleetTemplate:
+    fm = cfg.foundation_model
+    initial = {k: v.detach().clone() for k, v in foundation_model(fm, seed).state_dict().items()}
+    extras = coreset_layout(fm, cfg.fedal_client) if cfg.fedal_client else {}
+    return FleetTemplate(initial, pretraining_signature(fm, {**initial, **extras}), extras)
+
+
 LEARNERS: dict[str, tuple[Callable[[AgentConfig, SeriesTable], Learner], Callable[[FleetModel, int], FleetTemplate]]] = {
     HeadLearner.kind: (_head_learner, _head_template),
     PromptLearner.kind: (_prompt_learner, _prompt_template),
+    "pretrain": (_pretrain_learner, _pretrain_template),
 }
 
 
@@ -64,6 +88,8 @@ def training_rows_needed(cfg: AgentConfig) -> int:
     """The least history the learner of ``cfg.mode`` trains on (its ``prepare_client`` split)."""
     if cfg.mode == PromptLearner.kind:
         return device_rows_needed(cfg.prompt.lookback + cfg.prompt.horizon)
+    if cfg.mode == "pretrain":
+        return device_rows_needed(cfg.foundation_model.window)
     return min_training_rows(cfg.model.lookback, cfg.model.horizon)
 
 
@@ -72,5 +98,5 @@ def fleet_template(cfg: FleetModel, seed: int) -> FleetTemplate:
     return LEARNERS[cfg.mode][1](cfg, seed)
 
 
-__all__ = ["LEARNERS", "FleetTemplate", "FoundationLearner", "HeadLearner", "Learner", "PromptLearner",
+__all__ = ["LEARNERS", "FedalLearner", "FleetTemplate", "FoundationLearner", "HeadLearner", "Learner", "PromptLearner",
            "fleet_template", "make_learner", "training_rows_needed"]

@@ -42,6 +42,11 @@ class Learner(ABC):
     def restore(self, state: TensorDict) -> None:
         """Reinstall a ``personal_state`` saved earlier."""
 
+    def global_part(self, wire: TensorDict) -> TensorDict:
+        """The part of a ``wire_state`` laid out as the round's global state (all of it, unless
+        the learner uploads more for the strategy alone, as FeDaL's core-sets)."""
+        return wire
+
     def serving_metrics(self, round_index: int) -> dict[str, float]:
         """Figures about the model this gateway serves once ``round_index`` is announced, sent
         with its update (none by default)."""

@@ -14,30 +14,18 @@ from typing import ClassVar
 
 import numpy as np
 import torch
-from pydantic import BaseModel, ConfigDict, Field
 
-from edge_agent.coreset import CoresetSettings, learn_coreset, mask_batch, private_coreset
+from edge_agent.coreset import learn_coreset, mask_batch, private_coreset
 from edge_agent.data.canonical import DeviceSeries
-from edge_agent.learners.foundation import FoundationLearner
-from edge_agent.models.dbe import DBESettings, DomainBiasElimination
+from edge_agent.learners.foundation import FoundationLearner, pretraining_signature
+from edge_agent.models.dbe import DomainBiasElimination
+from edge_agent.models.fedal_settings import FedalClientSettings
 from edge_agent.models.foundation import FoundationConfig, FoundationModel, masked_mse
 from edge_agent.seeds import Stream, derive_seed, seed_for
 from edge_agent.tensors import TensorDict, check_layout, layout_of
 from edge_agent.train import LocalTraining
 
 CORESET_PREFIX = "coreset."
-
-
-class FedalClientSettings(BaseModel):
-    """The client half of FeDaL; ``dbe``/``coreset`` set to None give the plain baselines."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    patch: int = Field(3, ge=1, description="steps per patch of the masked input")
-    mask_rate: float = Field(0.75, gt=0.0, lt=1.0, description="share of masked patches (paper: 75%)")
-    dbe: DBESettings | None = Field(DBESettings(), description="Domain Bias Elimination (None: off)")
-    coreset: CoresetSettings | None = Field(CoresetSettings(), description="core-set upload (None: none)")
-    prox_mu: float = Field(0.0, ge=0.0, description="FedProx proximal weight (the FedProx baseline)")
 
 
 def coreset_layout(cfg: FoundationConfig, settings: FedalClientSettings) -> TensorDict:
@@ -81,6 +69,7 @@ class FedalLearner(FoundationLearner):
         super().__init__(cfg, data, training, seed, client_index)
         self.dbe = DomainBiasElimination(cfg.window, cfg.d_model, settings.dbe) if settings.dbe else None
         self.settings, self.coreset = settings, coreset_layout(cfg, settings)
+        self.signature = pretraining_signature(cfg, self.wire_state(0))
 
     def train(self, round_index: int) -> float:
         """E epochs of masked reconstruction (+ DBE's bias term, + FedProx's), then the core-set."""
@@ -137,6 +126,9 @@ class FedalLearner(FoundationLearner):
         if self.dbe is not None:
             state["latent_bias"] = self.dbe.running.detach().clone()
         return {**state, **{k: v.clone() for k, v in self.coreset.items()}}
+
+    def global_part(self, wire: TensorDict) -> TensorDict:
+        return split_coreset(wire)[0]
 
     def personal_state(self) -> TensorDict:
         return {k: v.detach().clone() for k, v in self.dbe.state_dict().items()} if self.dbe else {}

@@ -24,6 +24,12 @@ def foundation_model(cfg: FoundationConfig, seed: int) -> FoundationModel:
         return FoundationModel(cfg)
 
 
+def pretraining_signature(cfg: FoundationConfig, upload: TensorDict) -> str:
+    """The model signature of a pretraining fleet: the model's config and the layout of what a
+    device uploads (so an agent without the core-sets a FeDaL fleet expects is refused at hello)."""
+    return signature(upload, cfg.model_dump_json())
+
+
 def masked_batch(x: torch.Tensor, cfg: FoundationConfig, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(input with masked positions zeroed, mask) with an independent mask per sample."""
     rng = np.random.default_rng(seed)
@@ -80,7 +86,7 @@ class FoundationLearner(Learner):
         self.data, self.training, self.seed, self.client_index = data, training, seed, client_index
         self.layout = layout_of(self.model.state_dict())
         self.n_features, self.n_samples = int(data.present.sum()), len(data.train)
-        self.signature = signature(self.model.state_dict(), cfg.model_dump_json())
+        self.signature = pretraining_signature(cfg, self.model.state_dict())
 
     def load_global(self, state: TensorDict) -> None:
         check_layout(state, self.layout, "global state")

@@ -46,8 +46,9 @@ class PromptModeSettings(BaseModel):
     """The training mode and, for prompt mode, the foundation model: the same fields in
     ``agent.toml`` and ``coordinator.toml``, since both sides must name the same backbone."""
 
-    mode: Literal["head", "prompt"] = Field(
-        "head", description="what is trained: QAP + FedPer head, or FedPoD prompts around a frozen foundation model"
+    mode: Literal["head", "prompt", "pretrain"] = Field(
+        "head", description="what is trained: QAP + FedPer head, FedPoD prompts around a frozen foundation model, "
+                            "or the foundation model itself (federated pretraining, FeDaL or FedPoD's)"
     )
     foundation: Path | None = Field(None, description="prompt mode: the pretrained foundation checkpoint")
     foundation_sha256: str | None = Field(None, pattern=r"^[0-9a-f]{64}$", description="refuse any other backbone")
