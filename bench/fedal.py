@@ -114,7 +114,8 @@ def pretrain_job(method: str, fold: int, seed: int, cfg: dict, threads: int) -> 
                    val_curve=[r.val_loss for r in records], zero_shot=zero_shot(model, held_out, cfg))
     if method == "fedal":
         out["recon_own_bias"] = [recon(model, d, pcfg, cfg, l.own_bias()) for l, d in zip(learners, devices)]
-        out["attack"] = attack(model, devices[:: len(devices) // cfg["attack_clients"]][: cfg["attack_clients"]], pcfg, cfg)
+        spaced = devices[:: len(devices) // cfg["attack_clients"]][: cfg["attack_clients"]]  # across stations
+        out["attack"] = attack(model, spaced, pcfg, cfg)
     return {**out, "seconds": time.perf_counter() - started}
 
 
