@@ -172,25 +172,27 @@ def local_job(fold: int, seed: int, cfg: dict, threads: int) -> dict:
 
 
 def attack(model, devices: list, pcfg, cfg: dict) -> dict[str, float]:
-    """Nearest-window correlation per noise level (mean over ``devices``) of a core-set learnt on
-    the final model, and the references: real windows handed over, and the Gaussian noise the
-    core-set starts from (the same draw)."""
+    """Nearest-window correlation (mean over ``devices``) of a core-set learnt on the final model,
+    uploaded at each noise level; the same noise on real windows handed over (what the noise alone
+    hides); and the Gaussian noise the core-set starts from (the same draw)."""
     import torch
 
     from edge_agent.coreset import learn_coreset, nearest_window_correlation, private_coreset
     from edge_agent.seeds import Stream, seed_for
 
-    client, found = pcfg.device_side, {f"sigma={s:g}": [] for s in cfg["sigmas"]} | {"real": [], "gaussian": []}
+    client, found = pcfg.device_side, {}
     for i, d in enumerate(devices):
         seed = seed_for(pcfg.seed, Stream.CORESET, 0, i)  # round 0: never one of the training rounds
         learnt = learn_coreset(model, d.train, d.present, client.coreset, client.patch, client.mask_rate, seed)
+        uploads = {"gaussian start": torch.randn(learnt.shape, generator=torch.Generator().manual_seed(seed))
+                   * d.present}
         for sigma in cfg["sigmas"]:
-            noisy = private_coreset(learnt, d.present, sigma, seed_for(pcfg.seed, Stream.CORESET_NOISE, 0, i))
-            found[f"sigma={sigma:g}"].append(nearest_window_correlation(noisy, d.train, d.present))
-        gaussian = torch.randn(learnt.shape, generator=torch.Generator().manual_seed(seed)) * d.present
-        found["real"].append(nearest_window_correlation(d.train[: len(learnt)], d.train, d.present))
-        found["gaussian"].append(nearest_window_correlation(gaussian, d.train, d.present))
-    return {name: sum(v) / len(v) for name, v in found.items()}
+            noise = seed_for(pcfg.seed, Stream.CORESET_NOISE, 0, i)
+            uploads[f"core-set, sigma={sigma:g}"] = private_coreset(learnt, d.present, sigma, noise)
+            uploads[f"real windows, sigma={sigma:g}"] = private_coreset(d.train[: len(learnt)], d.present, sigma, noise)
+        for name, upload in uploads.items():
+            found.setdefault(name, []).append(nearest_window_correlation(upload, d.train, d.present))
+    return {name: sum(v) / len(v) for name, v in sorted(found.items())}
 
 
 def run_job(method: str, fold: int, seed: int, cfg: dict, threads: int) -> dict:

@@ -45,7 +45,9 @@ def table1(runs: list[dict], fold: int) -> list[dict]:
         rates = [[weighted([c[k] for c in r["recon"]], sizes) for r in mine] for k in range(len(mine[0]["recon"][0]))]
         verdicts = [verdict([s[c] for s in per_client[method]], [s[c] for s in per_client["fedavg"]])
                     for c in range(len(sizes))]
-        rows.append({"fold": fold, "method": method, "mse": spread([weighted(s, sizes) for s in per_client[method]]),
+        fleet = [weighted(s, sizes) for s in per_client[method]]
+        rows.append({"fold": fold, "method": method, "mse": spread(fleet),
+                     "fleet_vs_fedavg": verdict(fleet, [weighted(s, sizes) for s in per_client["fedavg"]]),
                      "rates": [spread(v) for v in rates], "bytes": mine[0]["bytes"],
                      "clients_vs_fedavg": {v: verdicts.count(v) for v in ("win", "loss", "tie")}})
     return rows
@@ -91,14 +93,14 @@ def markdown(summary: dict) -> str:
              f"{len(cfg['rates'])} masking rates)", ""]
     for fold, held_out in enumerate(cfg["folds"]):
         lines += [f"Fold {fold} (held out: {', '.join(held_out)}).", "",
-                  f"| method | avg MSE | {rates} | Comm. (MB) | clients win / loss / tie vs FedAvg |",
-                  "|---|---|" + "---|" * len(cfg["rates"]) + "---|---|"]
+                  f"| method | avg MSE | {rates} | Comm. (MB) | vs FedAvg | clients win / loss / tie vs FedAvg |",
+                  "|---|---|" + "---|" * len(cfg["rates"]) + "---|---|---|"]
         for r in (r for r in summary["table1"] if r["fold"] == fold):
             wins = "—" if r["method"] == "fedavg" else " / ".join(str(r["clients_vs_fedavg"][v])
                                                                   for v in ("win", "loss", "tie"))
             comm = f"{r['bytes'] / 1e6:.2f}" if r["bytes"] else "—"
             lines.append(f"| {LABELS[r['method']]} | {cell(r['mse'])} | " + " | ".join(map(cell, r["rates"])) +
-                         f" | {comm} | {wins} |")
+                         f" | {comm} | {'—' if r['method'] == 'fedavg' else r['fleet_vs_fedavg']} | {wins} |")
     lines += ["", f"## Zero-shot on held-out stations: {cfg['horizon']} h from 12 h of context (MSE / MAE, "
               f"standardized with the statistics of the last {cfg['history_days']} days of training history)", "",
               "| station | " + " | ".join(LABELS[m] for m in ZERO_SHOT) + " | FeDaL vs FedAvg | FeDaL vs naive | "
