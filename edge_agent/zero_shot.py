@@ -50,7 +50,18 @@ def zero_shot_forecast(foundation: FoundationModel, table: SeriesTable, horizon:
     if not table.present[-context:].all():
         raise DataError(f"{table.name}: the latest {context} steps have a gap; no zero-shot forecast from them")
     scaler = fit_scaler(table)
-    x = torch.zeros(1, foundation.cfg.window, len(foundation.cfg.variables))
-    x[0, :context, index] = torch.from_numpy(scaler.transform(table.values[-context:]).astype(np.float32))
-    filled = foundation.eval()(x)[0, context:, index].numpy()
-    return scaler.inverse_transform(filled)
+    scaled = torch.from_numpy(scaler.transform(table.values[-context:]).astype(np.float32))
+    return scaler.inverse_transform(fill_horizon(foundation, scaled[None], index, horizon)[0].numpy())
+
+
+@torch.no_grad()
+def fill_horizon(foundation: FoundationModel, context: torch.Tensor, index: torch.Tensor, horizon: int) -> torch.Tensor:
+    """(B, horizon, F) standardized forecasts from a batch of standardized ``context`` (B, >= C, F):
+    its latest C = window - horizon rows placed at ``index`` of the canonical layout (other
+    variables zero), then ``horizon`` zeroed positions, which the model's reconstruction fills."""
+    size = context_rows(foundation, horizon)
+    if context.shape[1] < size:
+        raise ValueError(f"a context of {context.shape[1]} rows; a {horizon}-step zero-shot forecast needs {size}")
+    x = torch.zeros(len(context), foundation.cfg.window, len(foundation.cfg.variables))
+    x[:, :size, index] = context[:, -size:].float()
+    return foundation.eval()(x)[:, size:, index]

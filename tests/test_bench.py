@@ -21,6 +21,10 @@ FEDDTW = {"lookback": 10, "horizon": 5, "stride": 61, "val_stride": 23, "d_qap":
 FEDPOD = {"rounds": 1, "local_epochs": 1, "stride": 97, "pretrain_rounds": 1, "pretrain_stride": 97, "seed": 42}
 VALUE = {**FEDQAPER, "clients": 3, "max_windows": 16, "val_stride": 31, "rounds": 2, "patience": 1}
 ROBUSTNESS = {**VALUE, "clients": 4, "f_max": 4, "stride": 193, "val_stride": 97, "batch_size": 64, "rounds": 2}
+FEDAL = {"folds": [["greensboro", "amsterdam"]], "steps": ["1h"], "single_variables": ["temp_air"], "rounds": 1,
+         "local_epochs": 1, "participation": 0.5, "stride": 97, "test_every": 50, "prox_mu": 0.01, "rates": [0.5],
+         "horizon": 12, "history_days": 14, "local_epochs_max": 1, "local_patience": 1, "attack_clients": 1,
+         "sigmas": [0.5], "seeds": [1]}
 ENERGY = {"site": "greensboro", "lookback": 24, "horizon": 12, "stride": 97, "epochs": 1, "batch_size": 64,
           "lr": 1e-3, "test_windows": 8, "seed": 7}
 
@@ -51,6 +55,7 @@ def twice(job, first: tuple, other: tuple) -> tuple[object, object]:
     ("feddtw", ("dlinear", 1, "rcd", "wsf", FEDDTW), ("dlinear", 2, "du", "maf", FEDDTW)),
     ("fedpod", ("fedpod", "task2", 1, FEDPOD), ("scratch_fedavg", "task1", 2, FEDPOD)),
     ("energy", ("spikernn", ENERGY), ("dlinear", ENERGY)),
+    ("fedal", ("fedal", 0, 1, FEDAL), ("fedprox", 0, 2, FEDAL)),
     ("value", ("stations", 14, "dlinear", "fedrep_select", 1, VALUE), ("stations", 0, "dlinear", "centralized", 2, VALUE)),
     ("robustness", ("trimmed_mean", "sign_flip", 1, 1, ROBUSTNESS), ("fedavg", "value_1e30", 2, 2, ROBUSTNESS)),
 ])

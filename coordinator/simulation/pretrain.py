@@ -68,14 +68,16 @@ class PretrainRound:
 
 def pretrain(devices: Sequence[DeviceSeries], fm: FoundationConfig, cfg: PretrainConfig,
              on_round: Callable[[PretrainRound], None] | None = None,
-             participation: Participation | None = None) -> tuple[FoundationModel, list[PretrainRound]]:
+             participation: Participation | None = None,
+             learners: Sequence[Learner] | None = None) -> tuple[FoundationModel, list[PretrainRound]]:
     """Rounds of federated pretraining; validation loss is the sample-weighted masked MSE of the
     global model on every device's validation windows. ``participation``: who takes part in
     each round (default: a share ``cfg.participation`` sampled per round; a service's test
-    passes what its fleet did)."""
+    passes what its fleet did); ``learners`` (default: fresh ``pretraining_learners``) may be
+    passed to read their state afterwards, e.g. FeDaL's own biases."""
     model = foundation_model(fm, cfg.seed)
     initial = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    learners = pretraining_learners(devices, fm, cfg)
+    learners = pretraining_learners(devices, fm, cfg) if learners is None else learners
     roster = [ClientInfo(d.name, len(d.train)) for d in devices]
     settings = StrategySettings(strategy=cfg.strategy, fedal=cfg.server.model_copy(update={"model": fm}))
     engine = RoundEngine(make_strategy(settings, initial, cfg.seed), TwinSettings(), robust=settings.robust)
@@ -93,6 +95,20 @@ def pretrain(devices: Sequence[DeviceSeries], fm: FoundationConfig, cfg: Pretrai
 
     run_rounds(learners, roster, engine, initial, plan, after_round)
     return model.eval(), records
+
+
+def pretrain_standalone(devices: Sequence[DeviceSeries], fm: FoundationConfig, cfg: PretrainConfig) -> list[Learner]:
+    """FeDaL's Standalone baseline (Table 1): every device trains alone from the same initial
+    model, in exactly the rounds it would take part in (same local epochs and seeds), never
+    averaged; each learner's ``model`` is its own."""
+    initial = foundation_model(fm, cfg.seed).state_dict()
+    learners = pretraining_learners(devices, fm, cfg)
+    plan = sampled(cfg.rounds, len(devices), cfg.participation, cfg.seed)
+    for learner, rounds in zip(learners, plan.present.T):
+        learner.load_global(initial)
+        for number in rounds.nonzero()[0] + 1:
+            learner.train(int(number))
+    return learners
 
 
 def pretraining_learners(devices: Sequence[DeviceSeries], fm: FoundationConfig, cfg: PretrainConfig) -> list[Learner]:
