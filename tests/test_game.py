@@ -1,0 +1,120 @@
+"""The GAME aggregator (Fed-GAME section 2.3): attention rows, top-k gates, determinism, meta-
+training on structured differences, the mean ablation, state round trip."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from coordinator.strategies.game import GameAggregator, GameSettings, meta_loss
+
+FEATURES, PER_GROUP = 40, 3
+
+
+def two_groups(seed: int = 0, scale: float = 1e-3) -> torch.Tensor:
+    """(6, FEATURES) differences: two groups of three clients, each near its group's centre."""
+    generator = torch.Generator().manual_seed(seed)
+    centres = torch.randn(2, FEATURES, generator=generator)
+    rows = [centre + 0.1 * torch.randn(PER_GROUP, FEATURES, generator=generator) for centre in centres]
+    return torch.cat(rows) * scale
+
+
+def within_group_share(attention: torch.Tensor) -> float:
+    """Mean attention mass a client puts on its own group's other members (uniform: 2/5)."""
+    group = torch.arange(len(attention)) // PER_GROUP
+    return (attention * (group[:, None] == group[None, :])).sum(1).mean().item()
+
+
+def aggregator(**overrides: object) -> GameAggregator:
+    return GameAggregator(FEATURES, GameSettings(max_clients=8, **overrides), seed=1)
+
+
+@pytest.mark.parametrize("variant", ["game", "gat", "mean"])
+def test_attention_rows_sum_to_one_over_peers_only(variant: str) -> None:
+    model = aggregator(variant=variant)
+    for training in (False, True):
+        model.train(training)
+        attention = model.attention(two_groups(), generator=torch.Generator().manual_seed(0)).detach()
+        torch.testing.assert_close(attention.sum(1), torch.ones(6))
+        assert (attention >= 0).all() and (attention.diagonal() == 0).all()
+
+
+@pytest.mark.parametrize("top_k", [1, 2, 3])
+def test_every_gate_keeps_exactly_top_k_experts_with_and_without_noise(top_k: int) -> None:
+    model = aggregator(top_k=top_k)
+    h = model.encoder(two_groups() / 1e-3)
+    for training in (False, True):
+        model.train(training)
+        gates = model.gates(h, torch.arange(6), torch.Generator().manual_seed(0)).detach()
+        assert ((gates > 0).sum(1) == top_k).all()
+        torch.testing.assert_close(gates.sum(1), torch.ones(6))
+
+
+def test_gate_noise_only_while_training_and_seeded() -> None:
+    model = aggregator()
+    h, slots = model.encoder(two_groups() / 1e-3).detach(), torch.arange(6)
+    assert torch.equal(model.gates(h, slots), model.gates(h, slots))
+    model.train()
+    noisy = [model.gates(h, slots, torch.Generator().manual_seed(s)) for s in (5, 5, 6)]
+    assert torch.equal(noisy[0], noisy[1]) and not torch.equal(noisy[0], noisy[2])
+
+
+def test_same_seeds_give_identical_training_and_outputs() -> None:
+    runs = []
+    for _ in range(2):
+        model = aggregator(lr=1e-2)
+        losses = model.fit(two_groups(), steps=5, lr=1e-2, seed=3)
+        runs.append((losses, model(two_groups()).detach()))
+    assert runs[0][0] == runs[1][0] and torch.equal(runs[0][1], runs[1][1])
+    other = GameAggregator(FEATURES, GameSettings(max_clients=8), seed=2)
+    assert not torch.equal(other(two_groups()), aggregator()(two_groups()))
+
+
+def test_meta_training_lowers_the_loss_and_attends_within_the_group() -> None:
+    differences = two_groups()
+    model = aggregator()
+    before = within_group_share(model.attention(differences).detach())
+    losses = model.fit(differences, steps=100, lr=1e-2, seed=3)
+    after = within_group_share(model.attention(differences).detach())
+    assert losses[-1] < 0.5 * losses[0]
+    assert after > 0.9 and after > before + 0.3  # uniform over peers would give 0.4
+
+
+def test_the_mean_variant_is_the_plain_mean_of_the_peers() -> None:
+    differences = two_groups()
+    model = aggregator(variant="mean", balance=0.25)
+    assert model.fit(differences, steps=3, lr=1e-2, seed=0)[0] > 0  # nothing to train, loss still reported
+    by_hand = torch.stack([torch.cat([differences[:i], differences[i + 1:]]).mean(0) for i in range(6)])
+    torch.testing.assert_close(model(differences), 0.25 * differences + 0.75 * by_hand)
+
+
+def test_a_lone_client_keeps_its_own_difference() -> None:
+    difference = two_groups()[:1]
+    torch.testing.assert_close(aggregator()(difference), difference)
+
+
+def test_meta_loss_is_zero_for_a_perfect_match_and_counts_both_terms() -> None:
+    target = two_groups() / 1e-3
+    assert meta_loss(target, target, 1.0, 1.0).item() == pytest.approx(0.0, abs=1e-6)
+    l2_only, cos_only = meta_loss(-target, target, 1.0, 0.0), meta_loss(-target, target, 0.0, 1.0)
+    assert cos_only.item() == pytest.approx(2.0)
+    torch.testing.assert_close(meta_loss(-target, target, 1.0, 1.0), l2_only + cos_only)
+
+
+def test_state_round_trip_gives_identical_outputs() -> None:
+    differences = two_groups()
+    trained = aggregator()
+    trained.fit(differences, steps=10, lr=1e-2, seed=3)
+    state = trained.state_dict()
+    assert all(isinstance(v, torch.Tensor) for v in state.values())
+    restored = GameAggregator(FEATURES, GameSettings(max_clients=8), seed=99)
+    restored.load_state_dict(state)
+    assert torch.equal(restored(differences), trained(differences))
+    assert restored.fit(differences, 2, 1e-2, 4) == trained.fit(differences, 2, 1e-2, 4)
+
+
+def test_settings_reject_unknown_variants_and_top_k_above_experts() -> None:
+    with pytest.raises(ValueError, match="variant"):
+        GameSettings(variant="sage")
+    with pytest.raises(ValueError, match="top_k"):
+        GameSettings(experts=2, top_k=3)
