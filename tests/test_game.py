@@ -1,12 +1,17 @@
 """The GAME aggregator (Fed-GAME section 2.3): attention rows, top-k gates, determinism, meta-
-training on structured differences, the mean ablation, state round trip."""
+training on structured differences, the mean ablation, state round trip; and the FedGAME
+strategy (section 2.2) through the round engine."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
+from coordinator.engine import RoundEngine
+from coordinator.strategies import ClientInfo, ClientUpdate, RobustSettings, StrategySettings, make_strategy
+from coordinator.strategies.fedgame import selected_names
 from coordinator.strategies.game import GameAggregator, GameSettings, meta_loss
+from coordinator.twins import TwinSettings
 
 FEATURES, PER_GROUP = 40, 3
 
@@ -118,3 +123,78 @@ def test_settings_reject_unknown_variants_and_top_k_above_experts() -> None:
         GameSettings(variant="sage")
     with pytest.raises(ValueError, match="top_k"):
         GameSettings(experts=2, top_k=3)
+
+
+# The FedGAME strategy through the round engine.
+
+CURRENT = {"body.weight": torch.zeros(4, 3), "head.weight": torch.zeros(2, 4), "head.bias": torch.zeros(2),
+           "steps": torch.tensor(3)}
+NO_BOUNDS = RobustSettings(clip_factor=None, reject_factor=None)
+
+
+def client_states(seed: int = 0) -> list[ClientUpdate]:
+    """Four clients, two groups: head differences near their group's centre, bodies random."""
+    generator = torch.Generator().manual_seed(seed)
+    centres = torch.randn(2, 10, generator=generator)
+    updates = []
+    for i in range(4):
+        head = centres[i // 2] + 0.1 * torch.randn(10, generator=generator)
+        params = {"body.weight": torch.randn(4, 3, generator=generator), "head.weight": head[:8].reshape(2, 4),
+                  "head.bias": head[8:], "steps": torch.tensor(3 + i)}
+        updates.append(ClientUpdate(f"c{i}", params, n_samples=10 * (i + 1)))
+    return updates
+
+
+def engine(strategy: str = "fedgame", seed: int = 0, **game: object) -> RoundEngine:
+    settings = StrategySettings(strategy=strategy, game=GameSettings(steps=20, lr=1e-2, **game))
+    return RoundEngine(make_strategy(settings, CURRENT, seed), TwinSettings(twin="drop"), robust=NO_BOUNDS)
+
+
+ROSTER = [ClientInfo(f"c{i}", 10 * (i + 1)) for i in range(4)]
+
+
+def test_fedgame_steps_the_global_model_by_the_server_lr_and_personalizes_the_head() -> None:
+    fedavg = engine("fedavg").close(1, CURRENT, client_states(), ROSTER).global_state
+    result = engine(server_lr=0.5).close(1, CURRENT, client_states(), ROSTER)
+    for name in ("body.weight", "head.weight", "head.bias"):
+        torch.testing.assert_close(result.global_state[name], 0.5 * fedavg[name])
+    assert result.global_state["steps"].dtype == torch.int64
+    assert sorted(result.personal) == ["c0", "c1", "c2", "c3"] and "meta_loss" in result.metrics
+    for update in client_states():
+        mine = result.personal[update.client_id]
+        assert sorted(mine) == ["head.bias", "head.weight"]
+        assert all(mine[k].shape == CURRENT[k].shape for k in mine)
+    assert not torch.equal(result.personal["c0"]["head.weight"], result.personal["c2"]["head.weight"])
+
+
+def test_fedgame_with_eta_one_equals_fedavg_and_the_mean_variant_mixes_the_peers() -> None:
+    updates = client_states()
+    fedavg = engine("fedavg").close(1, CURRENT, updates, ROSTER).global_state
+    result = engine(server_lr=1.0, variant="mean", balance=0.5).close(1, CURRENT, updates, ROSTER)
+    assert all(torch.equal(result.global_state[k], fedavg[k]) for k in CURRENT)
+    heads = [u.params["head.bias"] for u in updates]
+    expected = 0.5 * heads[0] + 0.5 * torch.stack(heads[1:]).mean(0)
+    torch.testing.assert_close(result.personal["c0"]["head.bias"], expected)
+
+
+def test_fedgame_resumes_from_its_state_dict_after_a_restart() -> None:
+    steady = engine()
+    steady.close(1, CURRENT, client_states(0), ROSTER)
+    uninterrupted = steady.close(2, CURRENT, client_states(1), ROSTER)
+    before = engine()
+    before.close(1, CURRENT, client_states(0), ROSTER)
+    saved = before.strategy.state_dict()
+    assert all(isinstance(v, torch.Tensor) for v in saved.values())
+    restarted = engine(seed=0)
+    restarted.strategy.load_state_dict({k: v.clone() for k, v in saved.items()})
+    resumed = restarted.close(2, CURRENT, client_states(1), ROSTER)
+    assert restarted.strategy.clients == ["c0", "c1", "c2", "c3"]
+    assert all(torch.equal(resumed.personal[c][k], uninterrupted.personal[c][k])
+               for c in uninterrupted.personal for k in uninterrupted.personal[c])
+
+
+def test_fedgame_selects_the_final_layer_or_the_named_prefixes() -> None:
+    assert selected_names(CURRENT, ()) == ("head.weight", "head.bias")
+    assert selected_names(CURRENT, ("body.",)) == ("body.weight",)
+    with pytest.raises(ValueError, match="no floating tensor"):
+        selected_names(CURRENT, ("missing.",))

@@ -132,17 +132,23 @@ class GameAggregator(nn.Module):
         beta = self.settings.balance
         return beta * differences + (1 - beta) * self.attention(differences, slots, generator) @ differences
 
+    def loss(self, differences: torch.Tensor, slots: torch.Tensor | None = None,
+             generator: torch.Generator | None = None) -> torch.Tensor:
+        """The meta-loss (eq. 3) of the personalized against the clients' own differences, both
+        RMS-scaled."""
+        s, target = self.settings, _scaled(differences)
+        return meta_loss(self(target, slots, generator), target, s.l2_weight, s.cosine_weight)
+
     def fit(self, differences: torch.Tensor, steps: int, lr: float, seed: int,
             slots: torch.Tensor | None = None) -> list[float]:
         """``steps`` Adam steps on the meta-loss (eq. 3) of this round's differences, gate noise
         drawn from ``seed``; the loss before each step. Leaves the module in eval mode."""
-        s, target = self.settings, _scaled(differences.detach())
         generator = torch.Generator().manual_seed(seed)
         optimizer = torch.optim.Adam(self.parameters(), lr=lr)
         losses = []
         self.train()
         for _ in range(steps):
-            loss = meta_loss(self(target, slots, generator), target, s.l2_weight, s.cosine_weight)
+            loss = self.loss(differences.detach(), slots, generator)
             losses.append(loss.item())
             if loss.requires_grad:
                 optimizer.zero_grad()
