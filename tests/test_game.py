@@ -5,6 +5,7 @@ strategy (section 2.2) through the round engine."""
 from __future__ import annotations
 
 import pytest
+import safetensors.torch
 import torch
 
 from coordinator.engine import RoundEngine
@@ -177,16 +178,15 @@ def test_fedgame_with_eta_one_equals_fedavg_and_the_mean_variant_mixes_the_peers
     torch.testing.assert_close(result.personal["c0"]["head.bias"], expected)
 
 
-def test_fedgame_resumes_from_its_state_dict_after_a_restart() -> None:
+def test_fedgame_resumes_from_its_safetensors_state_after_a_restart() -> None:
     steady = engine()
     steady.close(1, CURRENT, client_states(0), ROSTER)
     uninterrupted = steady.close(2, CURRENT, client_states(1), ROSTER)
     before = engine()
     before.close(1, CURRENT, client_states(0), ROSTER)
-    saved = before.strategy.state_dict()
-    assert all(isinstance(v, torch.Tensor) for v in saved.values())
+    saved = safetensors.torch.load(safetensors.torch.save(before.strategy.state_dict()))  # as the store keeps it
     restarted = engine(seed=0)
-    restarted.strategy.load_state_dict({k: v.clone() for k, v in saved.items()})
+    restarted.strategy.load_state_dict(saved)
     resumed = restarted.close(2, CURRENT, client_states(1), ROSTER)
     assert restarted.strategy.clients == ["c0", "c1", "c2", "c3"]
     assert all(torch.equal(resumed.personal[c][k], uninterrupted.personal[c][k])

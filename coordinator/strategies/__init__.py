@@ -60,7 +60,8 @@ def make_strategy(settings: StrategySettings, initial: TensorDict, seed: int) ->
 
 
 __all__ = [
-    "STRATEGIES", "Aggregate", "ClientInfo", "ClientUpdate", "GBESettings", "GameSettings", "GraphSettings", "NoiseSettings", "RobustSettings",
+    "STRATEGIES", "Aggregate", "ClientInfo", "ClientUpdate", "GBESettings", "GameSettings", "GraphSettings",
+    "NoiseSettings", "RobustSettings",
     "ServerSettings", "Strategy",
     "StrategySettings",
     "make_strategy", "weighted_mean",

@@ -43,8 +43,8 @@ class FedGAME(Strategy):
             return Aggregate(state)
         differences = torch.stack([self.flat_difference(current, u.params) for u in on_time])
         slots = torch.tensor([self.slot(u.client_id) for u in on_time])
-        s = self.settings
-        self.aggregator.fit(differences, s.steps, s.lr, seed_for(self.seed, Stream.GAME_GATE_NOISE, round_number), slots)
+        noise_seed = seed_for(self.seed, Stream.GAME_GATE_NOISE, round_number)
+        self.aggregator.fit(differences, self.settings.steps, self.settings.lr, noise_seed, slots)
         with torch.no_grad():
             personalized = self.aggregator(differences, slots)
             loss = self.aggregator.loss(differences, slots).item()
