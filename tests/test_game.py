@@ -86,6 +86,20 @@ def test_meta_training_lowers_the_loss_and_attends_within_the_group() -> None:
     assert after > 0.9 and after > before + 0.3  # uniform over peers would give 0.4
 
 
+@pytest.mark.parametrize(("variant", "trained", "untouched"), [
+    ("game", ("encoder.weight", "experts", "gate_weight"), ("gat.weight",)),
+    ("gat", ("encoder.weight", "gat.weight"), ("experts", "gate_weight", "gate_bias", "noise_weight")),
+])
+def test_each_variant_trains_only_its_own_scoring(variant: str, trained: tuple[str, ...],
+                                                  untouched: tuple[str, ...]) -> None:
+    model = aggregator(variant=variant)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    model.fit(two_groups(), steps=3, lr=1e-2, seed=0)
+    after = model.state_dict()
+    assert all(not torch.equal(before[k], after[k]) for k in trained)
+    assert all(torch.equal(before[k], after[k]) for k in untouched)
+
+
 def test_the_mean_variant_is_the_plain_mean_of_the_peers() -> None:
     differences = two_groups()
     model = aggregator(variant="mean", balance=0.25)

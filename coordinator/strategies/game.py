@@ -142,7 +142,8 @@ class GameAggregator(nn.Module):
     def fit(self, differences: torch.Tensor, steps: int, lr: float, seed: int,
             slots: torch.Tensor | None = None) -> list[float]:
         """``steps`` Adam steps on the meta-loss (eq. 3) of this round's differences, gate noise
-        drawn from ``seed``; the loss before each step. Leaves the module in eval mode."""
+        drawn from ``seed``; the loss before each step. Each call starts a fresh Adam, so a restart
+        that reloads ``state_dict`` trains on exactly as before. Leaves the module in eval mode."""
         generator = torch.Generator().manual_seed(seed)
         optimizer = torch.optim.Adam(self.parameters(), lr=lr)
         losses = []
