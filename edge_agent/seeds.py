@@ -31,6 +31,8 @@ class Stream(IntEnum):
     CORESET = 12  # a client's core-set: start and matching batches (round, client index)
     CORESET_NOISE = 13  # Fourier-magnitude noise on an uploaded core-set (round, client index)
     CORESET_TUNING = 14  # the server's core-set tuning: batches and masks (round)
+    GAME_INIT = 15  # the coordinator's Fed-GAME aggregator parameters
+    GAME_GATE_NOISE = 16  # Fed-GAME's noisy top-k gate noise while the server trains it (round)
 
 
 def derive_seed(*parts: int) -> int:

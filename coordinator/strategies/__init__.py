@@ -11,8 +11,10 @@ from coordinator.strategies.bounds import RobustSettings
 from coordinator.strategies.dp_fedavg import DPFedAvg, NoiseSettings
 from coordinator.strategies.fedal import FeDaL, GBESettings
 from coordinator.strategies.fedavg import FedAvg
+from coordinator.strategies.fedgame import FedGAME
 from coordinator.strategies.fedopt import FedAdam, FedAvgM, ServerSettings
 from coordinator.strategies.fedpod import FedPoD, GraphSettings
+from coordinator.strategies.game import GameSettings
 from coordinator.strategies.median import Median
 from coordinator.strategies.trimmed_mean import TrimmedMean
 from edge_agent.registry import registered
@@ -31,6 +33,7 @@ class StrategySettings(BaseModel):
     noise: NoiseSettings = Field(NoiseSettings(), description="dp_fedavg: clip norm and noise multiplier")
     fedal: GBESettings = Field(GBESettings(), description="fedal: Global Bias Elimination (correction, core-set "
                                "tuning, fusion)")
+    game: GameSettings = Field(GameSettings(), description="fedgame: server learning rate and the GAME aggregator")
 
     @field_validator("strategy")
     @classmethod
@@ -47,6 +50,7 @@ STRATEGIES: dict[str, Callable[[TensorDict, StrategySettings, int], Strategy]] =
     TrimmedMean.name: lambda initial, settings, seed: TrimmedMean(settings.robust.trim_fraction),
     DPFedAvg.name: lambda initial, settings, seed: DPFedAvg(settings.noise, seed),
     FeDaL.name: lambda initial, settings, seed: FeDaL(initial, settings.fedal, seed),
+    FedGAME.name: lambda initial, settings, seed: FedGAME(initial, settings.game, seed),
 }
 
 
@@ -56,7 +60,8 @@ def make_strategy(settings: StrategySettings, initial: TensorDict, seed: int) ->
 
 
 __all__ = [
-    "STRATEGIES", "Aggregate", "ClientInfo", "ClientUpdate", "GBESettings", "GraphSettings", "NoiseSettings", "RobustSettings",
+    "STRATEGIES", "Aggregate", "ClientInfo", "ClientUpdate", "GBESettings", "GameSettings", "GraphSettings",
+    "NoiseSettings", "RobustSettings",
     "ServerSettings", "Strategy",
     "StrategySettings",
     "make_strategy", "weighted_mean",
