@@ -109,7 +109,7 @@ def pretrain_job(method: str, fold: int, seed: int, cfg: dict, threads: int) -> 
         learners = pretraining_learners(devices, fm, pcfg)
         model, records = pretrain(devices, fm, pcfg, lambda r: print(f"  {method} fold {fold} seed {seed} round "
                                                                     f"{r.round}: val {r.val_loss:.4f}", flush=True),
-                                  learners)
+                                  learners=learners)
         out.update(recon=[recon(model, d, pcfg, cfg) for d in devices], bytes=communicated_bytes(devices, pcfg),
                    val_curve=[r.val_loss for r in records], zero_shot=zero_shot(model, held_out, cfg))
     if method == "fedal":

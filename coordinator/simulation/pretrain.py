@@ -67,7 +67,7 @@ class PretrainRound:
 
 
 def pretrain(devices: Sequence[DeviceSeries], fm: FoundationConfig, cfg: PretrainConfig,
-             on_round: Callable[[PretrainRound], None] | None = None,
+             on_round: Callable[[PretrainRound], None] | None = None, *,
              participation: Participation | None = None,
              learners: Sequence[Learner] | None = None) -> tuple[FoundationModel, list[PretrainRound]]:
     """Rounds of federated pretraining; validation loss is the sample-weighted masked MSE of the
