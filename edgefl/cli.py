@@ -129,6 +129,12 @@ def quantile_summary(metrics: Metrics | None) -> dict[str, float]:
     return {} if metrics is None or metrics.qs is None else {"qs": metrics.qs, "icp": metrics.icp, "mil": metrics.mil}
 
 
+def metric_line(metrics: Metrics) -> str:
+    """"test MSE .., MAE .." and, for quantile models, QS, ICP and MIL."""
+    extra = "".join(f", {name.upper()} {value:.4f}" for name, value in quantile_summary(metrics).items())
+    return f"test MSE {metrics.mse:.4f}, MAE {metrics.mae:.4f}{extra}"
+
+
 def parse_levels(text: str | None) -> tuple[float, ...] | None:
     """``--quantiles 0.1,0.5,0.9`` -> (0.1, 0.5, 0.9); the levels themselves are checked by ModelConfig."""
     if text is None:
@@ -224,11 +230,7 @@ def simulate(
             ),
         )
     console.print()
-    qs = quantile_summary(result.test)
-    console.print(
-        f"best round {result.best_round} (by validation): test MSE {result.test.mse:.4f}, MAE {result.test.mae:.4f}"
-        + ("".join(f", {name.upper()} {value:.4f}" for name, value in qs.items()))
-    )
+    console.print(f"best round {result.best_round} (by validation): {metric_line(result.test)}")
     summary = {
         "config": {"model": cfg.model_dump(), "federation": fed.model_dump(), "clients": clients, "f_max": f_max,
                    "dropout": dropout, "absence": matrix.absence_rate},
@@ -240,7 +242,7 @@ def simulate(
              "late": list(r.late), "seconds": r.seconds}
             for r in result.records
         ],
-        "fed": {"mse": result.test.mse, "mae": result.test.mae, **qs, "best_round": result.best_round},
+        "fed": {"mse": result.test.mse, "mae": result.test.mae, **quantile_summary(result.test), "best_round": result.best_round},
     }
     if save_models:
         from edge_agent.models import save_checkpoint
@@ -323,8 +325,8 @@ def run_baselines(fleet, cfg, fed) -> dict[str, dict[str, float]]:
         with console.status(f"training {name} baseline"):
             budget = TrainingBudget.matching(fed)
             res = runner(fleet, cfg, budget)
-        console.print(f"{name:>11}: test MSE {res.test.mse:.4f}, MAE {res.test.mae:.4f}")
-        out[name] = {"mse": res.test.mse, "mae": res.test.mae}
+        console.print(f"{name:>11}: {metric_line(res.test)}")
+        out[name] = {"mse": res.test.mse, "mae": res.test.mae, **quantile_summary(res.test)}
     return out
 
 
