@@ -9,7 +9,7 @@ from pydantic import ValidationError
 
 from coordinator.simulation.federation import FederationConfig, run_federation
 from edge_agent.data import TIME_FEATURES, load_site, prepare_client
-from edge_agent.models import BACKBONES, build_forecaster
+from edge_agent.models import BACKBONES, build_forecaster, load_checkpoint, save_checkpoint
 from edge_agent.models.heads import monotone_quantiles
 from edge_agent.train import evaluate
 from tests.conftest import small_config, trained
@@ -66,6 +66,15 @@ def test_point_models_are_unchanged_by_the_option() -> None:
     assert quantile.state_dict()["personal.head.channels.weight"].shape == (9, 16)
     with pytest.raises(ValueError, match="no quantiles"):
         point.forward_quantiles(torch.zeros(1, 24, 3), torch.zeros(1, 24, TIME_FEATURES))
+
+
+def test_a_checkpoint_keeps_the_levels_and_the_quantiles(tmp_path) -> None:
+    model = build_forecaster(small_config("lstm", quantiles=(0.05, 0.5, 0.95)), 2, TIME_FEATURES, seed=1).eval()
+    save_checkpoint(model, tmp_path / "q.safetensors")
+    loaded, _ = load_checkpoint(tmp_path / "q.safetensors")
+    x, marks = torch.randn(2, 24, 2), torch.zeros(2, 24, TIME_FEATURES)
+    assert loaded.levels == (0.05, 0.5, 0.95)
+    torch.testing.assert_close(loaded.eval().forward_quantiles(x, marks), model.forward_quantiles(x, marks))
 
 
 def test_head_mode_federation_trains_with_pinball_loss_and_reports_coverage() -> None:
