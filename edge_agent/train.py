@@ -13,6 +13,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from edge_agent.data import WindowSet
+from edge_agent.metrics import covered, median_index, pinball_loss, pinball_terms, widths
 
 
 class LocalTraining(BaseModel):
@@ -48,15 +49,34 @@ class HeadTraining(LocalTraining):
 
 @dataclass(frozen=True)
 class Metrics:
-    """Mean squared and absolute error over every predicted element (FedQAPer A.1)."""
+    """Mean squared and absolute error over every predicted element (FedQAPer A.1), of the median
+    for a quantile model, which also gets Fed-GAME's QS, ICP and MIL (``edge_agent.metrics``;
+    None for point models)."""
 
     mse: float
     mae: float
+    qs: float | None = None
+    icp: float | None = None
+    mil: float | None = None
+
+    @property
+    def score(self) -> float:
+        """The validation criterion (lower is better): QS for quantile models, MSE otherwise."""
+        return self.mse if self.qs is None else self.qs
 
 
 def make_optimizer(model: nn.Module, lr: float) -> torch.optim.Optimizer:
     """Adam over every parameter of ``model``, as in the paper's training setup (A.2: lr 1e-3)."""
     return torch.optim.Adam(model.parameters(), lr=lr)
+
+
+def forecast_loss(model: nn.Module, x: torch.Tensor, marks: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """The one training loss of a forecaster: MSE of a point model, the pinball loss over all
+    levels (Fed-GAME's QS) of a quantile model (one whose ``levels`` are set)."""
+    levels = getattr(model, "levels", None)
+    if levels is None:
+        return F.mse_loss(model(x, marks), y)
+    return pinball_loss(model.forward_quantiles(x, marks), y, levels)
 
 
 def train_epochs(
@@ -68,8 +88,8 @@ def train_epochs(
     seed: int,
     penalty: Callable[[], torch.Tensor] | None = None,
 ) -> float:
-    """Train with MSE (plus ``penalty()``, e.g. FedProx's proximal term) for ``epochs`` passes over
-    shuffled windows; returns the mean batch MSE.
+    """Train with ``forecast_loss`` (plus ``penalty()``, e.g. FedProx's proximal term) for ``epochs``
+    passes over shuffled windows; returns the mean batch loss (without the penalty).
 
     Shuffling and dropout draw only from ``seed``, so a run is reproducible.
     """
@@ -81,7 +101,7 @@ def train_epochs(
         for _ in range(epochs):
             for x, marks, y in windows.batches(batch_size, shuffle=True, generator=generator):
                 optimizer.zero_grad(set_to_none=True)
-                loss = F.mse_loss(model(x, marks), y)
+                loss = forecast_loss(model, x, marks, y)
                 (loss if penalty is None else loss + penalty()).backward()
                 optimizer.step()
                 total += loss.item() * len(x)
@@ -116,7 +136,11 @@ def calibrate_batchnorm(model: nn.Module, windows: WindowSet, batch_size: int = 
 
 @torch.no_grad()
 def evaluate(model: nn.Module, windows: WindowSet, batch_size: int = 256) -> Metrics:
-    """MSE and MAE on the normalized scale over all windows of a split."""
+    """MSE and MAE on the normalized scale over all windows of a split (and QS, ICP, MIL for a
+    quantile model)."""
+    levels = getattr(model, "levels", None)
+    if levels is not None:
+        return evaluate_quantiles(model, windows, levels, batch_size)
     model.eval()
     squared, absolute, count = 0.0, 0.0, 0
     for x, marks, y in windows.batches(batch_size, shuffle=False):
@@ -127,13 +151,34 @@ def evaluate(model: nn.Module, windows: WindowSet, batch_size: int = 256) -> Met
     return Metrics(squared / count, absolute / count)
 
 
+@torch.no_grad()
+def evaluate_quantiles(model: nn.Module, windows: WindowSet, levels: Sequence[float], batch_size: int) -> Metrics:
+    """``evaluate`` for a quantile model: MSE and MAE of its median, QS, ICP and MIL over a split."""
+    model.eval()
+    sums = dict.fromkeys(("squared", "absolute", "pinball", "covered", "width"), 0.0)
+    count = 0
+    for x, marks, y in windows.batches(batch_size, shuffle=False):
+        forecast = model.forward_quantiles(x, marks)
+        error = forecast[..., median_index(levels)] - y
+        for name, terms in (("squared", error.pow(2)), ("absolute", error.abs()),
+                            ("pinball", pinball_terms(forecast, y, levels)), ("covered", covered(forecast, y)),
+                            ("width", widths(forecast))):
+            sums[name] += terms.sum().item()
+        count += error.numel()
+    return Metrics(sums["squared"] / count, sums["absolute"] / count, sums["pinball"] / (count * len(levels)),
+                   sums["covered"] / count, sums["width"] / count)
+
+
 def weighted_metrics(metrics: Sequence[Metrics], sizes: Sequence[int]) -> Metrics:
-    """Dataset-size-weighted mean of per-client metrics (FedQAPer section 4.1)."""
+    """Dataset-size-weighted mean of per-client metrics (FedQAPer section 4.1); QS, ICP and MIL
+    where every client has them."""
     weights = np.asarray(sizes, dtype=np.float64) / float(sum(sizes))
-    return Metrics(
-        float(np.dot(weights, [m.mse for m in metrics])),
-        float(np.dot(weights, [m.mae for m in metrics])),
-    )
+
+    def mean(name: str) -> float:
+        return float(np.dot(weights, [getattr(m, name) for m in metrics]))
+
+    quantile = all(m.qs is not None for m in metrics)
+    return Metrics(mean("mse"), mean("mae"), *((mean("qs"), mean("icp"), mean("mil")) if quantile else ()))
 
 
 def early_stopping(

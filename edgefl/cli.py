@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 from pydantic import ValidationError
@@ -17,6 +17,9 @@ from edge_agent.data import DataError, GapPolicy
 from edge_agent.mqtt import DEFAULT_MAX_PAYLOAD_BYTES
 from edgefl.export_cli import energy_command, export_app
 from edgefl.services import agent_app, coordinator_app
+
+if TYPE_CHECKING:
+    from edge_agent.train import Metrics
 
 app = typer.Typer(
     help="edgefl: federated time-series forecasting on edge devices.",
@@ -105,11 +108,41 @@ def broker_config(
     )
 
 
-def round_table() -> Table:
+def round_table(quantiles: bool) -> Table:
+    """The per-round table; quantile runs add the test split's QS, ICP and MIL (Fed-GAME Table 1)."""
+    extra = ("test QS", "test ICP", "test MIL") if quantiles else ()
     return Table(
-        "round", "train loss", "val MSE", "test MSE", "test MAE", "on time", "imputed", "seconds",
+        "round", "train loss", "val MSE", "test MSE", "test MAE", *extra, "on time", "imputed", "seconds",
         title="FedPer rounds",
     )
+
+
+def quantile_cells(metrics: Metrics | None) -> list[str]:
+    """A quantile run's QS, ICP and MIL table cells (dashes where the split was not tested)."""
+    if metrics is None:
+        return ["-"] * 3
+    return [f"{metrics.qs:.4f}", f"{metrics.icp:.3f}", f"{metrics.mil:.4f}"]
+
+
+def quantile_summary(metrics: Metrics | None) -> dict[str, float]:
+    """QS, ICP and MIL for the JSON summary (empty for point models)."""
+    return {} if metrics is None or metrics.qs is None else {"qs": metrics.qs, "icp": metrics.icp, "mil": metrics.mil}
+
+
+def metric_line(metrics: Metrics) -> str:
+    """"test MSE .., MAE .." and, for quantile models, QS, ICP and MIL."""
+    extra = "".join(f", {name.upper()} {value:.4f}" for name, value in quantile_summary(metrics).items())
+    return f"test MSE {metrics.mse:.4f}, MAE {metrics.mae:.4f}{extra}"
+
+
+def parse_levels(text: str | None) -> tuple[float, ...] | None:
+    """``--quantiles 0.1,0.5,0.9`` -> (0.1, 0.5, 0.9); the levels themselves are checked by ModelConfig."""
+    if text is None:
+        return None
+    try:
+        return tuple(float(level) for level in text.split(","))
+    except ValueError:
+        raise ValueError(f"--quantiles: '{text}' is not a comma-separated list of numbers (e.g. 0.1,0.5,0.9)") from None
 
 
 @app.command()
@@ -125,6 +158,7 @@ def simulate(
     d_qap: int = 128,
     hidden: Annotated[Optional[int], typer.Option(help="backbone width (default: paper value)")] = None,
     projection: Annotated[str, typer.Option(help="qap|linear")] = "qap",
+    quantiles: Annotated[Optional[str], typer.Option(help="quantile levels incl. 0.5, e.g. 0.1,0.5,0.9: pinball loss, QS/ICP/MIL")] = None,
     stride: Annotated[int, typer.Option(help="step between training windows")] = 1,
     batch_size: int = 128,
     lr: float = 1e-3,
@@ -157,7 +191,7 @@ def simulate(
     try:
         cfg = ModelConfig(
             backbone=backbone, lookback=lookback, horizon=horizon, d_qap=d_qap, hidden=hidden,
-            projection=projection,
+            projection=projection, quantiles=parse_levels(quantiles),
         )
         fed = FederationConfig(
             rounds=rounds, local_epochs=local_epochs, batch_size=batch_size, lr=lr, seed=seed, twin=twin,
@@ -184,31 +218,31 @@ def simulate(
         f"features per client {min(counts)}..{max(counts)}; {sum(c.n_train for c in fleet)} train windows"
         f"{f' ({dropped} dropped at gaps)' if dropped else ''}; backbone {backbone} ({projection})"
     )
-    table = round_table()
+    table = round_table(cfg.quantiles is not None)
     with Live(table, console=console, refresh_per_second=4):
         result = run_federation(
             fleet, cfg, fed, participation=matrix,
             on_round=lambda r: table.add_row(
                 str(r.round), f"{r.train_loss:.4f}", f"{r.val.mse:.4f}",
                 f"{r.test.mse:.4f}" if r.test else "-", f"{r.test.mae:.4f}" if r.test else "-",
+                *(quantile_cells(r.test) if cfg.quantiles else ()),
                 str(len(r.present)), str(len(r.imputed)), f"{r.seconds:.1f}",
             ),
         )
     console.print()
-    console.print(
-        f"best round {result.best_round} (by validation): test MSE {result.test.mse:.4f}, MAE {result.test.mae:.4f}"
-    )
+    console.print(f"best round {result.best_round} (by validation): {metric_line(result.test)}")
     summary = {
         "config": {"model": cfg.model_dump(), "federation": fed.model_dump(), "clients": clients, "f_max": f_max,
                    "dropout": dropout, "absence": matrix.absence_rate},
         "rounds": [
             {"round": r.round, "train_loss": r.train_loss, "val_mse": r.val.mse,
              "test_mse": r.test.mse if r.test else None, "test_mae": r.test.mae if r.test else None,
+             **{f"test_{k}": v for k, v in quantile_summary(r.test).items()},
              "present": list(r.present), "imputed": list(r.imputed), "dropped": list(r.dropped),
              "late": list(r.late), "seconds": r.seconds}
             for r in result.records
         ],
-        "fed": {"mse": result.test.mse, "mae": result.test.mae, "best_round": result.best_round},
+        "fed": {"mse": result.test.mse, "mae": result.test.mae, **quantile_summary(result.test), "best_round": result.best_round},
     }
     if save_models:
         from edge_agent.models import save_checkpoint
@@ -291,8 +325,8 @@ def run_baselines(fleet, cfg, fed) -> dict[str, dict[str, float]]:
         with console.status(f"training {name} baseline"):
             budget = TrainingBudget.matching(fed)
             res = runner(fleet, cfg, budget)
-        console.print(f"{name:>11}: test MSE {res.test.mse:.4f}, MAE {res.test.mae:.4f}")
-        out[name] = {"mse": res.test.mse, "mae": res.test.mae}
+        console.print(f"{name:>11}: {metric_line(res.test)}")
+        out[name] = {"mse": res.test.mse, "mae": res.test.mae, **quantile_summary(res.test)}
     return out
 
 

@@ -21,6 +21,7 @@ def trained(backbone: str, data, steps: int = 25, **overrides: object) -> torch.
     """A small model after ``steps`` real training steps, so BatchNorm running statistics (which
     eval mode uses), weights and firing rates are not those of initialisation."""
     from edge_agent.models import build_forecaster
+    from edge_agent.train import forecast_loss
 
     model = build_forecaster(small_config(backbone, **overrides), data.n_features, 4, seed=3)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
@@ -29,7 +30,7 @@ def trained(backbone: str, data, steps: int = 25, **overrides: object) -> torch.
     for step in range(steps):
         x, marks, y = batches[step % len(batches)]
         optimizer.zero_grad()
-        torch.nn.functional.mse_loss(model(x, marks), y).backward()
+        forecast_loss(model, x, marks, y).backward()
         optimizer.step()
     return model.eval()
 

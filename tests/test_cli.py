@@ -159,3 +159,17 @@ def test_a_start_quorum_that_closed_registration_can_never_reach_is_refused(tmp_
     proc = edgefl("coordinator", "serve", "--config", str(config))
     assert proc.returncode == 2
     assert "start_clients: 3 can never register; allowed_clients lists 2" in " ".join(proc.stderr.split())
+
+
+def test_simulate_with_quantiles_reports_qs_icp_and_mil(tmp_path: Path) -> None:
+    proc, out = simulate_small(tmp_path, 2, "--quantiles", "0.1,0.5,0.9", "--baselines")
+    assert proc.returncode == 0, proc.stderr
+    assert ", QS " in proc.stdout and ", ICP " in proc.stdout and ", MIL " in proc.stdout
+    summary = json.loads(out.read_text())
+    assert 0.0 <= summary["fed"]["icp"] <= 1.0 and summary["fed"]["qs"] > 0 and summary["fed"]["mil"] > 0
+    assert all("test_icp" in r for r in summary["rounds"])
+    assert "icp" in summary["local"] and "icp" in summary["centralized"]
+    proc = edgefl("simulate", "--data", str(tmp_path / "ETTh1.csv"), "--quantiles", "0.1,0.9")
+    assert proc.returncode == 2 and "quantiles" in proc.stdout and "0.5" in proc.stdout
+    proc = edgefl("simulate", "--data", str(tmp_path / "ETTh1.csv"), "--quantiles", "0.1,x")
+    assert proc.returncode == 2 and "--quantiles" in proc.stdout

@@ -14,7 +14,9 @@ from edge_agent.learners.companion import LocalCompanion
 from edge_agent.learners.head import client_model, initial_shared_state
 from edge_agent.models import Forecaster, ModelConfig
 from edge_agent.seeds import Stream, seed_for
-from edge_agent.train import LocalTraining, Metrics, early_stopping, evaluate, make_optimizer, weighted_metrics
+from edge_agent.train import (
+    LocalTraining, Metrics, early_stopping, evaluate, forecast_loss, make_optimizer, weighted_metrics,
+)
 
 
 @dataclass(frozen=True)
@@ -88,11 +90,11 @@ def run_centralized(clients: Sequence[ClientData], cfg: ModelConfig, budget: Tra
             for k in torch.randperm(len(order), generator=generator).tolist():
                 x, marks, y = next(iterators[order[k]])
                 optimizer.zero_grad(set_to_none=True)
-                nn.functional.mse_loss(models[order[k]](x, marks), y).backward()
+                forecast_loss(models[order[k]], x, marks, y).backward()
                 optimizer.step()
 
     def validate() -> float:
-        return weighted_metrics([evaluate(m, c.val) for m, c in zip(models, clients)], sizes).mse
+        return weighted_metrics([evaluate(m, c.val) for m, c in zip(models, clients)], sizes).score
 
     epochs = early_stopping(fleet, run_epoch, validate, budget.max_epochs, budget.patience)
     tests = {c.name: evaluate(m, c.test) for m, c in zip(models, clients)}

@@ -36,7 +36,7 @@ class FederationConfig(HeadTraining, TwinSettings, StrategySettings):
     )
     tested_round: Literal["best", "last"] = Field(
         "best", description="whose served models the final test uses: the round with the best global "
-        "validation MSE, or the last round"
+        "validation score (MSE; QS for quantile models), or the last round"
     )
 
     @model_validator(mode="after")
@@ -74,8 +74,8 @@ class RoundRecord:
 
 @dataclass
 class FederationResult:
-    """Per-round history; ``test`` is taken at the round with the best global validation MSE
-    (or the last round, see ``tested_round``).
+    """Per-round history; ``test`` is taken at the round with the best global validation score
+    (MSE; QS for quantile models) or the last round (see ``tested_round``).
 
     ``shared`` is the global shared state after the last round, ``states`` the global state of
     every round; ``models`` are the models the clients served as of the best round.
@@ -133,8 +133,8 @@ def run_federation(
         records.append(RoundRecord(r.round, r.loss, val, test, done.seconds, r.on_time, r.imputed, r.dropped,
                                    done.late, r.twin, local, r.rejected))
         states.append(r.global_state)
-        if val.mse < best["val"] or fed.tested_round == "last":
-            best.update(val=val.mse, round=r.round, models=[copy.deepcopy(m) for m in served])
+        if val.score < best["val"] or fed.tested_round == "last":
+            best.update(val=val.score, round=r.round, models=[copy.deepcopy(m) for m in served])
         if on_round:
             on_round(records[-1])
 

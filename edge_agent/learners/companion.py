@@ -1,9 +1,10 @@
 """Never worse than alone: a gateway's own local-only model, trained beside the federated one.
 
 It trains one epoch per call with a persistent Adam and the local-only baseline's early stopping
-(FedQAPer 4.3.1): the state with the best validation MSE is kept, and training stops after
-``patience`` epochs without improvement. Nothing of it is ever sent. ``run_local_only`` is
-this class run for ``max_epochs``, so the companion of a federation equals the baseline.
+(FedQAPer 4.3.1): the state with the best validation score (MSE; QS for quantile models) is
+kept, and training stops after ``patience`` epochs without improvement. Nothing of it is ever
+sent. ``run_local_only`` is this class run for ``max_epochs``, so the companion of a federation
+equals the baseline.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ class LocalCompanion:
         self.epochs += 1
         train_epochs(self.model, self.data.train, 1, self.training.batch_size, self.optimizer,
                      seed_for(self.seed, Stream.LOCAL_ONLY_EPOCH, self.client_index, self.epochs))
-        val = evaluate(self.model, self.data.val).mse
+        val = evaluate(self.model, self.data.val).score
         if val < self.best_val:
             self.best_val, self.best, self.waited = val, copy.deepcopy(self.model.state_dict()), 0
         else:

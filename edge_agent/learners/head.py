@@ -78,14 +78,14 @@ class HeadLearner(Learner):
         if self.training.personal_epochs:
             model = copy.deepcopy(self.model)
             self._fit_personal(model, round_index)
-        federated = evaluate(model, self.data.val).mse
+        federated = evaluate(model, self.data.val).score
         local = self.alone.best_val if self.alone is not None else math.nan
         if local < federated:
             return Served(self.alone.best_model(), "local", federated, local)
         return Served(model, "federated", federated, local)
 
     def serving_metrics(self, round_index: int) -> dict[str, float]:
-        """With ``keep_local``: both candidates' validation MSE and whether the local one is served."""
+        """With ``keep_local``: both candidates' validation score (MSE; QS for quantile models) and whether the local one is served."""
         if self.alone is None:
             return {}
         served = self.serving_model(round_index)
@@ -129,8 +129,8 @@ class HeadLearner(Learner):
 
 @dataclass(frozen=True)
 class Served:
-    """The model a gateway serves, which one it is ("federated" or "local"), and the validation MSE
-    of both candidates (the local one NaN without ``keep_local``)."""
+    """The model a gateway serves, which one it is ("federated" or "local"), and the validation
+    score (MSE; QS for quantile models) of both candidates (the local one NaN without ``keep_local``)."""
 
     model: Forecaster
     which: str

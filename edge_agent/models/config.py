@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from edge_agent.metrics import median_index
 from edge_agent.models.backbones import BACKBONES
 from edge_agent.registry import registered
 
@@ -35,6 +36,9 @@ class ModelConfig(BaseModel):
     d_ff: int | None = Field(None, ge=1)
     steps: int = Field(4, ge=1, description="SNN time steps T")
     moving_avg: int = Field(25, ge=1, description="DLinear decomposition kernel")
+    quantiles: tuple[float, ...] | None = Field(
+        None, description="quantile levels of the personal head (e.g. 0.1, 0.5, 0.9); None = point forecasts"
+    )
 
     @model_validator(mode="after")
     def _check(self) -> "ModelConfig":
@@ -43,7 +47,30 @@ class ModelConfig(BaseModel):
             raise ValueError(f"d_qap ({self.d_qap}) must be divisible by qap_heads ({self.qap_heads})")
         return self
 
+    @field_validator("quantiles")
+    @classmethod
+    def _levels(cls, levels: tuple[float, ...] | None) -> tuple[float, ...] | None:
+        if levels is not None:
+            check_quantiles(levels)
+        return levels
+
+    @property
+    def median_index(self) -> int:
+        """Position of level 0.5 in ``quantiles``: the point forecast of a quantile model."""
+        return median_index(self.quantiles) if self.quantiles else 0
+
     def size(self, name: str, default: int) -> int:
         """A backbone size from the config, or the backbone's own default."""
         value = getattr(self, name)
         return default if value is None else value
+
+
+def check_quantiles(levels: tuple[float, ...]) -> None:
+    """Quantile levels must be strictly increasing inside (0, 1) and include 0.5: the median is the
+    point forecast wherever one is expected (MSE/MAE, serving), so it is predicted, not interpolated."""
+    if any(not 0.0 < q < 1.0 for q in levels):
+        raise ValueError(f"every level must lie strictly between 0 and 1, got {levels}")
+    if any(b <= a for a, b in zip(levels, levels[1:])):
+        raise ValueError(f"levels must be strictly increasing, got {levels}")
+    if 0.5 not in levels:
+        raise ValueError(f"levels must include 0.5 (the median is the point forecast), got {levels}")

@@ -7,7 +7,7 @@ from torch import nn
 
 from edge_agent.models.backbones import BACKBONES
 from edge_agent.models.config import ModelConfig
-from edge_agent.models.heads import PersonalHead
+from edge_agent.models.heads import PersonalHead, QuantileHead
 from edge_agent.models.qap import QueryAttentionPooling, SlotEmbedding, TimeFusion
 from edge_agent.tensors import TensorDict, check_layout, layout_of
 
@@ -26,13 +26,14 @@ class Forecaster(nn.Module):
     def __init__(self, cfg: ModelConfig, n_features: int, time_features: int):
         super().__init__()
         self.cfg, self.n_features, self.time_features = cfg, n_features, time_features
+        self.levels = cfg.quantiles
         backbone = BACKBONES[cfg.backbone](cfg)
         self.shared = nn.ModuleDict(
             {"time": TimeFusion(time_features, cfg.d_qap), "backbone": backbone}
         )
-        self.personal = nn.ModuleDict(
-            {"head": PersonalHead(backbone.out_shape, cfg.horizon, n_features)}
-        )
+        head = (QuantileHead(backbone.out_shape, cfg.horizon, n_features, cfg.quantiles) if cfg.quantiles
+                else PersonalHead(backbone.out_shape, cfg.horizon, n_features))
+        self.personal = nn.ModuleDict({"head": head})
         if cfg.projection == "qap":
             self.shared["qap"] = QueryAttentionPooling(cfg)
             self.personal["slots"] = SlotEmbedding(n_features, cfg.d_qap)
@@ -50,7 +51,8 @@ class Forecaster(nn.Module):
         return self.personal["project"](x)
 
     def forward(self, x: torch.Tensor, marks: torch.Tensor) -> torch.Tensor:
-        """``x`` (B, L, F_i) scaled values, ``marks`` (B, L, t) time features -> (B, H, F_i).
+        """``x`` (B, L, F_i) scaled values, ``marks`` (B, L, t) time features -> (B, H, F_i): the
+        point forecast, which is the median of a quantile model (``cfg.quantiles``).
 
         With ``instance_norm`` each window is centred and scaled per feature before the model
         and the forecast is mapped back (the ``use_norm`` of the iTransformer reference code,
@@ -60,6 +62,11 @@ class Forecaster(nn.Module):
         """
         z, mean, std = self.encode(x, marks)
         return self.readout(self.shared["backbone"](z), mean, std)
+
+    def forward_quantiles(self, x: torch.Tensor, marks: torch.Tensor) -> torch.Tensor:
+        """A quantile model's full forecast (B, H, F_i, Q), non-crossing, levels ``cfg.quantiles``."""
+        z, mean, std = self.encode(x, marks)
+        return self.readout_quantiles(self.shared["backbone"](z), mean, std)
 
     @staticmethod
     def window_stats(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -77,8 +84,17 @@ class Forecaster(nn.Module):
 
     def readout(self, representation: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) -> torch.Tensor:
         """Everything after the backbone: its representation (B, A, C) -> personal head -> forecast
-        (B, H, F_i) in the window's own scale (``encode``'s mean and std)."""
+        (B, H, F_i) in the window's own scale (``encode``'s mean and std); a quantile model's median."""
+        if self.levels:
+            return self.readout_quantiles(representation, mean, std)[..., self.cfg.median_index]
         return self.personal["head"](representation) * std + mean
+
+    def readout_quantiles(self, representation: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) -> torch.Tensor:
+        """``readout`` for a quantile model: (B, A, C) -> (B, H, F_i, Q). Scaling by a positive std
+        keeps the quantiles non-crossing."""
+        if not self.levels:
+            raise ValueError("readout_quantiles: this model's config has no quantiles (point forecasts)")
+        return self.personal["head"](representation) * std.unsqueeze(-1) + mean.unsqueeze(-1)
 
     def _shared_tensors(self) -> TensorDict:
         return {
