@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 from torch.nn import functional as F
 
+from edge_agent.conformal import apply_offsets, fit_offsets
 from edge_agent.data import WindowSet
 from edge_agent.metrics import covered, median_index, pinball_loss, pinball_terms, widths
 
@@ -51,13 +52,16 @@ class HeadTraining(LocalTraining):
 class Metrics:
     """Mean squared and absolute error over every predicted element (FedQAPer A.1), of the median
     for a quantile model, which also gets Fed-GAME's QS, ICP and MIL (``edge_agent.metrics``;
-    None for point models)."""
+    None for point models) and, when evaluated with split-conformal offsets
+    (``edge_agent.conformal``), the ICP and MIL of the calibrated intervals (None otherwise)."""
 
     mse: float
     mae: float
     qs: float | None = None
     icp: float | None = None
     mil: float | None = None
+    icp_conformal: float | None = None
+    mil_conformal: float | None = None
 
     @property
     def score(self) -> float:
@@ -135,12 +139,15 @@ def calibrate_batchnorm(model: nn.Module, windows: WindowSet, batch_size: int = 
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, windows: WindowSet, batch_size: int = 256) -> Metrics:
+def evaluate(model: nn.Module, windows: WindowSet, batch_size: int = 256,
+             offsets: torch.Tensor | None = None) -> Metrics:
     """MSE and MAE on the normalized scale over all windows of a split (and QS, ICP, MIL for a
-    quantile model)."""
+    quantile model, plus the calibrated ICP and MIL when conformal ``offsets`` are given)."""
     levels = getattr(model, "levels", None)
     if levels is not None:
-        return evaluate_quantiles(model, windows, levels, batch_size)
+        return evaluate_quantiles(model, windows, levels, batch_size, offsets)
+    if offsets is not None:
+        raise ValueError("conformal offsets calibrate quantile intervals; this is a point model")
     model.eval()
     squared, absolute, count = 0.0, 0.0, 0
     for x, marks, y in windows.batches(batch_size, shuffle=False):
@@ -152,21 +159,39 @@ def evaluate(model: nn.Module, windows: WindowSet, batch_size: int = 256) -> Met
 
 
 @torch.no_grad()
-def evaluate_quantiles(model: nn.Module, windows: WindowSet, levels: Sequence[float], batch_size: int) -> Metrics:
-    """``evaluate`` for a quantile model: MSE and MAE of its median, QS, ICP and MIL over a split."""
+def evaluate_quantiles(model: nn.Module, windows: WindowSet, levels: Sequence[float], batch_size: int,
+                       offsets: torch.Tensor | None = None) -> Metrics:
+    """``evaluate`` for a quantile model: MSE and MAE of its median, QS, ICP and MIL over a split;
+    with conformal ``offsets`` (H, F) also ICP and MIL of the calibrated intervals."""
     model.eval()
-    sums = dict.fromkeys(("squared", "absolute", "pinball", "covered", "width"), 0.0)
+    sums = dict.fromkeys(("squared", "absolute", "pinball", "covered", "width", "covered_cp", "width_cp"), 0.0)
     count = 0
     for x, marks, y in windows.batches(batch_size, shuffle=False):
         forecast = model.forward_quantiles(x, marks)
         error = forecast[..., median_index(levels)] - y
-        for name, terms in (("squared", error.pow(2)), ("absolute", error.abs()),
-                            ("pinball", pinball_terms(forecast, y, levels)), ("covered", covered(forecast, y)),
-                            ("width", widths(forecast))):
-            sums[name] += terms.sum().item()
+        terms = {"squared": error.pow(2), "absolute": error.abs(), "pinball": pinball_terms(forecast, y, levels),
+                 "covered": covered(forecast, y), "width": widths(forecast)}
+        if offsets is not None:
+            calibrated = apply_offsets(forecast, offsets)
+            terms |= {"covered_cp": covered(calibrated, y), "width_cp": widths(calibrated)}
+        for name, value in terms.items():
+            sums[name] += value.sum().item()
         count += error.numel()
+    conformal = (sums["covered_cp"] / count, sums["width_cp"] / count) if offsets is not None else (None, None)
     return Metrics(sums["squared"] / count, sums["absolute"] / count, sums["pinball"] / (count * len(levels)),
-                   sums["covered"] / count, sums["width"] / count)
+                   sums["covered"] / count, sums["width"] / count, *conformal)
+
+
+@torch.no_grad()
+def conformal_offsets(model: nn.Module, windows: WindowSet, batch_size: int = 256) -> torch.Tensor:
+    """Split-conformal offsets (H, F) of a quantile model's intervals fitted on ``windows`` (a
+    gateway's own validation split; ``edge_agent.conformal.fit_offsets``, CQR eq. 7)."""
+    levels = getattr(model, "levels", None)
+    if levels is None:
+        raise ValueError("conformal offsets calibrate quantile intervals; this is a point model")
+    model.eval()
+    pairs = [(model.forward_quantiles(x, marks), y) for x, marks, y in windows.batches(batch_size, shuffle=False)]
+    return fit_offsets(torch.cat([f for f, _ in pairs]), torch.cat([y for _, y in pairs]), levels)
 
 
 def weighted_metrics(metrics: Sequence[Metrics], sizes: Sequence[int]) -> Metrics:
