@@ -195,15 +195,18 @@ def conformal_offsets(model: nn.Module, windows: WindowSet, batch_size: int = 25
 
 
 def weighted_metrics(metrics: Sequence[Metrics], sizes: Sequence[int]) -> Metrics:
-    """Dataset-size-weighted mean of per-client metrics (FedQAPer section 4.1); QS, ICP and MIL
-    where every client has them."""
+    """Dataset-size-weighted mean of per-client metrics (FedQAPer section 4.1); QS, ICP and MIL,
+    and the conformal ICP and MIL, where every client has them."""
     weights = np.asarray(sizes, dtype=np.float64) / float(sum(sizes))
 
-    def mean(name: str) -> float:
-        return float(np.dot(weights, [getattr(m, name) for m in metrics]))
+    def means(*names: str) -> tuple[float, ...]:
+        if any(getattr(m, names[0]) is None for m in metrics):
+            return ()
+        return tuple(float(np.dot(weights, [getattr(m, name) for m in metrics])) for name in names)
 
-    quantile = all(m.qs is not None for m in metrics)
-    return Metrics(mean("mse"), mean("mae"), *((mean("qs"), mean("icp"), mean("mil")) if quantile else ()))
+    quantile = means("qs", "icp", "mil")
+    conformal = means("icp_conformal", "mil_conformal") if quantile else ()
+    return Metrics(*means("mse", "mae"), *quantile, *conformal)
 
 
 def early_stopping(

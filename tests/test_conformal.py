@@ -10,7 +10,7 @@ import torch
 from edge_agent.conformal import apply_offsets, conformity_scores, fit_offsets
 from edge_agent.data import load_site, prepare_client
 from edge_agent.metrics import covered, interval_coverage
-from edge_agent.train import conformal_offsets, evaluate
+from edge_agent.train import Metrics, conformal_offsets, evaluate, weighted_metrics
 from tests.conftest import trained
 
 LEVELS = (0.1, 0.5, 0.9)  # nominal coverage 0.9 - 0.1 = 0.8
@@ -94,3 +94,14 @@ def test_point_models_refuse_offsets() -> None:
     model = trained("dlinear", miami, steps=1)
     with pytest.raises(ValueError, match="point model"):
         evaluate(model, miami.test, offsets=torch.zeros(12, miami.n_features))
+
+
+def test_fleet_means_carry_the_calibrated_numbers_only_where_every_gateway_has_them() -> None:
+    # weights 1/4 and 3/4: icp_conformal 0.25 * 0.6 + 0.75 * 0.8 = 0.75, mil_conformal 0.25 * 2 + 0.75 * 4 = 3.5
+    a, b = Metrics(1.0, 1.0, 0.5, 0.7, 1.0, 0.6, 2.0), Metrics(2.0, 1.0, 0.5, 0.7, 1.0, 0.8, 4.0)
+    fleet = weighted_metrics([a, b], [1, 3])
+    assert (fleet.icp_conformal, fleet.mil_conformal) == pytest.approx((0.75, 3.5))
+    assert fleet.mse == pytest.approx(1.75) and fleet.icp == pytest.approx(0.7)
+    raw = weighted_metrics([a, Metrics(2.0, 1.0, 0.5, 0.7, 1.0)], [1, 3])
+    assert raw.icp == pytest.approx(0.7) and raw.icp_conformal is None
+    assert weighted_metrics([Metrics(1.0, 2.0), Metrics(3.0, 4.0)], [1, 1]) == Metrics(2.0, 3.0)
