@@ -86,5 +86,6 @@ def test_head_mode_federation_trains_with_pinball_loss_and_reports_coverage() ->
     for record in result.records:
         assert 0.0 < record.val.icp <= 1.0 and record.val.mil > 0.0 and record.val.qs > 0.0
     assert all(m.icp is not None for m in result.client_test.values())
+    assert all(m.icp_conformal is not None and m.mil_conformal > 0.0 for m in result.client_test.values())
     assert result.test.qs == pytest.approx(
         sum(m.qs * c.n_train for m, c in zip(result.client_test.values(), clients)) / sum(c.n_train for c in clients))
