@@ -57,11 +57,11 @@ class FeDaL(Strategy):
 
     def aggregate(self, round_number: int, current: TensorDict, on_time: Sequence[ClientUpdate],
                   imputed: Sequence[ClientUpdate], roster: Mapping[str, ClientInfo]) -> Aggregate:
-        updates = [*on_time, *imputed]
-        models = [ClientUpdate(u.client_id, split_coreset(u.params)[0], u.n_samples) for u in updates]
+        parts = {u.client_id: split_coreset(u.params) for u in [*on_time, *imputed]}
+        models = [ClientUpdate(u.client_id, parts[u.client_id][0], u.n_samples) for u in [*on_time, *imputed]]
         averaged = weighted_mean(models)
         corrected = self.correct(averaged, current, models, len(roster)) if self.settings.correction else averaged
-        coresets = [split_coreset(u.params)[1] for u in on_time]
+        coresets = [parts[u.client_id][1] for u in on_time]
         tuned, tune_loss = self.tune(corrected, coresets, round_number)
         alpha = self.settings.alpha
         fused = {k: (alpha * v.double() + (1 - alpha) * tuned[k].double()).to(v.dtype) if k in self.drift else v

@@ -17,7 +17,7 @@ import torch
 
 from edge_agent.coreset import learn_coreset, mask_batch, private_coreset
 from edge_agent.data.canonical import DeviceSeries
-from edge_agent.learners.foundation import FoundationLearner, pretraining_signature
+from edge_agent.learners.foundation import FoundationLearner, mean_over_batches, pretraining_signature
 from edge_agent.models.dbe import DomainBiasElimination
 from edge_agent.models.fedal_settings import FedalClientSettings
 from edge_agent.models.foundation import FoundationConfig, FoundationModel, masked_mse
@@ -46,17 +46,14 @@ def reconstruction_mse(model: FoundationModel, windows: torch.Tensor, present: t
                        rate: float, seed: int, bias: torch.Tensor | None = None, batch_size: int = 256) -> float:
     """Masked-reconstruction MSE over ``windows`` with patch masks of ``rate`` drawn from ``seed``
     (the same every call); ``bias`` replaces the model's ``latent_bias`` (a client's own)."""
-    model.eval()
-    total, count = 0.0, 0
-    with torch.no_grad():
-        for start in range(0, len(windows), batch_size):
-            x = windows[start : start + batch_size]
-            masked = mask_batch(x.shape, patch, rate, derive_seed(seed, start))
-            hidden = model.encode(x.masked_fill(masked, 0.0))
-            latent = model.latent_bias if bias is None else bias
-            total += float(masked_mse(model.reconstruct(hidden + latent[: x.shape[1]]), x, masked, present)) * len(x)
-            count += len(x)
-    return total / max(count, 1)
+    latent = model.latent_bias if bias is None else bias
+
+    def loss(x: torch.Tensor, start: int) -> torch.Tensor:
+        masked = mask_batch(x.shape, patch, rate, derive_seed(seed, start))
+        hidden = model.encode(x.masked_fill(masked, 0.0))
+        return masked_mse(model.reconstruct(hidden + latent[: x.shape[1]]), x, masked, present)
+
+    return mean_over_batches(model, windows, loss, batch_size)
 
 
 class FedalLearner(FoundationLearner):

@@ -3,10 +3,12 @@ the whole model is trained and goes on the wire."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import ClassVar
 
 import numpy as np
 import torch
+from torch import nn
 
 from edge_agent.data.canonical import DeviceSeries
 from edge_agent.learners.base import Learner
@@ -41,13 +43,23 @@ def masked_batch(x: torch.Tensor, cfg: FoundationConfig, seed: int) -> tuple[tor
 def reconstruction_loss(model: FoundationModel, device: DeviceSeries, windows: torch.Tensor, seed: int,
                         batch_size: int = 256) -> float:
     """Masked MSE over all ``windows`` with masks drawn from ``seed`` (the same every call)."""
+
+    def loss(x: torch.Tensor, start: int) -> torch.Tensor:
+        inputs, masked = masked_batch(x, model.cfg, seed_for(seed, Stream.MASKS, start))
+        return masked_mse(model(inputs), x, masked, device.present)
+
+    return mean_over_batches(model, windows, loss, batch_size)
+
+
+def mean_over_batches(model: nn.Module, windows: torch.Tensor, loss: Callable[[torch.Tensor, int], torch.Tensor],
+                      batch_size: int) -> float:
+    """Sample-weighted mean of ``loss(batch, start)`` over ``windows`` in eval mode, without gradients."""
     model.eval()
     total, count = 0.0, 0
     with torch.no_grad():
         for start in range(0, len(windows), batch_size):
             x = windows[start : start + batch_size]
-            inputs, masked = masked_batch(x, model.cfg, seed_for(seed, Stream.MASKS, start))
-            total += float(masked_mse(model(inputs), x, masked, device.present)) * len(x)
+            total += float(loss(x, start)) * len(x)
             count += len(x)
     return total / max(count, 1)
 
