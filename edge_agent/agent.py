@@ -250,7 +250,12 @@ class Agent:
 
     def _on_personal(self, header: PersonalHeader, tensors: TensorDict) -> None:
         """The round's strategy sent this client its own tensors (FedPoD: personalized prompts);
-        non-finite ones are refused like a non-finite global model."""
+        non-finite ones are refused like a non-finite global model, and one of a round other than
+        the one this agent trained last (re-sent by a restarted coordinator) is stale."""
+        if header.round != self.trained_round:
+            log.info("ignoring the personal message of round %d: our last trained round is %d", header.round,
+                     self.trained_round)
+            return
         try:
             if (bad := first_non_finite(tensors)) is not None:
                 raise ValueError(f"{bad} holds NaN or inf values")

@@ -39,6 +39,10 @@ class HeadTraining(LocalTraining):
 
     ``keep_local`` makes joining never worse than staying alone: the gateway also trains its own
     local-only model (one epoch per round, nothing sent) and serves whichever validates better.
+
+    ``private_model`` is Fed-GAME's client (``edge_agent.learners.private``): the gateway's model
+    persists from round to round and only the proximal term (``prox_mu``) ties it to the
+    global state; the strategy's personalized difference moves it by ``personal_step``.
     """
 
     personal_epochs: int = Field(0, ge=0, description="epochs on the personal part alone before the shared part")
@@ -46,6 +50,10 @@ class HeadTraining(LocalTraining):
     prox_mu: float = Field(0.0, ge=0.0, description="FedProx proximal weight on the shared part")
     keep_local: bool = Field(False, description="also train a local-only model and serve it where it validates better")
     local_patience: int = Field(3, ge=1, description="early stopping of that local-only model (epochs)")
+    private_model: bool = Field(False, description="Fed-GAME client: keep a persistent private model, the global "
+                                "state only anchors the proximal term")
+    personal_step: float = Field(1.0, gt=0.0, le=1.0, description="Fed-GAME eq. 2: step towards the personalized "
+                                 "difference the coordinator sends")
 
 
 @dataclass(frozen=True)

@@ -56,10 +56,10 @@ def coordinator_config(
 
 
 def agent_config(folder: Path, port: int, index: int, csv: Path, training: dict | None = None,
-                 **broker: object) -> Path:
+                 model: dict | None = None, **broker: object) -> Path:
     data = {
         "fleet": "test", "client_id": f"client{index:02d}", "state_dir": str(folder / f"agent{index}"),
-        "seed": SEED, "client_index": index, "data": {"csv": str(csv)}, "model": MODEL,
+        "seed": SEED, "client_index": index, "data": {"csv": str(csv)}, "model": model or MODEL,
         "training": {**TRAINING, **(training or {})}, "broker": {"port": port, "keepalive_s": 5, **broker},
     }
     path = folder / f"agent{index}.toml"

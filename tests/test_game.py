@@ -212,3 +212,14 @@ def test_fedgame_selects_the_final_layer_or_the_named_prefixes() -> None:
     assert selected_names(CURRENT, ("body.",)) == ("body.weight",)
     with pytest.raises(ValueError, match="no floating tensor"):
         selected_names(CURRENT, ("missing.",))
+
+
+def test_in_head_mode_the_final_layer_is_the_backbones_last_weight_matrix() -> None:
+    """The backbone feeds each gateway's own head, so its last linear layer is the shared model's
+    final layer (the QAP input stage, later in the state's order, is not)."""
+    from edge_agent.learners.head import initial_shared_state
+    from tests.conftest import small_config
+
+    state = initial_shared_state(small_config("dlinear"), 0)
+    assert selected_names(state, ()) == ("shared.backbone.trend.weight", "shared.backbone.trend.bias")
+    assert list(state)[-1].startswith("shared.qap.")

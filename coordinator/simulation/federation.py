@@ -55,7 +55,9 @@ class RoundRecord:
     ones were missing and had no (recent enough) history; ``late`` ones trained but arrived after
     the round closed (twin history only); ``serving_local`` ones serve their local-only model
     (``keep_local``), all others the federated one; ``rejected`` ones failed the engine's
-    screening (client id -> code). Metrics are those of the served models.
+    screening (client id -> code). ``wire_bytes`` is the mean number of bytes a client that
+    trained exchanged with the coordinator (update up, global state and personal message down).
+    Metrics are those of the served models.
     """
 
     round: int
@@ -70,6 +72,7 @@ class RoundRecord:
     twin: str = "drop"
     serving_local: tuple[str, ...] = ()
     rejected: dict[str, str] = field(default_factory=dict)
+    wire_bytes: float = 0.0
 
 
 @dataclass
@@ -131,7 +134,7 @@ def run_federation(
         test = evaluate_fleet(served, clients)[0] if fed.test_every_round else None
         local = tuple(c.name for c, choice in zip(clients, choices) if choice.which == "local")
         records.append(RoundRecord(r.round, r.loss, val, test, done.seconds, r.on_time, r.imputed, r.dropped,
-                                   done.late, r.twin, local, r.rejected))
+                                   done.late, r.twin, local, r.rejected, mean_bytes(done.bytes_per_client)))
         states.append(r.global_state)
         if val.score < best["val"] or fed.tested_round == "last":
             best.update(val=val.score, round=r.round, models=[copy.deepcopy(m) for m in served])
@@ -142,6 +145,11 @@ def run_federation(
     models = best["models"] or [learner.model for learner in learners]
     test, client_test = evaluate_fleet(models, clients)
     return FederationResult(records, best["round"], test, client_test, final, states, models)
+
+
+def mean_bytes(sizes: Mapping[str, int]) -> float:
+    """The mean of per-client byte counts (0 for a round nobody trained in)."""
+    return sum(sizes.values()) / len(sizes) if sizes else 0.0
 
 
 def evaluate_fleet(

@@ -12,6 +12,7 @@ from coordinator.engine import RoundEngine, RoundResult
 from coordinator.simulation.participation import Participation
 from coordinator.strategies import ClientInfo, ClientUpdate
 from edge_agent.learners import Learner
+from edge_agent.protocol import PersonalHeader, RoundHeader, UpdateHeader, encode
 from edge_agent.tensors import TensorDict
 
 
@@ -23,11 +24,27 @@ trained from (the robustness benchmark's attacks); honest clients' updates pass 
 @dataclass(frozen=True)
 class SimulatedRound:
     """A closed round as the simulation saw it: the engine's result, the clients that trained
-    but were late, and the wall time of the round."""
+    but were late, the wall time of the round, and the bytes each client that trained would
+    exchange with a coordinator (``wire_bytes``)."""
 
     result: RoundResult
     late: tuple[str, ...]
     seconds: float
+    bytes_per_client: dict[str, int]
+
+
+SIMULATED = "simulation"  # fleet and sender name in the envelopes sized by ``wire_bytes``
+
+
+def wire_bytes(update: ClientUpdate, state: TensorDict, personal: TensorDict | None) -> int:
+    """The MQTT payload bytes one client exchanges in a round, as the service would encode them:
+    its update up; the next round's global state and its personal message, if any, down."""
+    up = encode(UpdateHeader(fleet=SIMULATED, sender=SIMULATED, round=1, n_samples=max(update.n_samples, 1),
+                             metrics=dict(update.metrics)), update.params)
+    down = encode(RoundHeader(fleet=SIMULATED, sender=SIMULATED, round=1, deadline_unix=1.0,
+                              model_signature="0" * 16), state)
+    extra = encode(PersonalHeader(fleet=SIMULATED, sender=SIMULATED, round=1), personal) if personal else b""
+    return len(up) + len(down) + len(extra)
 
 
 def run_rounds(learners: Sequence[Learner], roster: Sequence[ClientInfo], engine: RoundEngine, initial: TensorDict,
@@ -41,7 +58,7 @@ def run_rounds(learners: Sequence[Learner], roster: Sequence[ClientInfo], engine
     state, pending = initial, defaultdict(list)
     for number in range(1, participation.rounds + 1):
         started = time.perf_counter()
-        on_time, late = [], []
+        on_time, late, sent = [], [], []
         for i in participation.training(number):
             learners[i].load_global(state)
             loss = learners[i].train(number)
@@ -49,6 +66,7 @@ def run_rounds(learners: Sequence[Learner], roster: Sequence[ClientInfo], engine
                                   {"loss": loss})
             if tamper:
                 update = tamper(update, state)
+            sent.append(update)
             if participation.present[number - 1, i]:
                 on_time.append(update)
             else:
@@ -62,5 +80,6 @@ def run_rounds(learners: Sequence[Learner], roster: Sequence[ClientInfo], engine
             learner.load_global(state)
             if client.client_id in result.personal:
                 learner.install_personal(result.personal[client.client_id])
-        on_round(SimulatedRound(result, tuple(late), time.perf_counter() - started))
+        sizes = {u.client_id: wire_bytes(u, state, result.personal.get(u.client_id)) for u in sent}
+        on_round(SimulatedRound(result, tuple(late), time.perf_counter() - started, sizes))
     return state

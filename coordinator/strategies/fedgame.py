@@ -21,6 +21,7 @@ from coordinator.strategies.game import GameAggregator, GameSettings
 from edge_agent.seeds import Stream, seed_for
 from edge_agent.tensors import TensorDict
 
+BACKBONE = "backbone."  # head mode's shared backbone (edge_agent.models.forecaster)
 CLIENTS_KEY = "clients"  # the gate slots' client ids, UTF-8, newline-separated, in a uint8 tensor
 
 
@@ -89,14 +90,24 @@ class FedGAME(Strategy):
 
 
 def selected_names(initial: TensorDict, prefixes: Sequence[str]) -> tuple[str, ...]:
-    """The tensors personalized: those under ``prefixes``, else the final layer (the floating
-    tensors sharing the module path of the state's last floating tensor, section 2.2 ii)."""
+    """The tensors personalized: those under ``prefixes``, else the final layer (section 2.2 ii):
+    the floating tensors of the module holding the last weight matrix (a floating tensor of two
+    or more dimensions) of the backbone, where the state has one (head mode: the backbone is the
+    last shared stage before each gateway's own head), else of the whole state."""
     floating = [name for name, value in initial.items() if value.is_floating_point()]
     if not prefixes:
-        if not floating:
-            raise ValueError("fedgame: the global state has no floating tensor to personalize")
-        prefixes = (floating[-1].rpartition(".")[0] + ".",) if "." in floating[-1] else (floating[-1],)
+        prefixes = (_final_layer(initial, floating),)
     names = tuple(name for name in floating if name.startswith(tuple(prefixes)))
     if not names:
         raise ValueError(f"fedgame: no floating tensor of the global state starts with {list(prefixes)}")
     return names
+
+
+def _final_layer(initial: TensorDict, floating: list[str]) -> str:
+    """The module path (with its trailing dot) of the last weight matrix, see ``selected_names``."""
+    matrices = [name for name in floating if initial[name].dim() >= 2]
+    if not matrices:
+        raise ValueError("fedgame: the global state has no weight matrix to personalize")
+    in_backbone = [name for name in matrices if BACKBONE in name]
+    last = (in_backbone or matrices)[-1]
+    return last.rpartition(".")[0] + "." if "." in last else last

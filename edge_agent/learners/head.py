@@ -14,11 +14,14 @@ import torch
 from edge_agent.data import TIME_FEATURES, ClientData
 from edge_agent.learners.base import Learner
 from edge_agent.learners.companion import LocalCompanion
+from edge_agent.learners.private import ANCHOR, UPLOADED, PrivateModel
 from edge_agent.models import Forecaster, ModelConfig, build_forecaster
 from edge_agent.protocol import signature
 from edge_agent.seeds import Stream, seed_for
 from edge_agent.tensors import TensorDict, check_layout, layout_of
 from edge_agent.train import HeadTraining, evaluate, make_optimizer, train_epochs
+
+PRIVATE = "private."  # Fed-GAME: the private model's shared part in the personal state
 
 
 def client_model(cfg: ModelConfig, n_features: int, seed: int, client_index: int) -> Forecaster:
@@ -39,7 +42,9 @@ class HeadLearner(Learner):
     """Everything under ``shared`` goes on the wire; the personal part stays. Each round first fits
     the personal part to the received shared part (``personal_epochs``), then trains the shared
     part, alone (``alternate``) or with the personal part, optionally held near the received
-    shared part (``prox_mu``)."""
+    shared part (``prox_mu``). With ``private_model`` (Fed-GAME) the received shared part is
+    installed only once, at the start; later ones anchor the proximal term, and the strategy's
+    personalized differences move the model (``install_personal``)."""
 
     kind: ClassVar[str] = "head"
 
@@ -50,11 +55,17 @@ class HeadLearner(Learner):
         self.signature = head_signature(cfg, self.model.shared_state())
         self.received: TensorDict = self.model.shared_state()
         self._fitted: tuple[int, TensorDict] | None = None
+        self.private = PrivateModel(training.personal_step) if training.private_model else None
+        self._started = False
         self.alone = LocalCompanion(client_model(cfg, data.n_features, seed, client_index), data, training, seed,
                                     client_index, training.local_patience) if training.keep_local else None
 
     def load_global(self, state: TensorDict) -> None:
-        self.model.load_shared_state(state)
+        if self.private is None or not self._started:
+            self.model.load_shared_state(state)
+            self._started = True
+        else:
+            check_layout(state, layout_of(self.received), "shared state")
         if any(not torch.equal(state[k], self.received[k]) for k in state):
             self._fitted = None  # a remembered personal phase belongs to the previous global state
         self.received = {k: v.clone() for k, v in state.items()}
@@ -68,6 +79,8 @@ class HeadLearner(Learner):
                             self._proximal() if t.prox_mu > 0 else None)
         if self.alone is not None:
             self.alone.step()
+        if self.private is not None:
+            self.private.record(self.received, self.model.shared_state())
         return loss
 
     def serving_model(self, round_index: int) -> Served:
@@ -95,16 +108,34 @@ class HeadLearner(Learner):
     def wire_state(self, round_index: int) -> TensorDict:
         return self.model.shared_state()
 
+    def install_personal(self, tensors: TensorDict) -> None:
+        """Fed-GAME: the round's personalized difference of the selected shared tensors (eq. 2)."""
+        if self.private is None:
+            return super().install_personal(tensors)
+        self.model.load_state_dict(self.private.personalized(tensors, layout_of(self.received)), strict=False)
+
     def personal_state(self) -> TensorDict:
         alone = {f"alone.{k}": v for k, v in self.alone.state().items()} if self.alone else {}
-        return {**self.model.personal_state(), **alone}
+        private = {PRIVATE + k: v for k, v in self.model.shared_state().items()} if self.private and self._started else {}
+        return {**self.model.personal_state(), **alone, **private, **(self.private.state() if self.private else {})}
 
     def restore(self, state: TensorDict) -> None:
-        own = {k: v for k, v in state.items() if not k.startswith("alone.")}
+        own = {k: v for k, v in state.items() if not k.startswith(("alone.", PRIVATE, ANCHOR, UPLOADED))}
         check_layout(own, layout_of(self.model.personal_state()), "personal state")
         self.model.load_state_dict(own, strict=False)
+        if self.private is not None:
+            self._restore_private(state)
         if self.alone is not None and "alone.progress" in state:
             self.alone.restore({k[6:]: v for k, v in state.items() if k.startswith("alone.")})
+
+    def _restore_private(self, state: TensorDict) -> None:
+        """Fed-GAME: the private model's shared part and its last upload, where saved."""
+        shared = layout_of(self.received)
+        private = {k[len(PRIVATE):]: v for k, v in state.items() if k.startswith(PRIVATE)}
+        if private:
+            self.model.load_shared_state(private)
+            self._started = True
+        self.private.restore(state, shared)
 
     def _fit_personal(self, model: Forecaster, round_index: int) -> None:
         """The round's personal phase on ``model``. Its result is remembered for the round, so
