@@ -112,8 +112,8 @@ def round_table(quantiles: bool) -> Table:
     """The per-round table; quantile runs add the test split's QS, ICP and MIL (Fed-GAME Table 1)."""
     extra = ("test QS", "test ICP", "test MIL") if quantiles else ()
     return Table(
-        "round", "train loss", "val MSE", "test MSE", "test MAE", *extra, "on time", "imputed", "seconds",
-        title="FedPer rounds",
+        "round", "train loss", "val MSE", "test MSE", "test MAE", *extra, "on time", "imputed", "kB/client",
+        "seconds", title="FedPer rounds",
     )
 
 
@@ -125,13 +125,20 @@ def quantile_cells(metrics: Metrics | None) -> list[str]:
 
 
 def quantile_summary(metrics: Metrics | None) -> dict[str, float]:
-    """QS, ICP and MIL for the JSON summary (empty for point models)."""
-    return {} if metrics is None or metrics.qs is None else {"qs": metrics.qs, "icp": metrics.icp, "mil": metrics.mil}
+    """QS, ICP and MIL for the JSON summary, and the conformal-calibrated ICP and MIL where
+    evaluated (empty for point models)."""
+    if metrics is None or metrics.qs is None:
+        return {}
+    calibrated = {"icp_conformal": metrics.icp_conformal, "mil_conformal": metrics.mil_conformal}
+    return {"qs": metrics.qs, "icp": metrics.icp, "mil": metrics.mil,
+            **{k: v for k, v in calibrated.items() if v is not None}}
 
 
 def metric_line(metrics: Metrics) -> str:
-    """"test MSE .., MAE .." and, for quantile models, QS, ICP and MIL."""
-    extra = "".join(f", {name.upper()} {value:.4f}" for name, value in quantile_summary(metrics).items())
+    """"test MSE .., MAE .." and, for quantile models, QS, ICP and MIL (and those of the
+    conformal-calibrated intervals)."""
+    extra = "".join(f", {name.upper().replace('_CONFORMAL', ' (conformal)')} {value:.4f}"
+                    for name, value in quantile_summary(metrics).items())
     return f"test MSE {metrics.mse:.4f}, MAE {metrics.mae:.4f}{extra}"
 
 
@@ -170,7 +177,8 @@ def simulate(
     absence: Annotated[float, typer.Option(help="share of missing updates under --dropout")] = 0.5,
     twin: Annotated[str, typer.Option(help="impute missing clients: drop | stale | maf | wsf (FedDTW)")] = "drop",
     twin_max_age: Annotated[Optional[int], typer.Option(help="drop instead of imputing clients unseen for more rounds")] = None,
-    strategy: Annotated[str, typer.Option(help="fedavg | fedavgm | fedadam | median | trimmed_mean | dp_fedavg")] = "fedavg",
+    strategy: Annotated[str, typer.Option(help="fedavg | fedavgm | fedadam | median | trimmed_mean | dp_fedavg | fedgame")] = "fedavg",
+    aggregator: Annotated[str, typer.Option(help="fedgame: game | gat | mean (the personalized aggregation)")] = "game",
     server_lr: Annotated[float, typer.Option(help="fedavgm / fedadam: server learning rate")] = 1.0,
     server_momentum: Annotated[float, typer.Option(help="fedavgm / fedadam: server momentum (beta1)")] = 0.9,
     personal_epochs: Annotated[int, typer.Option(help="FedRep: epochs on the personal part alone first")] = 0,
@@ -197,6 +205,7 @@ def simulate(
             rounds=rounds, local_epochs=local_epochs, batch_size=batch_size, lr=lr, seed=seed, twin=twin,
             twin_max_age=twin_max_age, strategy=strategy, server={"lr": server_lr, "momentum": server_momentum},
             personal_epochs=personal_epochs, alternate=alternate, prox_mu=prox_mu, keep_local=keep_local,
+            game={"variant": aggregator},
         )
         matrix = participation(dropout, rounds, clients, absence, seed)
         gaps = GapPolicy(fill=fill, max_fill_steps=max_fill_steps)
@@ -226,7 +235,7 @@ def simulate(
                 str(r.round), f"{r.train_loss:.4f}", f"{r.val.mse:.4f}",
                 f"{r.test.mse:.4f}" if r.test else "-", f"{r.test.mae:.4f}" if r.test else "-",
                 *(quantile_cells(r.test) if cfg.quantiles else ()),
-                str(len(r.present)), str(len(r.imputed)), f"{r.seconds:.1f}",
+                str(len(r.present)), str(len(r.imputed)), f"{r.wire_bytes / 1e3:.1f}", f"{r.seconds:.1f}",
             ),
         )
     console.print()
@@ -239,7 +248,7 @@ def simulate(
              "test_mse": r.test.mse if r.test else None, "test_mae": r.test.mae if r.test else None,
              **{f"test_{k}": v for k, v in quantile_summary(r.test).items()},
              "present": list(r.present), "imputed": list(r.imputed), "dropped": list(r.dropped),
-             "late": list(r.late), "seconds": r.seconds}
+             "late": list(r.late), "seconds": r.seconds, "wire_bytes_per_client": r.wire_bytes}
             for r in result.records
         ],
         "fed": {"mse": result.test.mse, "mae": result.test.mae, **quantile_summary(result.test), "best_round": result.best_round},

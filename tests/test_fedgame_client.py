@@ -107,7 +107,7 @@ def test_a_message_before_any_upload_and_one_to_a_plain_learner_are_refused(data
     message = {"shared.backbone.trend.bias": torch.zeros(CONFIG.horizon)}
     with pytest.raises(ValueError, match="before this gateway uploaded"):
         learner(data).install_personal(message)
-    with pytest.raises(ValueError, match="takes no personal messages"):
+    with pytest.raises(ValueError, match="set training.private_model = true"):
         learner(data, HeadTraining()).install_personal(message)
 
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from coordinator.simulation.federation import FederationConfig
+from coordinator.simulation.federation import FederationConfig, evaluate_fleet
 from edge_agent.data import ClientData
 from edge_agent.learners.companion import LocalCompanion
 from edge_agent.learners.head import client_model, initial_shared_state
@@ -54,15 +54,14 @@ def run_local_only(clients: Sequence[ClientData], cfg: ModelConfig, budget: Trai
     """Each client trains its own full model on its own data with early stopping (FedQAPer 4.3.1):
     the ``LocalCompanion`` a federated gateway keeps, run for ``budget.max_epochs``."""
     training = LocalTraining(batch_size=budget.batch_size, lr=budget.lr)
-    tests, epochs = {}, {}
+    best, epochs = [], {}
     for i, (model, client) in enumerate(zip(fleet_models(clients, cfg, budget.seed), clients)):
         alone = LocalCompanion(model, client, training, budget.seed, i, budget.patience)
         while alone.epochs < budget.max_epochs and not alone.stopped:
             alone.step()
         epochs[client.name] = alone.epochs
-        tests[client.name] = evaluate(alone.best_model(), client.test)
-    sizes = [c.n_train for c in clients]
-    return BaselineResult(weighted_metrics(list(tests.values()), sizes), tests, epochs)
+        best.append(alone.best_model())
+    return BaselineResult(*evaluate_fleet(best, clients), epochs)
 
 
 def run_centralized(clients: Sequence[ClientData], cfg: ModelConfig, budget: TrainingBudget) -> BaselineResult:
@@ -97,10 +96,7 @@ def run_centralized(clients: Sequence[ClientData], cfg: ModelConfig, budget: Tra
         return weighted_metrics([evaluate(m, c.val) for m, c in zip(models, clients)], sizes).score
 
     epochs = early_stopping(fleet, run_epoch, validate, budget.max_epochs, budget.patience)
-    tests = {c.name: evaluate(m, c.test) for m, c in zip(models, clients)}
-    return BaselineResult(
-        weighted_metrics(list(tests.values()), sizes), tests, {c.name: epochs for c in clients}
-    )
+    return BaselineResult(*evaluate_fleet(models, clients), {c.name: epochs for c in clients})
 
 
 def run_seasonal_naive(clients: Sequence[ClientData], period: int = 24) -> BaselineResult:

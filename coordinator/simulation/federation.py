@@ -39,6 +39,14 @@ class FederationConfig(HeadTraining, TwinSettings, StrategySettings):
         "validation score (MSE; QS for quantile models), or the last round"
     )
 
+    @model_validator(mode="before")
+    @classmethod
+    def _fedgame_clients(cls, data: object) -> object:
+        """Fed-GAME's clients keep private models (section 2.2 (1)) unless told otherwise."""
+        if isinstance(data, dict) and data.get("strategy") == "fedgame":
+            return {"private_model": True, **data}
+        return data
+
     @model_validator(mode="after")
     def _head_strategy(self) -> "FederationConfig":
         if self.strategy == "fedpod":

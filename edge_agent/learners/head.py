@@ -111,7 +111,8 @@ class HeadLearner(Learner):
     def install_personal(self, tensors: TensorDict) -> None:
         """Fed-GAME: the round's personalized difference of the selected shared tensors (eq. 2)."""
         if self.private is None:
-            return super().install_personal(tensors)
+            raise ValueError("personal messages (Fed-GAME's personalized differences) need a private model: "
+                             "set training.private_model = true")
         self.model.load_state_dict(self.private.personalized(tensors, layout_of(self.received)), strict=False)
 
     def personal_state(self) -> TensorDict:
