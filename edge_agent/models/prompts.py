@@ -76,11 +76,13 @@ class PromptedForecaster(nn.Module):
 
     With ``cfg.quantiles`` (``levels``) the FFN's last layer is widened to Q outputs per variable
     and made non-crossing by ``monotone_quantiles`` (median raw, softplus gaps outward, as head
-    mode's ``QuantileHead``). That layer stays where the point FFN's last layer is, in ``shared``:
-    this implementation of FedPoD sends the whole FFN with the prompts (its appendix C keeps the FFN
-    private; we share it so every station's prompts steer one read-out), and the quantile read-out
-    is the same layer, only wider, so it follows the FFN onto the wire. The personal part stays
-    W_t, W_v and, through FedPoD's graphs (section 3.3), the personalized prompts.
+    mode's ``QuantileHead``). That layer is shared, not personal: it stays where the point FFN's
+    last layer is, in ``shared``, because this implementation sends the whole FFN with the prompts
+    (the paper's appendices C and D.2 keep the FFN head on the device) and the quantile read-out is
+    that same layer, only wider. Splitting it off would average the FFN's hidden layer under read-
+    outs it was not trained with. Personal stay W_t, W_v and, through FedPoD's graphs (section
+    3.3), the personalized prompts; each station's interval widths are corrected on its own data
+    by split-conformal calibration (``edge_agent.conformal``) where metrics are reported.
     """
 
     def __init__(self, foundation: FoundationModel, cfg: PromptConfig, latitude: float, longitude: float):
@@ -106,8 +108,7 @@ class PromptedForecaster(nn.Module):
         })
         self.shared = nn.ModuleDict({
             "spatial": nn.Sequential(nn.Linear(cfg.spatial + 2, n_vars), nn.LayerNorm(n_vars)),
-            "head": nn.Sequential(nn.Linear(fm.d_model, fm.d_model), nn.ReLU(),
-                                  nn.Linear(fm.d_model, n_out)),
+            "head": nn.Sequential(nn.Linear(fm.d_model, fm.d_model), nn.ReLU(), nn.Linear(fm.d_model, n_out)),
         })
         self.register_buffer("geo", torch.tensor([latitude / 90.0, longitude / 180.0]))
         self.target_index = fm.variables.index(cfg.target) if cfg.task == "single" else None
