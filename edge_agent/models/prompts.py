@@ -79,10 +79,10 @@ class PromptedForecaster(nn.Module):
     mode's ``QuantileHead``). That layer is shared, not personal: it stays where the point FFN's
     last layer is, in ``shared``, because this implementation sends the whole FFN with the prompts
     (the paper's appendices C and D.2 keep the FFN head on the device) and the quantile read-out is
-    that same layer, only wider. Splitting it off would average the FFN's hidden layer under read-
-    outs it was not trained with. Personal stay W_t, W_v and, through FedPoD's graphs (section
-    3.3), the personalized prompts; each station's interval widths are corrected on its own data
-    by split-conformal calibration (``edge_agent.conformal``) where metrics are reported.
+    that same layer, only wider; a personal read-out under a shared, averaged hidden layer would
+    bring back the averaging penalty of FedPer. Personal stay W_t, W_v and, through FedPoD's graphs
+    (section 3.3), the personalized prompts; each station's interval widths are corrected on its
+    own data by split-conformal calibration (``edge_agent.conformal``) where metrics are reported.
     """
 
     def __init__(self, foundation: FoundationModel, cfg: PromptConfig, latitude: float, longitude: float):
