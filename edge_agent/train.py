@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -15,6 +15,8 @@ from torch.nn import functional as F
 from edge_agent.conformal import apply_offsets, fit_offsets
 from edge_agent.data import WindowSet
 from edge_agent.metrics import covered, median_index, pinball_loss, pinball_terms, widths
+
+Batch = tuple[torch.Tensor, torch.Tensor]  # (forecast, target) of one batch of windows
 
 
 class LocalTraining(BaseModel):
@@ -82,13 +84,23 @@ def make_optimizer(model: nn.Module, lr: float) -> torch.optim.Optimizer:
     return torch.optim.Adam(model.parameters(), lr=lr)
 
 
+def full_forecast(model: nn.Module, x: torch.Tensor, marks: torch.Tensor) -> torch.Tensor:
+    """The point forecast (B, H, F) of a point model, every quantile (B, H, F, Q) of a quantile
+    model (one whose ``levels`` are set)."""
+    if getattr(model, "levels", None) is None:
+        return model(x, marks)
+    return model.forward_quantiles(x, marks)
+
+
+def forecast_error(forecast: torch.Tensor, target: torch.Tensor, levels: Sequence[float] | None) -> torch.Tensor:
+    """The forecast term of every training loss: MSE of a point forecast, the pinball loss over all
+    levels (Fed-GAME's QS) of a quantile forecast."""
+    return F.mse_loss(forecast, target) if levels is None else pinball_loss(forecast, target, levels)
+
+
 def forecast_loss(model: nn.Module, x: torch.Tensor, marks: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """The one training loss of a forecaster: MSE of a point model, the pinball loss over all
-    levels (Fed-GAME's QS) of a quantile model (one whose ``levels`` are set)."""
-    levels = getattr(model, "levels", None)
-    if levels is None:
-        return F.mse_loss(model(x, marks), y)
-    return pinball_loss(model.forward_quantiles(x, marks), y, levels)
+    """The one training loss of a forecaster: ``forecast_error`` of its full forecast."""
+    return forecast_error(full_forecast(model, x, marks), y, getattr(model, "levels", None))
 
 
 def train_epochs(
@@ -147,35 +159,44 @@ def calibrate_batchnorm(model: nn.Module, windows: WindowSet, batch_size: int = 
 
 
 @torch.no_grad()
+def forecasts(model: nn.Module, windows: WindowSet, batch_size: int = 256) -> Iterator[Batch]:
+    """(``full_forecast``, target) per batch of a split, the model in eval mode."""
+    model.eval()
+    for x, marks, y in windows.batches(batch_size, shuffle=False):
+        yield full_forecast(model, x, marks), y
+
+
 def evaluate(model: nn.Module, windows: WindowSet, batch_size: int = 256,
              offsets: torch.Tensor | None = None) -> Metrics:
     """MSE and MAE on the normalized scale over all windows of a split (and QS, ICP, MIL for a
     quantile model, plus the calibrated ICP and MIL when conformal ``offsets`` are given)."""
-    levels = getattr(model, "levels", None)
+    return forecast_metrics(forecasts(model, windows, batch_size), getattr(model, "levels", None), offsets)
+
+
+@torch.no_grad()
+def forecast_metrics(batches: Iterable[Batch], levels: Sequence[float] | None,
+                     offsets: torch.Tensor | None = None) -> Metrics:
+    """``Metrics`` of (forecast, target) batches of any model: point forecasts, or quantile
+    forecasts of ``levels`` (``quantile_metrics``)."""
     if levels is not None:
-        return evaluate_quantiles(model, windows, levels, batch_size, offsets)
+        return quantile_metrics(batches, levels, offsets)
     if offsets is not None:
         raise ValueError("conformal offsets calibrate quantile intervals; this is a point model")
-    model.eval()
     squared, absolute, count = 0.0, 0.0, 0
-    for x, marks, y in windows.batches(batch_size, shuffle=False):
-        error = model(x, marks) - y
+    for forecast, y in batches:
+        error = forecast - y
         squared += error.pow(2).sum().item()
         absolute += error.abs().sum().item()
         count += error.numel()
     return Metrics(squared / count, absolute / count)
 
 
-@torch.no_grad()
-def evaluate_quantiles(model: nn.Module, windows: WindowSet, levels: Sequence[float], batch_size: int,
-                       offsets: torch.Tensor | None = None) -> Metrics:
-    """``evaluate`` for a quantile model: MSE and MAE of its median, QS, ICP and MIL over a split;
-    with conformal ``offsets`` (H, F) also ICP and MIL of the calibrated intervals."""
-    model.eval()
+def quantile_metrics(batches: Iterable[Batch], levels: Sequence[float], offsets: torch.Tensor | None = None) -> Metrics:
+    """``forecast_metrics`` of quantile forecasts: MSE and MAE of the median, QS, ICP and MIL; with
+    conformal ``offsets`` (H, F) also ICP and MIL of the calibrated intervals."""
     sums = dict.fromkeys(("squared", "absolute", "pinball", "covered", "width", "covered_cp", "width_cp"), 0.0)
     count = 0
-    for x, marks, y in windows.batches(batch_size, shuffle=False):
-        forecast = model.forward_quantiles(x, marks)
+    for forecast, y in batches:
         error = forecast[..., median_index(levels)] - y
         terms = {"squared": error.pow(2), "absolute": error.abs(), "pinball": pinball_terms(forecast, y, levels),
                  "covered": covered(forecast, y), "width": widths(forecast)}
@@ -190,16 +211,26 @@ def evaluate_quantiles(model: nn.Module, windows: WindowSet, levels: Sequence[fl
                    sums["covered"] / count, sums["width"] / count, *conformal)
 
 
-@torch.no_grad()
 def conformal_offsets(model: nn.Module, windows: WindowSet, batch_size: int = 256) -> torch.Tensor:
     """Split-conformal offsets (H, F) of a quantile model's intervals fitted on ``windows`` (a
     gateway's own validation split; ``edge_agent.conformal.fit_offsets``, CQR eq. 7)."""
-    levels = getattr(model, "levels", None)
+    return fitted_offsets(forecasts(model, windows, batch_size), getattr(model, "levels", None))
+
+
+@torch.no_grad()
+def fitted_offsets(batches: Iterable[Batch], levels: Sequence[float] | None) -> torch.Tensor:
+    """Split-conformal offsets (H, F) from calibration batches of quantile forecasts."""
     if levels is None:
         raise ValueError("conformal offsets calibrate quantile intervals; this is a point model")
-    model.eval()
-    pairs = [(model.forward_quantiles(x, marks), y) for x, marks, y in windows.batches(batch_size, shuffle=False)]
+    pairs = list(batches)
     return fit_offsets(torch.cat([f for f, _ in pairs]), torch.cat([y for _, y in pairs]), levels)
+
+
+def calibrated_metrics(val: Iterable[Batch], test: Iterable[Batch], levels: Sequence[float] | None) -> Metrics:
+    """Test metrics of one gateway's model; a quantile model's intervals are also reported
+    calibrated on its own validation forecasts (split conformal). The batches are consumed lazily,
+    so a point model's ``val`` is never computed."""
+    return forecast_metrics(test, levels, None if levels is None else fitted_offsets(val, levels))
 
 
 def weighted_metrics(metrics: Sequence[Metrics], sizes: Sequence[int]) -> Metrics:

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from coordinator.simulation.pretrain import PretrainConfig, pretrain
-from coordinator.simulation.prompts import PromptFederationConfig, run_prompt_federation
+from coordinator.simulation.prompts import PromptFederationConfig, evaluate_prompt_fleet, run_prompt_federation
 from coordinator.strategies import ClientInfo, ClientUpdate, GraphSettings, make_strategy
 from coordinator.strategies.prompt_graph import DynamicGraphs, geo_graph, views_from_states
 from edge_agent.data import load_site, load_sites
@@ -33,6 +33,7 @@ def test_rounds_personalize_prompts_per_client_and_keep_the_foundation(fleet) ->
     before = content_hash(foundation)
     learners, records = run_prompt_federation(tables, foundation, PromptConfig(), PromptFederationConfig(**FAST))
     assert [r.round for r in records] == [1, 2] and all(r.rmse > 0 and "graph_loss" in r.metrics for r in records)
+    assert all(r.val.mse > 0 and r.val.qs is None and r.test is None for r in records)  # point: no QS, no test
     personal = [lr.references["personalized"] for lr in learners]
     assert all(not torch.equal(personal[0], p) for p in personal[1:])  # each client its own prompts
     assert all(len(lr.references["neighbours"]) == 1 for lr in learners)  # N / S_G - 1 = 4 / 2 - 1
@@ -42,6 +43,18 @@ def test_rounds_personalize_prompts_per_client_and_keep_the_foundation(fleet) ->
     assert content_hash(foundation) == before
     again, repeated = run_prompt_federation(tables, foundation, PromptConfig(), PromptFederationConfig(**FAST))
     assert [(r.mae, r.rmse) for r in repeated] == [(r.mae, r.rmse) for r in records]  # same seeds, same numbers
+
+
+def test_a_quantile_fleet_reports_qs_icp_mil_and_conformal_intervals(fleet) -> None:
+    foundation, tables = fleet
+    cfg = PromptFederationConfig(**{**FAST, "rounds": 1, "test_every_round": True})
+    learners, records = run_prompt_federation(tables, foundation, PromptConfig(quantiles=(0.1, 0.5, 0.9)), cfg)
+    val, test = records[0].val, records[0].test
+    assert val.qs > 0 and 0 < val.icp <= 1 and val.mil > 0 and val.icp_conformal is None
+    assert test.qs > 0 and 0 < test.icp <= 1 and 0 < test.icp_conformal <= 1 and test.mil_conformal > 0
+    fleet_test, per_client = evaluate_prompt_fleet(learners)
+    assert fleet_test == test and set(per_client) == {t.name for t in tables}
+    assert all(m.icp_conformal is not None for m in per_client.values())
 
 
 def test_the_prompts_fedavg_baseline_gives_every_client_the_same_prompts_and_no_targets(fleet) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -14,11 +16,20 @@ from edge_agent.models.prompts import (
     PromptedForecaster,
     PromptLoss,
     evaluate_prompts,
+    prompt_forecasts,
     train_prompts,
 )
+from edge_agent.protocol import signature
+from edge_agent.train import forecast_metrics
 
 FM = FoundationConfig(window=24, d_model=32, heads=2, layers=1, d_ff=64, dropout=0.1)
 PROMPTS = PromptConfig(lookback=12, horizon=12)
+LEVELS = (0.1, 0.5, 0.9)
+# the wire layout of PROMPTS on FM before prompt mode had quantile levels (commit 42444e4)
+POINT_LAYOUT = {"prompts.spatial": (8,), "prompts.temporal": (12, 9), "prompts.variable": (24, 9),
+                "shared.spatial.0.weight": (9, 10), "shared.spatial.0.bias": (9,), "shared.spatial.1.weight": (9,),
+                "shared.spatial.1.bias": (9,), "shared.head.0.weight": (32, 32), "shared.head.0.bias": (32,),
+                "shared.head.2.weight": (9, 32), "shared.head.2.bias": (9,)}
 
 
 @pytest.fixture(scope="module")
@@ -153,3 +164,49 @@ def test_settings_of_the_other_mode_are_refused_not_ignored(tmp_path) -> None:
         FederationConfig(strategy="fedpod")
     with pytest.raises(ValueError, match="extra"):
         CoordinatorConfig(**prompt, fedpod={"rounds": 5})  # simulation settings have no place in the service
+
+
+def test_a_quantile_prompt_model_never_crosses_and_training_lowers_its_pinball_loss(foundation, station) -> None:
+    model = PromptedForecaster(foundation, PromptConfig(quantiles=LEVELS), 52.3, 4.8)
+    past = station.val[:, :12]
+    assert model.full_forecast(past).shape == (len(past), 12, len(FM.variables), 3)
+    torch.testing.assert_close(model(past), model.full_forecast(past)[..., 1])  # the point forecast is the median
+    untrained = forecast_metrics(prompt_forecasts(model, station.val, station.present), LEVELS)
+    terms = train_prompts(model, PromptLoss(levels=LEVELS), station.train, station.present, epochs=3, batch_size=64,
+                          lr=1e-2, seed=1)
+    assert "pinball" in terms and "mse" not in terms
+    trained = forecast_metrics(prompt_forecasts(model, station.val, station.present), LEVELS)
+    assert trained.qs < 0.9 * untrained.qs and trained.mse < untrained.mse
+    assert trained.icp is not None and trained.mil > 0
+    with torch.no_grad():
+        model.shared["head"][2].weight.normal_(0.0, 10.0)  # raw outputs of any size and sign
+        assert (model.full_forecast(past).diff(dim=-1) >= 0).all()
+
+
+def test_a_point_config_keeps_its_wire_layout_and_signature(foundation) -> None:
+    from edge_agent.learners.prompt import initial_prompt_state, prompt_signature
+
+    point = initial_prompt_state(foundation, PROMPTS, 0)
+    assert {k: tuple(v.shape) for k, v in point.items()} == POINT_LAYOUT
+    before = {"lookback": 12, "horizon": 12, "task": "multivariate", "target": "temp_air", "spatial": 8}
+    expected = signature(point, json.dumps({"prompt": before, "foundation": content_hash(foundation)}))
+    assert prompt_signature(PROMPTS, foundation, point) == expected
+    quantile = initial_prompt_state(foundation, PROMPTS.model_copy(update={"quantiles": LEVELS}), 0)
+    assert {k: tuple(v.shape) for k, v in quantile.items()} == {
+        **POINT_LAYOUT, "shared.head.2.weight": (27, 32), "shared.head.2.bias": (27,)}  # V * Q shared outputs
+    with pytest.raises(ValueError, match="0.5"):
+        PromptConfig(quantiles=(0.1, 0.9))
+
+
+def test_a_quantile_and_a_point_prompt_agent_cannot_join_one_fleet(foundation, tmp_path) -> None:
+    from edge_agent.config import AgentConfig
+    from edge_agent.learners import fleet_template, make_learner
+    from edge_agent.models.foundation import save_foundation
+
+    digest = save_foundation(foundation, tmp_path / "fm.safetensors")
+    agent = {"fleet": "f", "client_id": "a", "state_dir": tmp_path / "a", "data": {"site": "miami"}, "mode": "prompt",
+             "foundation": tmp_path / "fm.safetensors", "foundation_sha256": digest, "training": {"stride": 48}}
+    point, quantile = (AgentConfig(**agent, prompt=prompt) for prompt in ({}, {"quantiles": list(LEVELS)}))
+    signatures = [make_learner(cfg, load_site("miami")).signature for cfg in (point, quantile)]
+    assert signatures[0] != signatures[1]
+    assert signatures == [fleet_template(cfg, 0).signature for cfg in (point, quantile)]

@@ -20,7 +20,7 @@ from edge_agent.learners import HeadLearner
 from edge_agent.learners.head import initial_shared_state
 from edge_agent.models import Forecaster, ModelConfig
 from edge_agent.tensors import TensorDict
-from edge_agent.train import HeadTraining, Metrics, conformal_offsets, evaluate, weighted_metrics
+from edge_agent.train import HeadTraining, Metrics, calibrated_metrics, evaluate, forecasts, weighted_metrics
 
 
 class FederationConfig(HeadTraining, TwinSettings, StrategySettings):
@@ -165,6 +165,6 @@ def evaluate_fleet(
 ) -> tuple[Metrics, dict[str, Metrics]]:
     """Global (dataset-size-weighted) and per-client test metrics; a quantile model's intervals
     are also reported calibrated on its client's own validation windows (split conformal)."""
-    per_client = {c.name: evaluate(m, c.test, offsets=conformal_offsets(m, c.val) if m.levels else None)
+    per_client = {c.name: calibrated_metrics(forecasts(m, c.val), forecasts(m, c.test), m.levels)
                   for m, c in zip(models, clients)}
     return weighted_metrics(list(per_client.values()), [c.n_train for c in clients]), per_client

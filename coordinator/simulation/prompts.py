@@ -3,7 +3,7 @@ learners around one frozen foundation model, any strategy, through the round eng
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 from pydantic import ConfigDict, Field
@@ -18,9 +18,9 @@ from edge_agent.data.canonical import device_series
 from edge_agent.learners import PromptLearner
 from edge_agent.learners.prompt import initial_prompt_state
 from edge_agent.models.foundation import FoundationModel
-from edge_agent.models.prompts import PromptConfig, evaluate_prompts
+from edge_agent.models.prompts import PromptConfig, evaluate_prompts, prompt_forecasts
 from edge_agent.tensors import TensorDict
-from edge_agent.train import LocalTraining
+from edge_agent.train import Batch, LocalTraining, Metrics, calibrated_metrics, forecast_metrics, weighted_metrics
 
 
 class PromptFederationConfig(LocalTraining, TwinSettings, StrategySettings):
@@ -36,12 +36,16 @@ class PromptFederationConfig(LocalTraining, TwinSettings, StrategySettings):
     dp_sigma: float = Field(0.0, ge=0.0, description="std of Gaussian noise on uploaded prompts (Table 5)")
     stride: int = Field(1, ge=1, description="step between training windows")
     seed: int = 42
+    test_every_round: bool = Field(False, description="also report test metrics after every round "
+                                                      "(costs a pass over the validation and test splits)")
 
 
 @dataclass(frozen=True)
 class PromptRound:
     """Mean validation MAE / RMSE over clients after a round, the strategy's figures and the
-    round's global state."""
+    round's global state; ``val`` the dataset-size-weighted validation ``Metrics`` (QS, ICP and
+    MIL for quantile configs) and ``test`` those of the test split with conformal ICP and MIL
+    (``evaluate_prompt_fleet``), None unless ``test_every_round``."""
 
     round: int
     mae: float
@@ -49,6 +53,8 @@ class PromptRound:
     seconds: float
     metrics: dict[str, float]
     global_state: TensorDict
+    val: Metrics
+    test: Metrics | None = None
 
 
 def prompt_learners(tables: Sequence[SeriesTable], foundation: FoundationModel, prompt: PromptConfig,
@@ -66,6 +72,26 @@ def mean_scores(learners: Sequence[PromptLearner], split: str = "val") -> tuple[
     return sum(s[0] for s in scores) / len(scores), sum(s[1] for s in scores) / len(scores)
 
 
+def station_forecasts(learner: PromptLearner, split: str) -> Iterator[Batch]:
+    """(forecast, target) batches of a learner's model over one split of its station's windows."""
+    return prompt_forecasts(learner.model, getattr(learner.data, split), learner.data.present)
+
+
+def validation_metrics(learners: Sequence[PromptLearner]) -> Metrics:
+    """Dataset-size-weighted validation ``Metrics`` over clients (QS, ICP, MIL for quantiles)."""
+    return weighted_metrics([forecast_metrics(station_forecasts(lr, "val"), lr.model.levels) for lr in learners],
+                            [lr.n_samples for lr in learners])
+
+
+def evaluate_prompt_fleet(learners: Sequence[PromptLearner]) -> tuple[Metrics, dict[str, Metrics]]:
+    """Global (dataset-size-weighted) and per-station test metrics, as head mode's
+    ``evaluate_fleet``: a quantile model's intervals are also reported calibrated on its station's
+    own validation windows (split conformal)."""
+    per_client = {lr.data.name: calibrated_metrics(station_forecasts(lr, "val"), station_forecasts(lr, "test"),
+                                                   lr.model.levels) for lr in learners}
+    return weighted_metrics(list(per_client.values()), [lr.n_samples for lr in learners]), per_client
+
+
 def run_prompt_federation(tables: Sequence[SeriesTable], foundation: FoundationModel, prompt: PromptConfig,
                           cfg: PromptFederationConfig, tune_foundation: bool = False,
                           participation: Participation | None = None,
@@ -81,8 +107,9 @@ def run_prompt_federation(tables: Sequence[SeriesTable], foundation: FoundationM
 
     def after_round(done: SimulatedRound) -> None:
         result = done.result
+        test = evaluate_prompt_fleet(learners)[0] if cfg.test_every_round else None
         records.append(PromptRound(result.round, *mean_scores(learners), done.seconds, result.metrics,
-                                   result.global_state))
+                                   result.global_state, validation_metrics(learners), test))
         if on_round:
             on_round(records[-1])
 

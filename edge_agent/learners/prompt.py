@@ -37,8 +37,11 @@ def initial_prompt_state(foundation: FoundationModel, cfg: PromptConfig, seed: i
 
 
 def prompt_signature(cfg: PromptConfig, foundation: FoundationModel, wire: TensorDict) -> str:
-    """Same prompt layout and the same foundation model on both sides, or no federation."""
-    return signature(wire, json.dumps({"prompt": cfg.model_dump(), "foundation": content_hash(foundation)}))
+    """Same prompt layout (quantile levels included) and the same foundation model on both sides,
+    or no federation. Fields left None stay out of it, so a point config (no ``quantiles``) keeps
+    the signature it had before quantile levels existed."""
+    prompt = cfg.model_dump(exclude_none=True)
+    return signature(wire, json.dumps({"prompt": prompt, "foundation": content_hash(foundation)}))
 
 
 class PromptLearner(Learner):
@@ -61,7 +64,7 @@ class PromptLearner(Learner):
             for p in [*self.model.prompts.parameters(), *self.model.weights.parameters()]:
                 p.requires_grad_(False)
         self.prefixes = TUNED_PREFIXES if tune_foundation else WIRE_PREFIXES
-        self.loss, self.data, self.training = PromptLoss(), data, training
+        self.loss, self.data, self.training = PromptLoss(levels=cfg.quantiles), data, training
         self.seed, self.client_index, self.dp_sigma = seed, client_index, dp_sigma
         self.references: dict[str, torch.Tensor] = {}
         self.layout = layout_of(self.model.wire_state(self.prefixes))

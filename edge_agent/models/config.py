@@ -2,13 +2,29 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 from edge_agent.metrics import median_index
 from edge_agent.models.backbones import BACKBONES
 from edge_agent.registry import registered
+
+
+def check_quantiles(levels: tuple[float, ...]) -> tuple[float, ...]:
+    """Quantile levels must be strictly increasing inside (0, 1) and include 0.5: the median is the
+    point forecast wherever one is expected (MSE/MAE, serving), so it is predicted, not interpolated."""
+    if any(not 0.0 < q < 1.0 for q in levels):
+        raise ValueError(f"every level must lie strictly between 0 and 1, got {levels}")
+    if any(b <= a for a, b in zip(levels, levels[1:])):
+        raise ValueError(f"levels must be strictly increasing, got {levels}")
+    if 0.5 not in levels:
+        raise ValueError(f"levels must include 0.5 (the median is the point forecast), got {levels}")
+    return levels
+
+
+QuantileLevels = Annotated[tuple[float, ...], AfterValidator(check_quantiles)]
+"""A config field of quantile levels, checked by ``check_quantiles`` (head and prompt mode alike)."""
 
 
 class ModelConfig(BaseModel):
@@ -36,7 +52,7 @@ class ModelConfig(BaseModel):
     d_ff: int | None = Field(None, ge=1)
     steps: int = Field(4, ge=1, description="SNN time steps T")
     moving_avg: int = Field(25, ge=1, description="DLinear decomposition kernel")
-    quantiles: tuple[float, ...] | None = Field(
+    quantiles: QuantileLevels | None = Field(
         None, description="quantile levels of the personal head (e.g. 0.1, 0.5, 0.9); None = point forecasts"
     )
 
@@ -46,13 +62,6 @@ class ModelConfig(BaseModel):
         if self.d_qap % self.qap_heads:
             raise ValueError(f"d_qap ({self.d_qap}) must be divisible by qap_heads ({self.qap_heads})")
         return self
-
-    @field_validator("quantiles")
-    @classmethod
-    def _levels(cls, levels: tuple[float, ...] | None) -> tuple[float, ...] | None:
-        if levels is not None:
-            check_quantiles(levels)
-        return levels
 
     @property
     def median_index(self) -> int:
@@ -64,13 +73,3 @@ class ModelConfig(BaseModel):
         value = getattr(self, name)
         return default if value is None else value
 
-
-def check_quantiles(levels: tuple[float, ...]) -> None:
-    """Quantile levels must be strictly increasing inside (0, 1) and include 0.5: the median is the
-    point forecast wherever one is expected (MSE/MAE, serving), so it is predicted, not interpolated."""
-    if any(not 0.0 < q < 1.0 for q in levels):
-        raise ValueError(f"every level must lie strictly between 0 and 1, got {levels}")
-    if any(b <= a for a, b in zip(levels, levels[1:])):
-        raise ValueError(f"levels must be strictly increasing, got {levels}")
-    if 0.5 not in levels:
-        raise ValueError(f"levels must include 0.5 (the median is the point forecast), got {levels}")
