@@ -25,6 +25,9 @@ FEDAL = {"folds": [["greensboro", "amsterdam"]], "steps": ["1h"], "single_variab
          "local_epochs": 1, "participation": 0.5, "stride": 97, "test_every": 50, "prox_mu": 0.01, "rates": [0.5],
          "horizon": 12, "history_days": 14, "local_epochs_max": 1, "local_patience": 1, "attack_clients": 1,
          "sigmas": [0.5], "seeds": [1]}
+FEDGAME = {"lookback": 24, "backbone": "dlinear", "d_qap": 8, "qap_heads": 2, "quantiles": [0.1, 0.5, 0.9],
+           "rounds": 2, "local_epochs": 1, "batch_size": 32, "lr": 3e-3, "patience": 1, "prox_mu": 0.01,
+           "game_lr": 5e-4, "game_steps": 3, "max_windows": 16, "val_stride": 31}
 ENERGY = {"site": "greensboro", "lookback": 24, "horizon": 12, "stride": 97, "epochs": 1, "batch_size": 64,
           "lr": 1e-3, "test_windows": 8, "seed": 7}
 
@@ -57,6 +60,7 @@ def twice(job, first: tuple, other: tuple) -> tuple[object, object]:
     ("energy", ("spikernn", ENERGY), ("dlinear", ENERGY)),
     ("fedal", ("fedal", 0, 1, FEDAL), ("fedprox", 0, 2, FEDAL)),
     ("value", ("stations", 14, "dlinear", "fedrep_select", 1, VALUE), ("stations", 0, "dlinear", "centralized", 2, VALUE)),
+    ("fedgame", ("stations", 6, "fedgame", "game", 1, FEDGAME), ("stations", 6, "no_fl", "game", 2, FEDGAME)),
     ("robustness", ("trimmed_mean", "sign_flip", 1, 1, ROBUSTNESS), ("fedavg", "value_1e30", 2, 2, ROBUSTNESS)),
 ])
 def test_a_benchmark_job_gives_the_same_numbers_when_run_again(bench: str, first: tuple, other: tuple) -> None:
