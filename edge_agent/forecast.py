@@ -126,15 +126,15 @@ def _model(cfg: AgentConfig, table: SeriesTable, onnx_model: Path | None) -> tup
     if onnx_model is None:
         served = serving(cfg, table)
         return served.model.eval(), served.which
-    return OnnxForecaster(Path(onnx_model), cfg.model.quantiles), str(onnx_model)
+    return OnnxForecaster(Path(onnx_model), cfg.model.quantiles, cfg.model.horizon), str(onnx_model)
 
 
 def conformal_interval(model: nn.Module, series: torch.Tensor, marks: torch.Tensor,
                        calibration: WindowSet | None) -> tuple[torch.Tensor, str]:
     """A quantile model's forecast (H, F, Q) of one window, scaled like its input, and what its
     interval is; with ``calibration`` windows the outer levels are moved by split-conformal offsets
-    fitted there (``edge_agent.conformal``), so they cover >= highest - lowest level of targets
-    like those windows'."""
+    fitted there (``edge_agent.conformal``), so that the interval covers at least the nominal share
+    (highest - lowest level) of targets exchangeable with those windows' targets."""
     levels = model.levels
     quantiles = model.forward_quantiles(series, marks)[0]
     interval = f"{levels[-1] - levels[0]:.0%} interval (q{levels[0]:g}-q{levels[-1]:g})"

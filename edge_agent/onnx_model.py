@@ -17,14 +17,15 @@ LEVELS_KEY = "quantiles"  # model.onnx metadata: a quantile model's levels, comm
 
 
 class OnnxForecaster(nn.Module):
-    """``path`` in ONNX Runtime (CPU) for an agent whose model has quantile ``levels`` (None: point
-    forecasts); the graph's ``forecast`` is (B, H, F), or (B, H, F, Q) for a quantile model."""
+    """``path`` in ONNX Runtime (CPU) for an agent whose model forecasts ``horizon`` steps with
+    quantile ``levels`` (None: point forecasts); the graph's ``forecast`` is (B, H, F), or
+    (B, H, F, Q) for a quantile model."""
 
-    def __init__(self, path: Path, levels: tuple[float, ...] | None):
+    def __init__(self, path: Path, levels: tuple[float, ...] | None, horizon: int):
         super().__init__()
         self.path, self.levels = Path(path), levels
         self.session = open_session(self.path)
-        check_outputs(self.session, self.path, levels)
+        check_outputs(self.session, self.path, levels, horizon)
 
     def forward(self, x: torch.Tensor, marks: torch.Tensor) -> torch.Tensor:
         """The point forecast (B, H, F): a quantile model's median."""
@@ -62,9 +63,9 @@ def open_session(path: Path) -> Any:
         raise ValueError(f"{path}: not a readable ONNX model ({err})") from None
 
 
-def check_outputs(session: Any, path: Path, levels: tuple[float, ...] | None) -> None:
-    """The graph must output ``forecast`` for the levels the agent's config names: the same levels
-    in its metadata (``LEVELS_KEY``, none for a point model) and one more axis for them."""
+def check_outputs(session: Any, path: Path, levels: tuple[float, ...] | None, horizon: int) -> None:
+    """The graph must output ``forecast`` for the horizon and levels the agent's config names: the
+    same levels in its metadata (``LEVELS_KEY``, none for a point model) and one more axis for them."""
     outputs = {o.name: o.shape for o in session.get_outputs()}
     if "forecast" not in outputs:
         raise ValueError(f"{path}: the model has no output 'forecast' (outputs: {sorted(outputs)})")
@@ -72,10 +73,10 @@ def check_outputs(session: Any, path: Path, levels: tuple[float, ...] | None) ->
     if named != wanted:
         raise ValueError(f"{path}: the model forecasts {_kind(named)}, this agent's config {_kind(wanted)} "
                          "(export the agent's own model: edgefl export onnx --agent-config)")
-    rank = 4 if levels else 3
-    if len(outputs["forecast"]) != rank or (levels and outputs["forecast"][-1] != len(levels)):
-        raise ValueError(f"{path}: output 'forecast' has shape {outputs['forecast']}, "
-                         f"expected {rank} axes for {_kind(wanted)}")
+    shape = outputs["forecast"]
+    if len(shape) != (4 if levels else 3) or shape[1] != horizon or (levels and shape[-1] != len(levels)):
+        raise ValueError(f"{path}: output 'forecast' has shape {shape}, this agent's config forecasts "
+                         f"{horizon} steps of {_kind(wanted)}")
 
 
 def graph_levels(session: Any, path: Path) -> tuple[float, ...]:
