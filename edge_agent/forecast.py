@@ -8,16 +8,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import torch
+from torch import nn
 
 from edge_agent.config import AgentConfig
-from edge_agent.data import DataError, SeriesTable, prepare_client, time_features
+from edge_agent.conformal import apply_offsets
+from edge_agent.data import DataError, SeriesTable, WindowSet, prepare_client, time_features
 from edge_agent.learners import HeadLearner, make_learner, training_rows_needed
 from edge_agent.learners.head import Served
 from edge_agent.models import Forecaster
 from edge_agent.models.foundation import load_foundation
+from edge_agent.onnx_model import OnnxForecaster
 from edge_agent.state import AgentState
+from edge_agent.train import conformal_offsets
 from edge_agent.zero_shot import zero_shot_forecast
 
 
@@ -38,49 +41,107 @@ def serving(cfg: AgentConfig, table: SeriesTable) -> Served:
 
 @dataclass(frozen=True)
 class Forecast:
-    """The next ``horizon`` steps in the data's own units and which model made them."""
+    """The next ``horizon`` steps in the data's own units and which model made them; a quantile
+    model's forecast also has every level and says what its interval is."""
 
     stamps: list[str]
     columns: list[str]
-    values: torch.Tensor  # (H, F)
+    values: torch.Tensor  # (H, F): the point forecast, a quantile model's median
     model: str  # "federated", "local", the ONNX file or "zero-shot foundation (why)"
     zero_shot: bool = False
+    levels: tuple[float, ...] = ()
+    quantiles: torch.Tensor | None = None  # (H, F, Q), ordered like ``levels``
+    interval: str = ""  # what the interval is, or why there is none
 
     @property
     def served_by(self) -> str:
         """Which model made the forecast, as a phrase: "the federated model", "zero-shot foundation (...)"."""
         return self.model if self.zero_shot else f"the {self.model} model"
 
+    def csv_lines(self) -> list[str]:
+        """CSV: ``time``, then per feature its point forecast and every other level (``<feature>_q0.1``)."""
+        others = [j for j, level in enumerate(self.levels) if level != 0.5]
+        header = [name for column in self.columns
+                  for name in (column, *(f"{column}_q{self.levels[j]:g}" for j in others))]
+        lines = [",".join(["time", *header])]
+        for h, stamp in enumerate(self.stamps):
+            row = [v for f in range(len(self.columns)) for v in (self.values[h, f], *self._quantiles(h, f, others))]
+            lines.append(",".join([stamp, *(f"{float(v):.6g}" for v in row)]))
+        return lines
+
+    def cells(self, step: int) -> list[str]:
+        """One horizon step as table cells, per feature "3.100", or "3.100 [2.550, 3.980]" with the
+        interval (lowest and highest level)."""
+        cells = []
+        for f in range(len(self.columns)):
+            bounds = self._quantiles(step, f, [0, -1])
+            interval = f" [{bounds[0]:.3f}, {bounds[1]:.3f}]" if bounds else ""
+            cells.append(f"{float(self.values[step, f]):.3f}{interval}")
+        return cells
+
+    def _quantiles(self, step: int, feature: int, which: list[int]) -> list[float]:
+        """The quantiles at positions ``which`` of one step and feature; none for a point forecast."""
+        return [] if self.quantiles is None else [float(self.quantiles[step, feature, j]) for j in which]
+
 
 @torch.no_grad()
-def forecast(cfg: AgentConfig, onnx_model: Path | None = None) -> Forecast:
+def forecast(cfg: AgentConfig, onnx_model: Path | None = None, conformal: bool = False) -> Forecast:
     """Forecast the horizon after the latest window of local data, in the data's own units,
     with the served torch model or, given ``onnx_model`` (an ``edgefl export onnx`` model.onnx),
     ONNX Runtime; without a model of the gateway's own (see ``no_model_yet``) with the zero-shot
-    foundation, where one is configured."""
+    foundation, where one is configured (point forecasts only). A quantile model's interval is its
+    own lowest to highest quantile or, with ``conformal``, that interval calibrated on the
+    gateway's validation windows by the same model (``conformal_interval``)."""
     table = cfg.data.load()
     needed = training_rows_needed(cfg)
     why, checkpoint = no_model_yet(cfg, table, needed), zero_shot_checkpoint(cfg)
     if why and checkpoint and onnx_model is None:
-        return _zero_shot(cfg, table, checkpoint, why)
+        return _zero_shot(cfg, table, checkpoint, why, conformal)
     if table.n_rows < needed:
         meanwhile = ("set zero_shot_foundation = <checkpoint from edgefl pretrain> in the agent config for "
                      "zero-shot forecasts meanwhile" if checkpoint is None
                      else "the zero-shot foundation serves without an ONNX model")
         raise DataError(f"{table.name}: {why}; {meanwhile}")
+    if conformal and not cfg.model.quantiles:
+        raise ValueError("conformal calibration is of quantile intervals; this agent's model forecasts points "
+                         "(set model.quantiles, e.g. [0.1, 0.5, 0.9])")
     if not table.present[-cfg.model.lookback :].all():
         raise ValueError(f"{table.name}: the latest {cfg.model.lookback} steps have a gap; no forecast from them")
     data = prepare_client(table, cfg.model.lookback, cfg.model.horizon)
-    series = data.scaler.transform(table.values[-cfg.model.lookback :]).astype("float32")[None]
-    marks = time_features(table.index[-cfg.model.lookback :])[None]
+    series = torch.from_numpy(data.scaler.transform(table.values[-cfg.model.lookback :]).astype("float32")[None])
+    marks = torch.from_numpy(time_features(table.index[-cfg.model.lookback :])[None])
+    model, which = _model(cfg, table, onnx_model)
+    stamps = next_stamps(table, cfg.model.horizon)
+    if not cfg.model.quantiles:
+        values = torch.as_tensor(data.scaler.inverse_transform(model(series, marks)[0].numpy()))
+        return Forecast(stamps, list(data.columns), values, which)
+    quantiles, interval = conformal_interval(model, series, marks, data.val if conformal else None)
+    quantiles = data.scaler.inverse_transform(quantiles.movedim(-1, 0)).movedim(0, -1)
+    return Forecast(stamps, list(data.columns), quantiles[..., cfg.model.median_index], which,
+                    levels=cfg.model.quantiles, quantiles=quantiles, interval=interval)
+
+
+def _model(cfg: AgentConfig, table: SeriesTable, onnx_model: Path | None) -> tuple[nn.Module, str]:
+    """The served torch model and which it is, or ``onnx_model`` in ONNX Runtime and its path."""
     if onnx_model is None:
         served = serving(cfg, table)
-        scaled = served.model.eval()(torch.from_numpy(series), torch.from_numpy(marks))[0].numpy()
-        which = served.which
-    else:
-        scaled, which = run_onnx_forecast(Path(onnx_model), series, marks)[0], str(onnx_model)
-    values = torch.as_tensor(data.scaler.inverse_transform(scaled))
-    return Forecast(next_stamps(table, cfg.model.horizon), list(data.columns), values, which)
+        return served.model.eval(), served.which
+    return OnnxForecaster(Path(onnx_model), cfg.model.quantiles, cfg.model.horizon), str(onnx_model)
+
+
+def conformal_interval(model: nn.Module, series: torch.Tensor, marks: torch.Tensor,
+                       calibration: WindowSet | None) -> tuple[torch.Tensor, str]:
+    """A quantile model's forecast (H, F, Q) of one window, scaled like its input, and what its
+    interval is; with ``calibration`` windows the outer levels are moved by split-conformal offsets
+    fitted there (``edge_agent.conformal``), so that the interval covers at least the nominal share
+    (highest - lowest level) of targets exchangeable with those windows' targets."""
+    levels = model.levels
+    quantiles = model.forward_quantiles(series, marks)[0]
+    interval = f"{levels[-1] - levels[0]:.0%} interval (q{levels[0]:g}-q{levels[-1]:g})"
+    if calibration is None:
+        return quantiles, f"{interval}, the model's own quantiles (not calibrated)"
+    calibrated = apply_offsets(quantiles, conformal_offsets(model, calibration))
+    return calibrated, f"{interval}, conformal-calibrated on {len(calibration)} validation windows"
 
 
 def no_model_yet(cfg: AgentConfig, table: SeriesTable, needed: int) -> str | None:
@@ -103,34 +164,19 @@ def zero_shot_checkpoint(cfg: AgentConfig) -> tuple[Path, str | None] | None:
     return cfg.zero_shot_foundation, cfg.zero_shot_foundation_sha256
 
 
-def _zero_shot(cfg: AgentConfig, table: SeriesTable, checkpoint: tuple[Path, str | None], why: str) -> Forecast:
-    """The foundation model's forecast alone, for the agent's horizon."""
+def _zero_shot(cfg: AgentConfig, table: SeriesTable, checkpoint: tuple[Path, str | None], why: str,
+               conformal: bool) -> Forecast:
+    """The foundation model's forecast alone, for the agent's horizon: point values, saying so
+    where the agent's model has quantiles or a calibrated interval was asked for."""
     horizon = cfg.prompt.horizon if cfg.mode == "prompt" else cfg.model.horizon
     values = torch.as_tensor(zero_shot_forecast(load_foundation(*checkpoint), table, horizon))
-    return Forecast(next_stamps(table, horizon), list(table.columns), values, f"zero-shot foundation ({why})", True)
+    asked = conformal or (cfg.mode == "head" and cfg.model.quantiles)
+    interval = "point forecast only: the zero-shot foundation predicts no quantiles" if asked else ""
+    return Forecast(next_stamps(table, horizon), list(table.columns), values, f"zero-shot foundation ({why})", True,
+                    interval=interval)
 
 
 def next_stamps(table: SeriesTable, horizon: int) -> list[str]:
     """The ``horizon`` timestamps after the table's last row, at its last step."""
     step = table.index[-1] - table.index[-2]
     return [str(table.index[-1] + step * (h + 1)) for h in range(horizon)]
-
-
-def run_onnx_forecast(path: Path, series: np.ndarray, marks: np.ndarray) -> np.ndarray:
-    """The ``forecast`` output of an exported model; a model for other shapes is refused by name."""
-    import onnxruntime
-
-    if not path.is_file():
-        raise ValueError(f"{path}: ONNX model not found")
-    try:
-        session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    except Exception as err:  # onnxruntime raises its own exception types for unreadable files
-        raise ValueError(f"{path}: not a readable ONNX model ({err})") from None
-    inputs = {i.name: i.shape for i in session.get_inputs()}
-    for name, array in (("x", series), ("marks", marks)):
-        if name not in inputs:
-            raise ValueError(f"{path}: the model has no input {name!r} (inputs: {sorted(inputs)})")
-        fixed = list(inputs[name][1:])
-        if list(array.shape[1:]) != fixed:
-            raise ValueError(f"{path}: input {name!r} expects (batch, {fixed}), this agent's data gives {array.shape}")
-    return session.run(["forecast"], {"x": series, "marks": marks.astype(np.float32)})[0]

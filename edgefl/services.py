@@ -10,6 +10,7 @@ from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from edge_agent.config import ConfigError, load_config
@@ -170,29 +171,33 @@ def agent_run(config: ConfigPath, verbose: bool = False) -> None:
 @agent_app.command("forecast")
 def agent_forecast(
     config: ConfigPath,
-    csv: Annotated[bool, typer.Option("--csv", help="print CSV instead of a table")] = False,
+    csv: Annotated[bool, typer.Option("--csv", help="print CSV instead of a table (with every level)")] = False,
     onnx: Annotated[Optional[Path], typer.Option(help="run this exported model.onnx in ONNX Runtime")] = None,
+    conformal: Annotated[bool, typer.Option(
+        "--conformal", help="a quantile model's interval calibrated on this gateway's validation windows")] = False,
 ) -> None:
-    """Print the forecast of the local model for the horizon after the latest window."""
+    """Print the forecast of the local model for the horizon after the latest window; a quantile
+    model's with its interval (lowest to highest level)."""
     from edge_agent.forecast import forecast
 
     cfg = _agent_config(config)
     try:
-        result = forecast(cfg, onnx)
+        result = forecast(cfg, onnx, conformal)
     except (DataError, ValueError) as err:
         _fail(str(err))
     console.print(f"{cfg.client_id}: forecast by {result.served_by}", soft_wrap=True)
+    if result.interval:
+        console.print(f"{cfg.client_id}: {result.interval}", soft_wrap=True)
     if csv:
-        print(",".join(["time", *result.columns]))
-        for stamp, row in zip(result.stamps, result.values.tolist()):
-            print(",".join([stamp, *(f"{v:.6g}" for v in row)]))
+        print("\n".join(result.csv_lines()))
         return
-    table = Table(title=f"{cfg.client_id}: next {len(result.stamps)} steps, by {result.served_by}")
+    table = Table(title=f"{cfg.client_id}: next {len(result.stamps)} steps, by {result.served_by}",
+                  caption=escape(f"median [q{result.levels[0]:g}, q{result.levels[-1]:g}]") if result.levels else None)
     table.add_column("time", no_wrap=True)
     for column in result.columns:
         table.add_column(column, justify="right")
-    for stamp, row in zip(result.stamps, result.values.tolist()):
-        table.add_row(stamp, *(f"{v:.3f}" for v in row))
+    for step, stamp in enumerate(result.stamps):
+        table.add_row(stamp, *map(escape, result.cells(step)))
     Console().print(table)
 
 

@@ -2,11 +2,15 @@
 
 Two layouts:
 - ``model.onnx``: the unrolled graph, ``x`` (B, L, F) and ``marks`` (B, L, t) -> ``forecast``
-  (B, H, F); spiking backbones also output ``spikes``, the backbone's output spikes over the T steps
-  (in spiking transformers residual sums of spikes, so small counts).
+  (B, H, F); a quantile model's ``forecast`` is every level, (B, H, F, Q) ordered like the levels,
+  which the graph's metadata names (``quantiles``, e.g. "0.1,0.5,0.9"; ``label_levels``), so a
+  gateway can take the median and the interval from one run; spiking backbones also output
+  ``spikes``, the backbone's output spikes over the T steps (in spiking transformers residual sums
+  of spikes, so small counts).
 - streaming (spiking backbones): ``encode.onnx`` (x, marks -> encoder currents (T, ...), window
   mean and std), ``step.onnx`` (one step's current + every LIF's membrane and last spike ->
-  that step's spikes + the new state) and ``readout.onnx`` (mean rate, mean, std -> forecast).
+  that step's spikes + the new state) and ``readout.onnx`` (mean rate, mean, std -> forecast,
+  every level for a quantile model).
   A gateway runs encode once, step T times and readout once; state lives in its memory.
 Every export is run in ONNX Runtime on real windows and compared with torch (see ``export_onnx``
 for the exact criteria), or ``ExportMismatchError`` is raised (the contract: ``export.contract``).
@@ -19,6 +23,7 @@ import warnings
 from pathlib import Path
 
 import numpy as np
+import onnx
 import onnxruntime as ort
 import torch
 from torch import nn
@@ -26,11 +31,26 @@ from torch import nn
 from edge_agent.data import WindowSet
 from edge_agent.models import Forecaster
 from edge_agent.models.backbones.spiking import LIF, SpikingBackbone
+from edge_agent.onnx_model import LEVELS_KEY
 from export.contract import ExportMismatchError, ExportReport, sample_windows
 
 TOLERANCE = 1e-5
 MIN_SPIKE_AGREEMENT = 0.999  # float32 rounding at threshold ties may flip a few spikes
 OPSET = 17
+
+
+def graph_forecast(model: Forecaster, representation: torch.Tensor, mean: torch.Tensor,
+                   std: torch.Tensor) -> torch.Tensor:
+    """What a graph's ``forecast`` holds after the backbone: the point forecast (B, H, F), or a
+    quantile model's every level (B, H, F, Q), so an exported quantile model keeps its intervals."""
+    if model.levels:
+        return model.readout_quantiles(representation, mean, std)
+    return model.readout(representation, mean, std)
+
+
+def torch_forecast(model: Forecaster, x: torch.Tensor, marks: torch.Tensor) -> torch.Tensor:
+    """The torch model's own output that ``forecast`` must reproduce (``forward`` or ``forward_quantiles``)."""
+    return model.forward_quantiles(x, marks) if model.levels else model(x, marks)
 
 
 class Unrolled(nn.Module):
@@ -42,11 +62,11 @@ class Unrolled(nn.Module):
 
     def forward(self, x: torch.Tensor, marks: torch.Tensor):
         backbone = self.model.shared["backbone"]
-        if not isinstance(backbone, SpikingBackbone):
-            return self.model(x, marks)
         z, mean, std = self.model.encode(x, marks)
+        if not isinstance(backbone, SpikingBackbone):
+            return graph_forecast(self.model, backbone(z), mean, std)
         spikes = backbone.spike_steps(backbone.encoder(z))
-        return self.model.readout(backbone.readout(spikes.mean(0)), mean, std), spikes
+        return graph_forecast(self.model, backbone.readout(spikes.mean(0)), mean, std), spikes
 
 
 class Encode(nn.Module):
@@ -89,7 +109,7 @@ class Readout(nn.Module):
         self.model = model
 
     def forward(self, rate: torch.Tensor, mean: torch.Tensor, std: torch.Tensor):
-        return self.model.readout(self.model.shared["backbone"].readout(rate), mean, std)
+        return graph_forecast(self.model, self.model.shared["backbone"].readout(rate), mean, std)
 
 
 def export_onnx(model: Forecaster, out: Path, windows: WindowSet, n_windows: int = 64, *,
@@ -111,8 +131,10 @@ def export_onnx(model: Forecaster, out: Path, windows: WindowSet, n_windows: int
     spiking = isinstance(model.shared["backbone"], SpikingBackbone)
     outputs = ["forecast", "spikes"] if spiking else ["forecast"]
     _export(Unrolled(model), (x, marks), folder / "model.onnx", ["x", "marks"], outputs)
+    label_levels(folder / "model.onnx", model.levels)
     with torch.no_grad():
-        expected = tuple(o.numpy() for o in (Unrolled(model)(x, marks) if spiking else (model(x, marks),)))
+        reference = Unrolled(model)(x, marks) if spiking else (torch_forecast(model, x, marks),)
+        expected = tuple(o.numpy() for o in reference)
     got = run_session(folder / "model.onnx", {"x": x.numpy(), "marks": marks.numpy()})
     error, agreement, flipped = verify(expected, got, tolerance, min_agreement, "model.onnx")
     report = ExportReport("onnx", [str(folder / "model.onnx")], len(x), agreement, error)
@@ -120,7 +142,20 @@ def export_onnx(model: Forecaster, out: Path, windows: WindowSet, n_windows: int
         stream_error = _export_streaming(model, folder, x, marks, expected, tolerance, min_agreement)
         _add_streaming(report, folder, expected[1], flipped, stream_error)
     report.timings_ms = time_inference(model, folder / "model.onnx", x, marks)
+    if model.levels:
+        report.notes.append(f"forecast: every quantile level {model.levels} on the last axis, (batch, H, F, "
+                            f"{len(model.levels)}); the median is index {model.cfg.median_index}")
     return report
+
+
+def label_levels(path: Path, levels: tuple[float, ...] | None) -> None:
+    """Name a quantile model's levels in the graph's metadata (``LEVELS_KEY``); a point model's
+    graph carries none."""
+    if not levels:
+        return
+    graph = onnx.load(str(path))
+    onnx.helper.set_model_props(graph, {LEVELS_KEY: ",".join(map(str, levels))})
+    onnx.save(graph, str(path))
 
 
 def _add_streaming(report: ExportReport, folder: Path, spikes: np.ndarray, flipped: int, stream_error: float) -> None:
@@ -268,6 +303,6 @@ def time_inference(model: Forecaster, path: Path, x: torch.Tensor, marks: torch.
         return float(np.median(times))
 
     with torch.no_grad():
-        torch_ms = median(lambda: model(x, marks))
+        torch_ms = median(lambda: torch_forecast(model, x, marks))
     onnx_ms = median(lambda: session.run(None, feeds))
     return {"torch_ms": torch_ms, "onnx_ms": onnx_ms}

@@ -9,7 +9,8 @@ non-zero input x fan-out; an integer-valued input (a residual sum of spike tenso
 Every module with parameters must be counted by a rule in ``RULES`` (whole modules, never their
 functional insides, so fused or functional code paths cannot be silently skipped); a model with
 an unknown parameterized module is refused. Parameter-free elementwise work (residual adds,
-instance norm, mean over T) is not counted. Data movement is not counted either.
+instance norm, mean over T) is not counted, except a quantile head's non-crossing transform
+(``MonotoneQuantiles``), which is work only quantile models do. Data movement is not counted either.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from edge_agent.data import WindowSet
 from edge_agent.models import Forecaster
 from edge_agent.models.backbones.spiking import LIF, SpikingSelfAttention
 from edge_agent.models.backbones.dlinear import DLinear
+from edge_agent.models.heads import MonotoneQuantiles
 from edge_agent.models.qap import QueryAttentionPooling, QueryPooling, SlotEmbedding
 
 
@@ -128,6 +130,15 @@ def _spiking_attention(ops: LayerOps, module: SpikingSelfAttention, args: tuple,
     ops.input_rate = float(torch.cat([q.flatten(), k.flatten(), v.flatten()]).mean())
 
 
+def _monotone(ops: LayerOps, module: MonotoneQuantiles, args: tuple, out: torch.Tensor) -> None:
+    """A quantile head's non-crossing transform: per forecast value, Q - 1 softplus gaps and Q - 1
+    additions of them to the neighbouring level, each counted as one MAC (an addition costs less,
+    a softplus more: an exp and a log). The head's linear read-out, Q outputs per forecast value,
+    is counted as its own layers."""
+    levels = args[0].shape[-1]
+    ops.macs += args[0].numel() // levels * 2 * (levels - 1)
+
+
 Rule = Callable[[LayerOps, nn.Module, tuple, object], None]
 RULES: dict[type[nn.Module], Rule] = {
     nn.Linear: _linear,
@@ -138,6 +149,7 @@ RULES: dict[type[nn.Module], Rule] = {
     nn.TransformerEncoderLayer: _encoder_layer,
     QueryPooling: _query_pooling,
     DLinear: _dlinear,
+    MonotoneQuantiles: _monotone,
 }
 FOLDED = (nn.BatchNorm1d, nn.BatchNorm2d, nn.LayerNorm)  # folded or elementwise: not counted
 DATA_ONLY = (QueryAttentionPooling, SlotEmbedding)  # own parameters only feed counted ops or adds

@@ -95,3 +95,21 @@ def test_a_corrupted_export_raises_the_one_mismatch_error(fmt: str, model, site,
         exporter(fmt)(model, tmp_path / OUT[fmt], site.test, 16)
     if fmt != "onnx":  # a file export keeps only verified files
         assert list(tmp_path.iterdir()) == []
+
+
+@pytest.fixture(scope="module")
+def quantile_model(site: ClientData) -> Forecaster:
+    return trained("spikernn", site, quantiles=(0.1, 0.5, 0.9))
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_a_quantile_model_exports_under_the_same_contract(fmt: str, quantile_model, site, tmp_path,
+                                                          monkeypatch) -> None:
+    """ONNX carries every level (checked like a point forecast, so a shifted one is refused); NIR
+    and Lava carry the backbone's stack, which a quantile head leaves as it is."""
+    report = exporter(fmt)(quantile_model, tmp_path / OUT[fmt], site.test, 16)
+    assert report.format == fmt and 0.99 <= report.spike_agreement <= 1.0
+    assert json.loads(json.dumps(report.as_dict())) == report.as_dict()
+    CORRUPT[fmt](monkeypatch)
+    with pytest.raises(ExportMismatchError, match=r"model\.onnx|shared\.backbone\.stack\.\d"):
+        exporter(fmt)(quantile_model, tmp_path / f"corrupt_{OUT[fmt]}", site.test, 16)

@@ -7,14 +7,18 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import onnx
 import pytest
 import torch
 
 from edge_agent.data import load_site, prepare_client
 from edge_agent.models import BACKBONES, CheckpointError, build_forecaster, load_checkpoint, save_checkpoint
 from export.contract import ExportMismatchError
+from edge_agent.onnx_model import OnnxForecaster
 from export.onnx import compare, export_onnx, run_session, stream, verify
 from tests.conftest import small_config, trained
+
+LEVELS = (0.1, 0.5, 0.9)
 
 
 @pytest.fixture(scope="module")
@@ -85,18 +89,47 @@ def test_export_command_on_a_checkpoint_and_the_agent_forecasts_with_onnx(site, 
 
 
 def test_the_agent_forecasts_with_the_exported_model(site, tmp_path: Path) -> None:
-    from edge_agent.forecast import run_onnx_forecast
-
     model = trained("itransformer", site)
     export_onnx(model, tmp_path, site.test, n_windows=8)
     x, marks, _ = site.test.batch(torch.arange(3))
-    got = run_onnx_forecast(tmp_path / "model.onnx", x.numpy(), marks.numpy())
-    torch.testing.assert_close(torch.from_numpy(got), model(x, marks).detach(), atol=1e-5, rtol=0)
+    got = OnnxForecaster(tmp_path / "model.onnx", None, 12)(x, marks)
+    torch.testing.assert_close(got, model(x, marks).detach(), atol=1e-5, rtol=0)
     with pytest.raises(ValueError, match="expects"):
-        run_onnx_forecast(tmp_path / "model.onnx", x[:, :, :2].numpy(), marks.numpy())
+        OnnxForecaster(tmp_path / "model.onnx", None, 12)(x[:, :, :2], marks)
+    with pytest.raises(ValueError, match=r"forecasts point values, this agent's config quantiles \(0.1, 0.5, 0.9\)"):
+        OnnxForecaster(tmp_path / "model.onnx", LEVELS, 12)
+    with pytest.raises(ValueError, match=r"has shape \['batch', 12, \d+\], this agent's config forecasts 24 steps of point"):
+        OnnxForecaster(tmp_path / "model.onnx", None, 24)
+    graph = onnx.load(tmp_path / "model.onnx")
+    onnx.helper.set_model_props(graph, {"quantiles": "low,high"})
+    onnx.save(graph, tmp_path / "odd.onnx")
+    with pytest.raises(ValueError, match="odd.onnx: metadata quantiles='low,high' is not a list of levels"):
+        OnnxForecaster(tmp_path / "odd.onnx", LEVELS, 12)
     (tmp_path / "junk.onnx").write_bytes(b"junk")
     with pytest.raises(ValueError, match="junk.onnx"):
-        run_onnx_forecast(tmp_path / "junk.onnx", x.numpy(), marks.numpy())
+        OnnxForecaster(tmp_path / "junk.onnx", None, 12)
+
+
+@pytest.mark.parametrize("backbone", ["dlinear", "spikernn"])
+def test_a_quantile_model_exports_every_level_and_onnx_runtime_reproduces_them(backbone: str, site,
+                                                                               tmp_path: Path) -> None:
+    model = trained(backbone, site, steps=10, quantiles=LEVELS)
+    report = export_onnx(model, tmp_path, site.test, n_windows=16)
+    assert report.max_abs_error <= 1e-5 and any("(batch, H, F, 3)" in note for note in report.notes)
+    x, marks, _ = site.test.batch(torch.arange(5))
+    expected = model.forward_quantiles(x, marks).detach()
+    graph = run_session(tmp_path / "model.onnx", {"x": x.numpy(), "marks": marks.numpy()})[0]
+    assert graph.shape == (5, 12, site.n_features, 3)
+    torch.testing.assert_close(torch.from_numpy(graph), expected, atol=1e-5, rtol=0)
+    served = OnnxForecaster(tmp_path / "model.onnx", LEVELS, 12)
+    torch.testing.assert_close(served(x, marks), model(x, marks).detach(), atol=1e-5, rtol=0)  # the median
+    with pytest.raises(ValueError, match=r"forecasts quantiles \(0.1, 0.5, 0.9\), this agent's config point values"):
+        OnnxForecaster(tmp_path / "model.onnx", None, 12)
+    with pytest.raises(ValueError, match=r"this agent's config quantiles \(0.05, 0.5, 0.95\)"):
+        OnnxForecaster(tmp_path / "model.onnx", (0.05, 0.5, 0.95), 12)
+    if BACKBONES[backbone].kind == "snn":  # the streaming read-out gives every level too
+        forecast, _ = stream(tmp_path, x.numpy(), marks.numpy())
+        torch.testing.assert_close(torch.from_numpy(forecast), expected, atol=1e-5, rtol=0)
 
 
 def test_spike_flips_are_counted_and_bounded() -> None:

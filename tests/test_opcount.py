@@ -7,10 +7,12 @@ import torch
 from torch import nn
 
 from edge_agent.data import load_site, prepare_client
-from edge_agent.models import BACKBONES
+from edge_agent.models import BACKBONES, build_forecaster
 from edge_agent.models.backbones.spiking import SpikingSelfAttention
+from export.energy import energy_report
 from export.opcount import count_ops, measure
-from tests.conftest import trained
+from export.profiles import load_profile
+from tests.conftest import small_config, trained
 
 
 def by_name(layers) -> dict:
@@ -90,3 +92,24 @@ def test_every_backbone_is_counted_on_real_windows(backbone: str, site) -> None:
     else:
         assert all(layer.acs == 0 for layer in layers)
         assert sum(layer.macs for layer in backbone_layers) > 0
+
+
+def test_a_quantile_head_costs_its_extra_outputs_and_the_monotone_transform(site) -> None:
+    """Q levels: the channel read-out has Q times the point head's outputs and the non-crossing
+    transform 2 (Q - 1) operations per forecast value; the rest of the model costs the same."""
+    def costs(levels: tuple[float, ...] | None) -> tuple[float, float, float]:
+        """Per window: the head's MACs and pJ, and the MACs of everything before it."""
+        model = build_forecaster(small_config("dlinear", quantiles=levels), site.n_features, 4, seed=3)
+        layers, windows = count_ops(model, site.test)
+        report = energy_report(layers, windows, load_profile("cmos45nm"))
+        rest = sum(layer.macs for layer in layers if layer.stage != "head") / windows
+        return report.stages["head"].macs, report.stages["head"].pj, rest
+
+    point, three, five = costs(None), costs((0.1, 0.5, 0.9)), costs((0.05, 0.25, 0.5, 0.75, 0.95))
+    width = build_forecaster(small_config("dlinear"), site.n_features, 4, seed=3).personal["head"].channels.in_features
+    per_level = 12 * site.n_features * (width + 2)  # per window: H F (C read-out MACs + 2 transform ops)
+    assert three[0] - point[0] == pytest.approx(2 * per_level) and five[0] - point[0] == pytest.approx(4 * per_level)
+    profile = load_profile("cmos45nm")
+    mac_pj = profile.cost("mac", profile.default_precision).pj
+    assert three[1] - point[1] == pytest.approx(2 * per_level * mac_pj)
+    assert point[2] == three[2] == five[2]

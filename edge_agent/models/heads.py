@@ -37,10 +37,23 @@ class QuantileHead(PersonalHead):
     def __init__(self, backbone_shape: tuple[int, int], horizon: int, n_features: int, levels: tuple[float, ...]):
         super().__init__(backbone_shape, horizon, n_features * len(levels))
         self.n_levels, self.median = len(levels), median_index(levels)
+        self.monotone = MonotoneQuantiles(self.median)
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         """``h`` (B, A, C) -> (B, H, F_i, Q), ordered like the levels."""
-        return monotone_quantiles(super().forward(h).unflatten(-1, (-1, self.n_levels)), self.median)
+        return self.monotone(super().forward(h).unflatten(-1, (-1, self.n_levels)))
+
+
+class MonotoneQuantiles(nn.Module):
+    """``monotone_quantiles`` as a module (no parameters), so operation counting sees its work."""
+
+    def __init__(self, median: int):
+        super().__init__()
+        self.median = median
+
+    def forward(self, raw: torch.Tensor) -> torch.Tensor:
+        """Raw outputs (..., Q) -> non-crossing quantiles (..., Q)."""
+        return monotone_quantiles(raw, self.median)
 
 
 def monotone_quantiles(raw: torch.Tensor, median: int) -> torch.Tensor:
