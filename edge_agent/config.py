@@ -70,7 +70,7 @@ class DataSource(BaseModel):
     @model_validator(mode="after")
     def _one_source(self) -> "DataSource":
         if [self.csv, self.site, self.source].count(None) != 2:
-            raise ValueError("give exactly one of csv, site or source = 'sensors'")
+            raise ValueError("give exactly one of csv or site, or source = 'sensors'")
         csv_only = sorted({"columns", "date_column"} & self.model_fields_set)
         if self.source == "sensors" and csv_only:
             raise ValueError(f"{', '.join(csv_only)}: not used with source = 'sensors' (the features are [sensors])")

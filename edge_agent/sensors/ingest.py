@@ -75,7 +75,7 @@ class SensorIngest:
 
     @property
     def connected(self) -> bool:
-        """True while the client is connected to the local broker (and subscribed)."""
+        """True while the client is connected to the local broker (its subscriptions sent)."""
         return self._connection is not None and self._connection.connected.is_set()
 
     def handle(self, topic: str, payload: bytes, arrival: object = None, retained: bool = False) -> None:
@@ -91,8 +91,9 @@ class SensorIngest:
             except BadReading as bad:
                 self._refuse(feature.name, bad)
             except Exception:
-                log.exception("sensor %s: reading on %s could not be stored", feature.name, topic)
-                self.store.refused(feature.name, "error")
+                if self.store.refused(feature.name, "error") == 1:
+                    log.exception("sensor %s: reading on %s not stored; further errors are only counted",
+                                  feature.name, topic)
 
     def counts(self) -> dict[str, dict[str, int]]:
         """feature -> kind (``accepted`` or a refusal kind) -> count since this ingest started."""
