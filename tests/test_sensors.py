@@ -206,3 +206,7 @@ def test_zigbee2mqtt_readings_through_mosquitto_survive_a_restart(tmp_path, mosq
     assert list(again.index) == list(first.index)
     restarted.handle(ROOM, zigbee(T0, 1.0), now)
     assert restarted.counts()["temperature"] == {"out_of_order": 1}
+    publish(mosquitto.port, [(ROOM, zigbee(now, 30.0))])  # while the agent is down: kept by its session
+    restarted.start()
+    wait_for(lambda: restarted.counts()["temperature"].get("accepted") == 1)
+    restarted.stop()

@@ -1,5 +1,26 @@
 """The ``[sensors]`` table of ``agent.toml``: the gateway's local broker, which topic (and JSON
-field) carries each model feature, the model's step and how much history the store keeps."""
+field) carries each model feature, the model's step and how much history the store keeps::
+
+    [data]
+    source = "sensors"
+    gaps = { fill = "interpolate", max_fill_steps = 2 }
+
+    [sensors]
+    step = "1h"
+    broker = { host = "127.0.0.1", port = 1883 }
+
+    [[sensors.features]]
+    name = "temperature"
+    topic = "zigbee2mqtt/living_room"
+    path = "temperature"
+    time_path = "last_seen"
+
+    [[sensors.features]]
+    name = "power"
+    topic = "tele/meter/SENSOR"
+    path = "ENERGY.Power"
+    time_path = "Time"
+"""
 
 from __future__ import annotations
 
