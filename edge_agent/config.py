@@ -5,18 +5,19 @@ from __future__ import annotations
 
 import tomllib
 from pathlib import Path
-from typing import TypeVar
+from typing import Literal, TypeVar
 
 import tomli_w
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from edge_agent.data import GapPolicy, SeriesTable, load_csv, load_site
+from edge_agent.data import DataError, GapPolicy, SeriesTable, load_csv, load_site
 from edge_agent.models import ModelConfig
 from edge_agent.models.fedal_settings import FedalClientSettings
 from edge_agent.models.foundation import FoundationConfig
 from edge_agent.models.prompts import PromptModeSettings
 from edge_agent.mqtt import DEFAULT_MAX_PAYLOAD_BYTES, BrokerConfig
 from edge_agent.protocol import NAME_PATTERN
+from edge_agent.sensors.settings import SensorSettings
 from edge_agent.train import HeadTraining
 
 Config = TypeVar("Config", bound=BaseModel)
@@ -53,25 +54,35 @@ class FleetModel(PromptModeSettings):
 
 
 class DataSource(BaseModel):
-    """Local data: a CSV file (date column + numeric columns) or one bundled weather site."""
+    """Local data: a CSV file (date column + numeric columns), one bundled weather site, or the
+    gateway's own sensors (``source = "sensors"``, configured in ``[sensors]``)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     csv: Path | None = None
     date_column: str | None = None
     site: str | None = None
+    source: Literal["sensors"] | None = Field(None, description="'sensors': readings from the [sensors] table's topics")
     columns: list[str] | None = Field(None, description="subset of columns to use (default: all)")
-    gaps: GapPolicy = Field(GapPolicy(), description="missing timestamps and empty cells in csv: refuse, skip or fill")
+    gaps: GapPolicy = Field(GapPolicy(), description="missing timestamps and empty cells in csv, intervals "
+                                                     "without a sensor reading: refuse, skip or fill")
 
     @model_validator(mode="after")
     def _one_source(self) -> "DataSource":
-        if (self.csv is None) == (self.site is None):
-            raise ValueError("give exactly one of csv or site")
+        if [self.csv, self.site, self.source].count(None) != 2:
+            raise ValueError("give exactly one of csv or site, or source = 'sensors'")
+        csv_only = sorted({"columns", "date_column"} & self.model_fields_set)
+        if self.source == "sensors" and csv_only:
+            raise ValueError(f"{', '.join(csv_only)}: not used with source = 'sensors' (the features are [sensors])")
         if self.site is not None and "gaps" in self.model_fields_set:
             raise ValueError("gaps: applies to csv data (the bundled sites have no gaps)")
         return self
 
     def load(self) -> SeriesTable:
+        """The CSV file's or the site's table; sensor tables come from the agent's sensor store."""
+        if self.source == "sensors":
+            raise DataError("data.source = 'sensors': the table is built from the readings store "
+                            "(edge_agent.sensors.SensorIngest.table), not loaded from a file")
         if self.csv:
             return load_csv(self.csv, self.date_column, self.columns, self.gaps)
         table = load_site(self.site)
@@ -102,6 +113,8 @@ class AgentConfig(FleetModel):
         100.0, gt=1.0, description="refuse a global model whose L2 norm exceeds this multiple of the last accepted "
                                    "one's (at least 1.0): a poisoned average is not trained on")
     broker: BrokerConfig = BrokerConfig()
+    sensors: SensorSettings | None = Field(None, description="the gateway's sensors; needed with data.source = "
+                                                             "'sensors' and only then")
     zero_shot_foundation: Path | None = Field(
         None, description="head mode: a pretrained foundation checkpoint (edgefl pretrain) that `agent forecast` "
                           "uses alone (zero-shot) while the local history is too short to train on or no model is "
@@ -111,6 +124,9 @@ class AgentConfig(FleetModel):
 
     @model_validator(mode="after")
     def _settings_of_this_mode(self) -> "AgentConfig":
+        if (self.data.source == "sensors") != (self.sensors is not None):
+            raise ValueError("sensors: required when data.source = 'sensors'" if self.sensors is None
+                             else "sensors: given, but data.source is not 'sensors'")
         if self.dp_sigma > 0 and self.mode != "prompt":
             raise ValueError("dp_sigma: noise applies to uploaded prompts (mode 'prompt')")
         zero_shot = sorted({"zero_shot_foundation", "zero_shot_foundation_sha256"} & self.model_fields_set)

@@ -175,7 +175,7 @@ def _load_json(raw: bytes) -> object:
     NaN and Infinity are not JSON."""
     if len(raw) > MAX_HEADER_BYTES:
         raise ProtocolError("bad_header", f"header of {len(raw)} bytes exceeds the limit of {MAX_HEADER_BYTES}")
-    if _nesting(raw) > MAX_JSON_DEPTH:
+    if json_depth(raw) > MAX_JSON_DEPTH:
         raise ProtocolError("bad_header", f"header nests deeper than {MAX_JSON_DEPTH} levels")
     try:
         return json.loads(raw, parse_int=_short_int, parse_constant=_no_constant)
@@ -183,7 +183,7 @@ def _load_json(raw: bytes) -> object:
         raise ProtocolError("bad_header", f"header is not JSON ({str(err)[:200]})") from None
 
 
-def _nesting(raw: bytes) -> int:
+def json_depth(raw: bytes) -> int:
     """The deepest nesting of arrays and objects, brackets inside strings ignored (linear scan)."""
     depth = deepest = 0
     for token in _JSON_TOKEN.findall(raw):

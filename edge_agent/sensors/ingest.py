@@ -1,0 +1,153 @@
+"""Readings of the gateway's own sensors, from its local MQTT broker into a bounded store, and
+from the store into the model's table.
+
+Besides the payload kinds (``edge_agent.sensors.payloads``), a reading is refused as:
+
+- ``too_old``: stamped before the retention window (``retention_days`` before its arrival);
+- ``in_future``: stamped more than ``max_future_s`` after its arrival;
+- ``out_of_order``: not after the newest stored reading of its feature (also a duplicate);
+- ``retained``: a retained message for a feature without ``time_path``: the broker replays the
+  last value on every subscribe, and its arrival time is not the time it was measured;
+- ``unknown_topic``: a message on a topic no feature maps (say, queued for an earlier session with
+  other subscriptions), counted under ``UNKNOWN_TOPIC``;
+- ``error``: anything unexpected (a full disk, a locked database), logged with its traceback.
+
+Each kind is logged once per feature as a warning and counted always (``counts()``).
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import numpy as np
+import paho.mqtt.client as mqtt
+import pandas as pd
+
+from edge_agent.data.gaps import Cell, GapPolicy, GapReport, duration, fill_gaps
+from edge_agent.data.table import DataError, SeriesTable
+from edge_agent.mqtt import Connection
+from edge_agent.sensors.payloads import BadReading, read
+from edge_agent.sensors.settings import SensorFeature, SensorSettings
+from edge_agent.sensors.store import ReadingStore
+
+log = logging.getLogger(__name__)
+UNKNOWN_TOPIC = "(unknown topic)"
+_MAX_LISTED = 3
+_FILL_HINT = "to skip or fill them, set data.gaps.fill to skip, ffill or interpolate in agent.toml"
+
+
+def utc(moment: object) -> pd.Timestamp:
+    """A timestamp in UTC; a naive one is taken as UTC already."""
+    stamp = pd.Timestamp(moment)
+    return (stamp.tz_localize("UTC") if stamp.tz is None else stamp.tz_convert("UTC")).as_unit("ns")
+
+
+class SensorIngest:
+    """Subscribes to each feature's topic at QoS 1 and stores every valid reading."""
+
+    def __init__(self, settings: SensorSettings, state_dir: Path, client_id: str = "edgefl"):
+        """``client_id``: the agent's; the sensor client connects as ``<client_id>-sensors`` with a
+        persistent session, so readings published while the agent is down arrive when it is back."""
+        self.settings = settings
+        self.client_id = f"{client_id}-sensors"
+        self.status_topic = f"edgefl/{self.client_id}/status"
+        self.store = ReadingStore(settings.store_path(state_dir), settings.retention, settings.max_readings_per_feature)
+        self._topics: dict[str, list[SensorFeature]] = {}
+        for feature in settings.features:
+            self._topics.setdefault(feature.topic, []).append(feature)
+        self._connection: Connection | None = None
+
+    def start(self) -> None:
+        """Connect to the local broker in the background; ``online`` (retained) on the status topic."""
+        connection = Connection(self.settings.broker, self.client_id, self.status_topic, list(self._topics))
+        connection.client.on_message = self._on_message
+        connection.on_connected.append(lambda: connection.publish(self.status_topic, b"online", retain=True))
+        connection.start()
+        self._connection = connection
+
+    def stop(self) -> None:
+        """Disconnect (``offline`` on the status topic) and close the store."""
+        if self._connection is not None:
+            self._connection.stop(self.status_topic)
+            self._connection = None
+        self.store.close()
+
+    @property
+    def connected(self) -> bool:
+        """True while the client is connected to the local broker (its subscriptions sent)."""
+        return self._connection is not None and self._connection.connected.is_set()
+
+    def handle(self, topic: str, payload: bytes, arrival: object = None, retained: bool = False) -> None:
+        """Validate and store one message for every feature its topic carries; never raises.
+        ``arrival``: when it arrived (default now; naive means UTC)."""
+        arrival = utc(pd.Timestamp.now("UTC") if arrival is None else arrival)
+        features = self._topics.get(topic)
+        if features is None:
+            self._refuse(UNKNOWN_TOPIC, BadReading("unknown_topic", f"no feature reads {topic!r}"))
+        for feature in features or ():
+            try:
+                self._accept(feature, payload, arrival, retained)
+            except BadReading as bad:
+                self._refuse(feature.name, bad)
+            except Exception:
+                if self.store.refused(feature.name, "error") == 1:
+                    log.exception("sensor %s: reading on %s not stored; further errors are only counted",
+                                  feature.name, topic)
+
+    def counts(self) -> dict[str, dict[str, int]]:
+        """feature -> kind (``accepted`` or a refusal kind) -> count since this ingest started."""
+        return self.store.counts()
+
+    def table(self, name: str, gaps: GapPolicy = GapPolicy(), now: object = None) -> SeriesTable:
+        """The features (in configured order) on the step's grid, each cell the mean of the readings
+        in [t, t + step) labelled t (naive UTC; intervals aligned to the unix epoch). Only complete
+        intervals, from the first with a reading to the last before the one holding ``now``;
+        intervals without a reading are gaps, refused, kept or filled as ``gaps`` says (like
+        empty cells of a CSV file)."""
+        step = self.settings.step_delta
+        now = utc(pd.Timestamp.now("UTC") if now is None else now)
+        self.store.prune(now.value)
+        end = now.value // step.value
+        columns = [feature.name for feature in self.settings.features]
+        means = self.store.means(columns, step.value, end * step.value)
+        if not means:
+            raise DataError(f"{name}: no sensor reading yet in a complete interval of {duration(step)} before {now}")
+        first = min(interval for _, interval, _ in means)
+        values = np.full((end - first, len(columns)), np.nan)
+        position = {column: j for j, column in enumerate(columns)}
+        for feature, interval, mean in means:
+            values[interval - first, position[feature]] = mean
+        index = pd.date_range(pd.Timestamp(first * step.value), periods=end - first, freq=step, unit="ns")
+        return _gap_table(name, index, values, columns, step, gaps)
+
+    def _accept(self, feature: SensorFeature, payload: bytes, arrival: pd.Timestamp, retained: bool) -> None:
+        if retained and feature.time_path is None:
+            raise BadReading("retained", "a retained message without a timestamp of its own")
+        value, stamp = read(payload, feature.path, feature.time_path)
+        stamp = arrival if stamp is None else stamp
+        ahead = (stamp - arrival).total_seconds()
+        if ahead > self.settings.max_future_s:
+            raise BadReading("in_future", f"{stamp} is {ahead:.0f} s after its arrival at {arrival}")
+        self.store.add(feature.name, stamp.value, value, arrival.value)
+
+    def _refuse(self, feature: str, bad: BadReading) -> None:
+        if self.store.refused(feature, bad.kind) == 1:
+            log.warning("sensor %s: reading refused (%s); further %s readings are only counted",
+                        feature, bad, bad.kind)
+
+    def _on_message(self, _client: mqtt.Client, _userdata: object, message: mqtt.MQTTMessage) -> None:
+        self.handle(message.topic, bytes(message.payload), retained=bool(message.retain))
+
+
+def _gap_table(name: str, index: pd.DatetimeIndex, values: np.ndarray, columns: list[str], step: pd.Timedelta,
+               gaps: GapPolicy) -> SeriesTable:
+    """The table with its gaps filled as ``gaps`` allows, or a DataError listing them under ``refuse``."""
+    values, status = fill_gaps(values, gaps)
+    report = GapReport.of(index, status, step, gaps)
+    if gaps.fill == "refuse" and report.gaps:
+        listed = ", ".join(f"{g.steps} intervals from {g.start}" for g in report.gaps[:_MAX_LISTED])
+        more = ", ..." if len(report.gaps) > _MAX_LISTED else ""
+        raise DataError(f"{name}: {len(report.gaps)} gaps (intervals of {duration(step)} without a reading): "
+                        f"{listed}{more}; {_FILL_HINT}")
+    return SeriesTable(name, index, values, tuple(columns), observed=status != Cell.MISSING, gaps=report)

@@ -1,0 +1,120 @@
+"""The ``[sensors]`` table of ``agent.toml``: the gateway's local broker, which topic (and JSON
+field) carries each model feature, the model's step and how much history the store keeps::
+
+    [data]
+    source = "sensors"
+    gaps = { fill = "interpolate", max_fill_steps = 2 }
+
+    [sensors]
+    step = "1h"
+    broker = { host = "127.0.0.1", port = 1883 }
+
+    [[sensors.features]]
+    name = "temperature"
+    topic = "zigbee2mqtt/living_room"
+    path = "temperature"
+    time_path = "last_seen"
+
+    [[sensors.features]]
+    name = "power"
+    topic = "tele/meter/SENSOR"
+    path = "ENERGY.Power"
+    time_path = "Time"
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from edge_agent.mqtt import BrokerConfig
+
+_WILDCARDS = ("+", "#")
+
+
+def _check_dot_path(path: str | None) -> str | None:
+    """A dot-separated JSON path needs a name between every pair of dots."""
+    if path is not None and not all(path.split(".")):
+        raise ValueError(f"{path!r} has an empty part; write names separated by single dots, e.g. 'BME280.Temperature'")
+    return path
+
+
+class SensorFeature(BaseModel):
+    """One model feature: the exact MQTT topic it arrives on and where its value (and, optionally,
+    its timestamp) sits in the payload. Several features may share a topic."""
+
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
+
+    name: str = Field(min_length=1, description="the model feature (table column) this reading feeds")
+    topic: str = Field(min_length=1, description="an exact MQTT topic (no + or # wildcards)")
+    path: str | None = Field(None, description="dot path to the value in a JSON payload; absent: a plain number")
+    time_path: str | None = Field(
+        None, description="dot path to the reading's timestamp in the JSON payload; absent: the arrival time")
+
+    @field_validator("topic")
+    @classmethod
+    def _exact_topic(cls, topic: str) -> str:
+        if any(w in topic for w in _WILDCARDS):
+            raise ValueError(f"{topic!r} has an MQTT wildcard (+ or #); give each feature's exact topic")
+        return topic
+
+    @field_validator("path", "time_path")
+    @classmethod
+    def _dot_path(cls, path: str | None) -> str | None:
+        return _check_dot_path(path)
+
+    @model_validator(mode="after")
+    def _time_needs_json(self) -> "SensorFeature":
+        if self.time_path is not None and self.path is None:
+            raise ValueError("time_path: needs path (a plain-number payload carries no timestamp)")
+        return self
+
+
+class SensorSettings(BaseModel):
+    """Where the readings come from and how long the gateway keeps them."""
+
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
+
+    broker: BrokerConfig = Field(BrokerConfig(), strict=False, description="the gateway's local (sensor) broker")
+    step: str = Field(description="the model's step as a pandas duration, e.g. '1h' or '15min'")
+    retention_days: float = Field(30.0, gt=0, strict=False, description="readings older than this are deleted")
+    max_readings_per_feature: int = Field(500_000, ge=1, description="hard cap per feature; the oldest are pruned")
+    max_future_s: float = Field(
+        300.0, ge=0, strict=False, description="refuse readings stamped more than this ahead of their arrival")
+    store: Path | None = Field(None, strict=False, description="SQLite file; absent: <state_dir>/readings.sqlite")
+    features: list[SensorFeature] = Field(min_length=1)
+
+    @field_validator("step")
+    @classmethod
+    def _positive_step(cls, step: str) -> str:
+        try:
+            delta = pd.Timedelta(step)
+        except ValueError as err:
+            raise ValueError(f"{step!r} is not a fixed duration such as '1h' or '15min' ({err})") from None
+        if delta < pd.Timedelta(seconds=1):
+            raise ValueError(f"{step!r} must be at least one second")
+        return step
+
+    @model_validator(mode="after")
+    def _unique_names(self) -> "SensorSettings":
+        names = [f.name for f in self.features]
+        repeated = sorted({n for n in names if names.count(n) > 1})
+        if repeated:
+            raise ValueError(f"features: names must be unique; repeated: {repeated}")
+        return self
+
+    @property
+    def step_delta(self) -> pd.Timedelta:
+        """The step as a Timedelta."""
+        return pd.Timedelta(self.step)
+
+    @property
+    def retention(self) -> pd.Timedelta:
+        """How far back readings are kept."""
+        return pd.Timedelta(days=self.retention_days)
+
+    def store_path(self, state_dir: Path) -> Path:
+        """The SQLite file: ``store`` if given, else ``readings.sqlite`` in the agent's state directory."""
+        return self.store if self.store is not None else Path(state_dir) / "readings.sqlite"
