@@ -24,10 +24,11 @@ import paho.mqtt.client as mqtt
 import typer
 from pydantic import ValidationError
 from rich.console import Console
-from rich.progress import Progress
+from rich.progress import MofNCompleteColumn, Progress
 
 from edge_agent.data import DataError, GapPolicy, SeriesTable, load_csv, load_site
 from edge_agent.mqtt import QOS, BrokerConfig
+from edgefl.export_cli import fail
 
 DEFAULT_PREFIX = "sensors"
 DEFAULT_SENSOR = "REPLAY"
@@ -123,25 +124,33 @@ class Publisher:
         self.client.loop_start()
         if not self.answered.wait(timeout_s) or self.refused:
             self.close()
-            reason = self.refused or f"no answer within {timeout_s:g} s"
-            raise BrokerError(f"cannot reach the broker at {self.where}: {reason}")
+            hint = "" if self.broker.tls_ca else " (a TLS listener? then pass --tls-ca)"
+            raise BrokerError(f"the broker at {self.where} refused the connection: {self.refused}" if self.refused
+                              else f"cannot reach the broker at {self.where}: no answer within {timeout_s:g} s{hint}")
 
     def publish(self, topic: str, payload: bytes) -> None:
         self.client.publish(topic, payload, qos=QOS)
         self.sent += 1
 
-    def drain(self, timeout_s: float = DRAIN_TIMEOUT_S) -> int:
-        """Wait until the broker acknowledged every message; how many it did not."""
+    def finish(self, timeout_s: float = DRAIN_TIMEOUT_S) -> None:
+        """Wait until the broker acknowledged every message, disconnect, and raise if it did not
+        acknowledge or refused some (an ACL that forbids the topics answers 'Not authorized')."""
         with self.acks:
             self.acks.wait_for(lambda: self.acked >= self.sent, timeout_s)
-            return self.sent - self.acked
+            missing = self.sent - self.acked
+        self.close()
+        problems = [f"did not acknowledge {missing} (in {timeout_s:g} s)"] if missing else []
+        if self.rejected:
+            problems.append(f"refused {len(self.rejected)} ({', '.join(sorted(set(self.rejected)))})")
+        if problems:
+            raise BrokerError(f"of {self.sent} messages the broker at {self.where} {' and '.join(problems)}")
 
     def close(self) -> None:
         self.client.disconnect()
         self.client.loop_stop()
 
     def _on_connect(self, _client, _userdata, _flags, reason_code, _props) -> None:
-        self.refused = f"refused: {reason_code}" if reason_code.is_failure else None
+        self.refused = str(reason_code) if reason_code.is_failure else None
         self.answered.set()
 
     def _on_publish(self, _client, _userdata, _mid, reason_code, _props) -> None:
@@ -177,13 +186,8 @@ def replay(table: SeriesTable, style: Style | str, broker: BrokerConfig, speedup
                 on_row()
     except KeyboardInterrupt:
         stats.interrupted = True
-    missing = publisher.drain()
-    publisher.close()
+    publisher.finish()
     stats.seconds = time.monotonic() - start
-    if missing or publisher.rejected:
-        reasons = f" ({', '.join(sorted(set(publisher.rejected)))})" if publisher.rejected else ""
-        raise BrokerError(f"of {stats.messages} messages the broker at {publisher.where} did not acknowledge "
-                          f"{missing} and refused {len(publisher.rejected)}{reasons}")
     return stats
 
 
@@ -276,8 +280,6 @@ def replay_command(
 ) -> None:
     """Publish a CSV file or a bundled weather station as live sensor readings to an MQTT broker (QoS 1).
     Timestamps without a zone are taken as UTC."""
-    from edgefl.cli import fail
-
     try:
         if style not in Style.__members__:
             raise DataError(f"unknown --style '{style}'; choose {', '.join(Style.__members__)}")
@@ -296,7 +298,8 @@ def replay_command(
     shift = rebase_shift(table.index[-1], pd.Timestamp.now(tz="UTC")) if rebase else pd.Timedelta(0)
     console.print(plan(table, kind, name, prefix, sensor, shift, broker, speedup))
     try:
-        with Progress(console=console, transient=True, disable=table.n_rows <= LONG_REPLAY_ROWS or not console.is_terminal) as progress:
+        with Progress(*Progress.get_default_columns(), MofNCompleteColumn(), console=console, transient=True,
+                      disable=table.n_rows <= LONG_REPLAY_ROWS or not console.is_terminal) as progress:
             task = progress.add_task("rows", total=table.n_rows)
             stats = replay(table, kind, broker, speedup, name, prefix, sensor, shift,
                            on_row=lambda: progress.advance(task))

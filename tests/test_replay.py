@@ -20,8 +20,8 @@ from typer.testing import CliRunner
 from edge_agent.data import load_site
 from edge_agent.mqtt import BrokerConfig
 from edgefl.cli import app
-from edgefl.replay import messages, pick_rows, rebase_shift, replay
-from tests.broker import free_port
+from edgefl.replay import BrokerError, messages, pick_rows, rebase_shift, replay
+from tests.broker import Mosquitto, free_port
 
 NEW_YEAR = pd.Timestamp("2021-01-01 00:00")
 ROW = {"temp_air": 21.5, "ghi": float("nan"), "relative_humidity": 0.1}
@@ -174,3 +174,16 @@ def test_ctrl_c_stops_after_the_current_row_and_still_delivers_it(mosquitto) -> 
         received = subscriber.wait()
     assert stats.interrupted and (stats.rows, stats.messages, stats.readings) == (1, 2, 2)
     assert [topic for topic, _ in received] == ["sensors/miami/temp_air", "sensors/miami/ghi"]
+
+
+def test_publishes_the_broker_refuses_are_an_error(tmp_path: Path) -> None:
+    port = free_port()
+    config = tmp_path / "readonly.conf"
+    (tmp_path / "acl").write_text("topic read #\n")
+    config.write_text(f"listener {port} 127.0.0.1\nallow_anonymous true\nacl_file {tmp_path / 'acl'}\n")
+    broker = Mosquitto(tmp_path / "broker", port, config).start()
+    try:
+        with pytest.raises(BrokerError, match=r"of 2 messages the broker at 127.0.0.1:\d+ refused 2 \(Not authorized\)"):
+            replay(pick_rows(load_site("miami").select(["ghi"]), 2, None), "plain", BrokerConfig(port=port), 0, "miami")
+    finally:
+        broker.stop()
