@@ -250,7 +250,7 @@ def plan(table: SeriesTable, style: Style, device: str, prefix: str, sensor: str
     times = f"{utc(table.index[0] + shift):%Y-%m-%d %H:%M} .. {utc(table.index[-1] + shift):%Y-%m-%d %H:%M} UTC"
     rebased = f" (the data's times + {shift.days} days)" if shift else ""
     pace = f"speedup {speedup:g}" if speedup else "as fast as possible"
-    return (f"replaying {table.n_rows} rows of {table.name} as {style.value} device '{device}' to "
+    return (f"replaying {table.n_rows} row{'s' * (table.n_rows != 1)} of {table.name} as {style.value} device '{device}' to "
             f"{broker.host}:{broker.port} {where}: {times}{rebased}, {pace}")
 
 
