@@ -16,6 +16,7 @@ from rich.table import Table
 from edge_agent.data import DataError, GapPolicy
 from edge_agent.mqtt import DEFAULT_MAX_PAYLOAD_BYTES
 from edgefl.export_cli import energy_command, export_app
+from edgefl.replay import replay_command
 from edgefl.services import agent_app, coordinator_app
 
 if TYPE_CHECKING:
@@ -31,6 +32,7 @@ app.add_typer(coordinator_app, name="coordinator")
 app.add_typer(agent_app, name="agent")
 app.add_typer(export_app, name="export")
 app.command("energy")(energy_command)
+app.command("replay")(replay_command)
 
 
 def fail(message: str) -> None:
