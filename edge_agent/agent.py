@@ -20,7 +20,9 @@ import time
 from collections.abc import Callable
 
 from edge_agent.config import AgentConfig
+from edge_agent.data import DataError, SeriesTable
 from edge_agent.learners import Learner, make_learner
+from edge_agent.live import LiveHistory
 from edge_agent.mqtt import Connection, Incoming
 from edge_agent.protocol import (
     HelloHeader,
@@ -40,6 +42,7 @@ from edge_agent.tensors import TensorDict, first_non_finite, l2_norm, layout_of
 
 log = logging.getLogger("edgefl.agent")
 UPDATE_HEADER_MARGIN = 4096  # room for metrics and the campaign id in a real update's header
+HISTORY_POLL_S = 5.0  # a live gateway without enough history checks its store this often
 
 
 class Agent:
@@ -49,12 +52,11 @@ class Agent:
         self.cfg = cfg
         self.topics = Topics(cfg.fleet)
         self.files = AgentState(writable_folder(cfg.state_dir, "state_dir"))
-        self.table = cfg.data.load()
-        self.learner = self._saved_learner()
         self.trained_round = self.files.trained_round()
-        wire = self.learner.wire_state(self.trained_round)
-        self._check_update_size(wire)
-        self.layout, self.global_norm = layout_of(self.learner.global_part(wire)), self._model_norm()
+        self.live = LiveHistory(cfg) if cfg.data.source == "sensors" else None
+        self.learner: Learner | None = None
+        self.table: SeriesTable | None = None
+        self._try_adopt(self.live.table() if self.live else cfg.data.load())
         self.on_event = on_event or (lambda kind, data: None)
         self.finished = False
         self.connection = Connection(
@@ -66,6 +68,35 @@ class Agent:
             ],
         )
         self.connection.on_connected.append(self._on_connected)
+
+    def _try_adopt(self, table: SeriesTable | None) -> bool:
+        """Train on ``table`` from now on: the learner rebuilt on it with its saved state. A live
+        history a learner cannot train on yet (None, or too gappy for a window) is logged and
+        the agent keeps what it had; any other source's problem stops the agent."""
+        if table is None:
+            return False
+        try:
+            learner = self.files.restore(make_learner(self.cfg, table))
+        except DataError as err:
+            if self.live is None:
+                raise
+            self.live.waiting(f"cannot train on it yet: {err}")
+            return False
+        self.table, self.learner = table, learner
+        wire = learner.wire_state(self.trained_round)
+        self._check_update_size(wire)
+        self.layout, self.global_norm = layout_of(learner.global_part(wire)), self._model_norm()
+        return True
+
+    def _refresh_history(self) -> None:
+        """A live gateway: adopt its latest history (registering once it first suffices, and
+        again when its sample count changed, so the coordinator weighs it by what it holds)."""
+        table = self.live.table() if self.live else None
+        if table is None or (self.learner is not None and table.n_rows == self.table.n_rows):
+            return
+        before = self.learner.n_samples if self.learner else None
+        if self._try_adopt(table) and self.learner.n_samples != before and self.connection.connected.is_set():
+            self._introduce(resend=before is None)
 
     def _check_update_size(self, wire: TensorDict) -> None:
         """An update over ``max_payload_bytes`` (the broker's ``message_size_limit``) would be
@@ -82,10 +113,15 @@ class Agent:
     def run(self, stop: Callable[[], bool] = lambda: False) -> None:
         """Serve rounds until the coordinator announces the end (or ``stop`` says so)."""
         importlib.import_module("torch._dynamo")  # torch optimizers load it on first use (~1.3 s): not in round 1
+        if self.live:
+            self.live.start()
         self.connection.start()
-        why = "an error (traceback follows)"
+        why, polled = "an error (traceback follows)", time.monotonic()
         try:
             while not self.finished and not stop():
+                if self.learner is None and time.monotonic() - polled > HISTORY_POLL_S:
+                    self._refresh_history()
+                    polled = time.monotonic()
                 try:
                     message = self.connection.inbox.get(timeout=0.1)
                 except queue.Empty:
@@ -95,6 +131,8 @@ class Agent:
         finally:
             log.info("%s exits: %s", self.cfg.client_id, why)
             self.connection.stop(self.topics.agent(self.cfg.client_id, "status"))
+            if self.live:
+                self.live.stop()
 
     def _on_connected(self) -> None:
         """Presence, then registration and any update still waiting for its acknowledgement."""
@@ -108,6 +146,8 @@ class Agent:
         been subscribed to our hello yet; updates wait in its persistent session) and when it
         says it does not know us (resend)."""
         cid = self.cfg.client_id
+        if self.learner is None:
+            return  # not enough history yet: the fleet must not wait for this gateway
         hello = HelloHeader(
             fleet=self.cfg.fleet, sender=cid, n_features=self.learner.n_features, n_samples=self.learner.n_samples,
             latitude=self.table.latitude, longitude=self.table.longitude, model_signature=self.learner.signature,
@@ -147,6 +187,9 @@ class Agent:
             self._on_personal(header, tensors)
 
     def _on_round(self, header: RoundHeader, global_state: TensorDict) -> None:
+        if self.learner is None:
+            log.info("round %d: no model yet (waiting for sensor history)", header.round)
+            return
         if not self._in_campaign(header):
             return
         problem = self._global_problem(header, global_state)
@@ -221,13 +264,15 @@ class Agent:
         a round whose training diverges is skipped (see the module docstring)."""
         cfg = self.cfg
         started = time.perf_counter()
+        self._refresh_history()
         serving = self.learner.serving_metrics(round_index)
         loss = self.learner.train(round_index)
         wire = self.learner.wire_state(round_index)
         if not math.isfinite(loss) or first_non_finite(wire) is not None:
             self._skip_failed_round(round_index, loss)
             return
-        metrics = {"loss": loss, "seconds": time.perf_counter() - started, **serving}
+        metrics = {"loss": loss, "seconds": time.perf_counter() - started, **serving,
+                   **(self.live.metrics() if self.live else {})}
         if not all(math.isfinite(v) for v in metrics.values()):
             log.warning("round %d: leaving out non-finite metrics %s", round_index, metrics)
         header = UpdateHeader(

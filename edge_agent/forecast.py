@@ -16,6 +16,7 @@ from edge_agent.conformal import apply_offsets
 from edge_agent.data import DataError, SeriesTable, WindowSet, prepare_client, time_features
 from edge_agent.learners import HeadLearner, make_learner, training_rows_needed
 from edge_agent.learners.head import Served
+from edge_agent.live import gateway_table
 from edge_agent.models import Forecaster
 from edge_agent.models.foundation import load_foundation
 from edge_agent.onnx_model import OnnxForecaster
@@ -92,7 +93,7 @@ def forecast(cfg: AgentConfig, onnx_model: Path | None = None, conformal: bool =
     foundation, where one is configured (point forecasts only). A quantile model's interval is its
     own lowest to highest quantile or, with ``conformal``, that interval calibrated on the
     gateway's validation windows by the same model (``conformal_interval``)."""
-    table = cfg.data.load()
+    table = gateway_table(cfg)
     needed = training_rows_needed(cfg)
     why, checkpoint = no_model_yet(cfg, table, needed), zero_shot_checkpoint(cfg)
     if why and checkpoint and onnx_model is None:

@@ -35,11 +35,12 @@ def model_and_data(
     """The model to export and the data whose held-out windows verify it (same features)."""
     from edge_agent.config import AgentConfig, ConfigError, load_config
     from edge_agent.forecast import load_local_model
+    from edge_agent.live import gateway_table
 
     try:
         if agent_config is not None:
             cfg = load_config(agent_config, AgentConfig)
-            table = cfg.data.load()
+            table = gateway_table(cfg)
             model = load_local_model(cfg, table).eval()
             columns: list[str] = []
         elif checkpoint is not None and (site is None) != (csv is None):

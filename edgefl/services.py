@@ -149,7 +149,7 @@ def _print_agent_event(kind: str, data: dict) -> None:
     if kind == "sent":
         console.print(f"round {data['round']}: trained, loss {data['loss']:.4f}, update sent")
     elif kind == "personal":
-        console.print(f"round {data['round']}: personalized prompts received")
+        console.print(f"round {data['round']}: personalized update received")
 
 
 @agent_app.command("run")
@@ -163,8 +163,9 @@ def agent_run(config: ConfigPath, verbose: bool = False) -> None:
         agent = Agent(cfg, on_event=_print_agent_event)
     except (DataError, ValueError, StateDirError) as err:
         _fail(str(err))
-    if agent.table.gaps and agent.table.gaps.gaps:
-        console.print(f"{agent.table.name}: {agent.table.gaps.summary()}", soft_wrap=True)
+    table = agent.table
+    if table is not None and table.gaps and table.gaps.gaps:
+        console.print(f"{table.name}: {table.gaps.summary()}", soft_wrap=True)
     agent.run(stop=_Stopper())
 
 
@@ -207,11 +208,12 @@ def agent_checkpoint(
 ) -> None:
     """Save the agent's current model (global shared + personal parts) as one checkpoint file."""
     from edge_agent.forecast import load_local_model
+    from edge_agent.live import gateway_table
     from edge_agent.models import save_checkpoint
 
     cfg = _agent_config(config)
     try:
-        table = cfg.data.load()
+        table = gateway_table(cfg)
         model = load_local_model(cfg, table)
     except (DataError, ValueError) as err:
         _fail(str(err))

@@ -321,7 +321,7 @@ def test_three_prompt_mode_agents_receive_their_own_personalized_prompts(tmp_pat
     finally:
         store.close()
     for index in range(3):
-        assert "round 1: personalized prompts received" in (tmp_path / f"agent{index}.log").read_text()
+        assert "round 1: personalized update received" in (tmp_path / f"agent{index}.log").read_text()
     assert (db / "strategy" / "round_00002.safetensors").is_file()  # trained graphs persist for a restart
 
     store = Store(db)

@@ -3,6 +3,7 @@ engine as the coordinator service, with participation decided by a ``Participati
 
 from __future__ import annotations
 
+import math
 import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
@@ -12,7 +13,7 @@ from coordinator.engine import RoundEngine, RoundResult
 from coordinator.simulation.participation import Participation
 from coordinator.strategies import ClientInfo, ClientUpdate
 from edge_agent.learners import Learner
-from edge_agent.protocol import PersonalHeader, RoundHeader, UpdateHeader, encode
+from edge_agent.protocol import MAX_SAMPLES, PersonalHeader, RoundHeader, UpdateHeader, encode
 from edge_agent.tensors import TensorDict
 
 
@@ -39,8 +40,10 @@ SIMULATED = "simulation"  # fleet and sender name in the envelopes sized by ``wi
 def wire_bytes(update: ClientUpdate, state: TensorDict, personal: TensorDict | None) -> int:
     """The MQTT payload bytes one client exchanges in a round, as the service would encode them:
     its update up; the next round's global state and its personal message, if any, down."""
-    up = encode(UpdateHeader(fleet=SIMULATED, sender=SIMULATED, round=1, n_samples=max(update.n_samples, 1),
-                             metrics=dict(update.metrics)), update.params)
+    metrics = {k: v for k, v in update.metrics.items() if math.isfinite(v)}  # the agent leaves out the others
+    samples = min(max(update.n_samples, 1), MAX_SAMPLES)  # a tampered count is sized as the largest valid one
+    up = encode(UpdateHeader(fleet=SIMULATED, sender=SIMULATED, round=1, n_samples=samples, metrics=metrics),
+                update.params)
     down = encode(RoundHeader(fleet=SIMULATED, sender=SIMULATED, round=1, deadline_unix=1.0,
                               model_signature="0" * 16), state)
     extra = encode(PersonalHeader(fleet=SIMULATED, sender=SIMULATED, round=1), personal) if personal else b""

@@ -102,9 +102,10 @@ class SensorIngest:
     def table(self, name: str, gaps: GapPolicy = GapPolicy(), now: object = None) -> SeriesTable:
         """The features (in configured order) on the step's grid, each cell the mean of the readings
         in [t, t + step) labelled t (naive UTC; intervals aligned to the unix epoch). Only complete
-        intervals, from the first with a reading to the last before the one holding ``now``;
-        intervals without a reading are gaps, refused, kept or filled as ``gaps`` says (like
-        empty cells of a CSV file)."""
+        intervals, from the first with a reading to the last with one before the one holding
+        ``now`` (the hours since the newest reading are no history yet); intervals without a
+        reading in between are gaps, refused, kept or filled as ``gaps`` says (like empty cells
+        of a CSV file)."""
         step = self.settings.step_delta
         now = utc(pd.Timestamp.now("UTC") if now is None else now)
         self.store.prune(now.value)
@@ -114,6 +115,7 @@ class SensorIngest:
         if not means:
             raise DataError(f"{name}: no sensor reading yet in a complete interval of {duration(step)} before {now}")
         first = min(interval for _, interval, _ in means)
+        end = max(interval for _, interval, _ in means) + 1
         values = np.full((end - first, len(columns)), np.nan)
         position = {column: j for j, column in enumerate(columns)}
         for feature, interval, mean in means:

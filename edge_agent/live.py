@@ -1,0 +1,70 @@
+"""A gateway that lives on its own sensors (``[data] source = "sensors"``): readings stream from
+its local broker into the store while the agent runs (``edge_agent.sensors``), and every round
+trains on the latest history. Until the history holds enough for one training window the agent
+stays unregistered, so no round waits for it."""
+
+from __future__ import annotations
+
+import logging
+
+from edge_agent.config import AgentConfig
+from edge_agent.data import DataError, SeriesTable
+from edge_agent.learners import training_rows_needed
+from edge_agent.sensors import SensorIngest
+
+log = logging.getLogger("edgefl.agent")
+
+
+def gateway_table(cfg: AgentConfig) -> SeriesTable:
+    """The gateway's data as of now: its csv or bundled site, or its stored sensor readings on
+    the model's step (what a live agent trains on)."""
+    if cfg.data.source != "sensors":
+        return cfg.data.load()
+    ingest = SensorIngest(cfg.sensors, cfg.state_dir, cfg.client_id)
+    try:
+        return ingest.table(cfg.client_id, cfg.data.gaps)
+    finally:
+        ingest.stop()
+
+
+class LiveHistory:
+    """The agent's sensor ingest and the history it has gathered."""
+
+    def __init__(self, cfg: AgentConfig):
+        self.cfg = cfg
+        self.ingest = SensorIngest(cfg.sensors, cfg.state_dir, cfg.client_id)
+        self.needed = training_rows_needed(cfg)
+        self._said = ""
+
+    def start(self) -> None:
+        self.ingest.start()
+
+    def stop(self) -> None:
+        self.ingest.stop()
+
+    def table(self) -> SeriesTable | None:
+        """The latest history, or None while it is too short to train on (said once per reason)."""
+        try:
+            table = self.ingest.table(self.cfg.client_id, self.cfg.data.gaps)
+        except DataError as err:
+            return self.waiting(str(err))
+        if table.n_rows < self.needed:
+            return self.waiting(f"{table.n_rows} intervals of sensor history; local training needs {self.needed}")
+        return table
+
+    def metrics(self) -> dict[str, float]:
+        """Readings accepted and refused (by kind) over all features since the agent started, as
+        ``sensor_<kind>`` update metrics the coordinator records."""
+        totals: dict[str, float] = {}
+        for counts in self.ingest.counts().values():
+            for kind, count in counts.items():
+                totals[f"sensor_{kind}"] = totals.get(f"sensor_{kind}", 0.0) + count
+        return totals
+
+    def waiting(self, why: str) -> None:
+        """Say why the agent waits for more history, once per reason (it polls every few seconds)."""
+        reason = why.split(";")[0]
+        if reason != self._said:
+            log.info("%s: waiting for history (%s)", self.cfg.client_id, why)
+            self._said = reason
+        return None

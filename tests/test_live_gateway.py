@@ -1,0 +1,140 @@
+"""A live gateway over a real mosquitto: ``edgefl replay`` publishes a bundled station in
+zigbee2mqtt style, the agent stores the readings, a restarted agent (with one feature dropped
+from its config) still has them, hostile readings of every kind are counted and reported in the
+update metrics, and the agent trains the rounds the coordinator announces on the stored history."""
+
+from __future__ import annotations
+
+import json
+import signal
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import paho.mqtt.client as mqtt
+import pandas as pd
+
+from coordinator.store import Store
+from edge_agent.config import AgentConfig, dump_toml, load_config
+from edge_agent.data import load_site
+from edge_agent.live import gateway_table
+from tests.fleet import MODEL, SEED, TRAINING, coordinator_config, start, wait_for
+
+FEATURES = ("temp_air", "relative_humidity", "wind_speed")
+ROWS = 200  # > 120, the history one window of MODEL needs; 8 days, inside the 30-day retention
+STATION, BAROMETER = "zigbee2mqtt/amsterdam", "zigbee2mqtt/barometer"
+KINDS = ("not_a_number", "missing_field", "not_finite", "bad_timestamp", "too_old", "in_future", "out_of_order",
+         "unknown_topic")
+
+
+def live_config(folder: Path, port: int, barometer: bool) -> Path:
+    """A head-mode agent whose data are its sensors on the test broker (also its fleet broker)."""
+    features = [{"name": f, "topic": STATION, "path": f, "time_path": "last_seen"} for f in FEATURES]
+    if barometer:
+        features.append({"name": "pressure", "topic": BAROMETER, "path": "pressure", "time_path": "last_seen"})
+    data = {"fleet": "test", "client_id": "client00", "state_dir": str(folder / "agent0"), "seed": SEED,
+            "client_index": 0, "data": {"source": "sensors", "gaps": {"fill": "ffill", "max_fill_steps": 2}},
+            "model": MODEL, "training": TRAINING, "broker": {"port": port, "keepalive_s": 5},
+            "sensors": {"step": "1h", "broker": {"port": port}, "features": features}}
+    path = folder / f"agent{'-barometer' if barometer else ''}.toml"
+    path.write_text(dump_toml(data))
+    return path
+
+
+class StatusWatch:
+    """The payloads of the ingest's retained status topic, as they arrive."""
+
+    def __init__(self, port: int):
+        self.seen: list[bytes] = []
+        self.client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, protocol=mqtt.MQTTv5)
+        self.client.on_connect = lambda client, *_: client.subscribe("edgefl/client00-sensors/status", qos=1)
+        self.client.on_message = lambda _c, _u, message: self.seen.append(bytes(message.payload))
+        self.client.connect("127.0.0.1", port)
+        self.client.loop_start()
+
+    def close(self) -> None:
+        self.client.disconnect()
+        self.client.loop_stop()
+
+
+def publish(port: int, messages: list[tuple[str, bytes]]) -> None:
+    """QoS 1 publishes, each acknowledged by the broker."""
+    client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, protocol=mqtt.MQTTv5)
+    client.connect("127.0.0.1", port)
+    client.loop_start()
+    try:
+        for topic, payload in messages:
+            client.publish(topic, payload, qos=1).wait_for_publish(30)
+    finally:
+        client.disconnect()
+        client.loop_stop()
+
+
+def replay(port: int, *args: str) -> None:
+    done = subprocess.run([sys.executable, "-m", "edgefl.cli", "replay", "--site", "amsterdam", "--rows", str(ROWS),
+                           "--style", "zigbee2mqtt", "--speedup", "0", "--port", str(port), *args],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def stored(db: Path, feature: str) -> int:
+    with sqlite3.connect(db) as connection:
+        return connection.execute("SELECT COUNT(*) FROM readings WHERE feature = ?", (feature,)).fetchone()[0]
+
+
+def hostile(last_seen: pd.Timestamp) -> list[tuple[str, bytes]]:
+    """One message per bad kind (after the replayed rows, so only out_of_order is about order)."""
+    later = (last_seen + pd.Timedelta(minutes=30)).strftime("%Y-%m-%dT%H:%M:%S.000Z")
+    future = (pd.Timestamp.now("UTC") + pd.Timedelta(days=2)).strftime("%Y-%m-%dT%H:%M:%S.000Z")
+    bodies = [{"temp_air": "warm", "last_seen": later}, {"temp_air": 1.0, "last_seen": "yesterday"},
+              {"temp_air": 1.0, "last_seen": "2000-01-01T00:00:00.000Z"}, {"temp_air": 1.0, "last_seen": future},
+              {"temp_air": 1.0, "relative_humidity": 50.0, "wind_speed": 1.0,
+               "last_seen": (last_seen - pd.Timedelta(hours=5)).strftime("%Y-%m-%dT%H:%M:%S.000Z")}]
+    return ([(STATION, json.dumps(body).encode()) for body in bodies]
+            + [(STATION, b'{"temp_air": NaN, "last_seen": "' + later.encode() + b'"}'),
+               (BAROMETER, b'{"pressure": 1000.0}')])
+
+
+def test_a_live_gateway_stores_replayed_readings_keeps_them_across_a_restart_and_trains_on_them(
+    tmp_path: Path, mosquitto
+) -> None:
+    port, watch = mosquitto.port, StatusWatch(mosquitto.port)
+    try:
+        first = start(tmp_path, "agent-first", "agent", "run", "-c", str(live_config(tmp_path, port, True)))
+        wait_for(lambda: b"online" in watch.seen, 180, "the first agent's sensor client")
+        replay(port, "--columns", ",".join(FEATURES))
+        replay(port, "--columns", "pressure", "--device", "barometer")
+        db = tmp_path / "agent0" / "readings.sqlite"
+        wait_for(lambda: all(stored(db, f) == ROWS for f in (*FEATURES, "pressure")), 120, "every reading stored")
+        first.send_signal(signal.SIGTERM)
+        first.wait(60)
+        watch.seen.clear()
+        second = start(tmp_path, "agent", "agent", "run", "-c", str(live_config(tmp_path, port, False)))
+        wait_for(lambda: b"online" in watch.seen, 180, "the restarted agent's sensor client")
+    finally:
+        watch.close()
+    cfg = load_config(live_config(tmp_path, port, False), AgentConfig)
+    table = gateway_table(cfg)
+    publish(port, hostile(pd.Timestamp(table.index[-1]).tz_localize("UTC")))
+    log = tmp_path / "agent.log"
+    wait_for(lambda: all(f"({kind}" in log.read_text() for kind in KINDS), 60, "every bad kind logged")
+    coordinator = start(tmp_path, "coordinator", "coordinator", "serve", "-c",
+                        str(coordinator_config(tmp_path, port, 2, start_clients=1)))
+    for process in (coordinator, second):
+        process.wait(240)
+    assert coordinator.returncode == 0, (tmp_path / "coordinator.log").read_text()
+
+    site = load_site("amsterdam").select(list(FEATURES))
+    assert table.columns == FEATURES and table.n_rows == ROWS and table.observed.all()
+    np.testing.assert_array_equal(table.values, site.values[-ROWS:])
+    assert (table.index.time == site.index[-ROWS:].time).all()
+    store = Store(tmp_path / "coordinator")
+    try:
+        assert [sorted(u.client_id for u in store.updates(r)) for r in (1, 2)] == [["client00"]] * 2
+        metrics = store.updates(2)[0].metrics
+    finally:
+        store.close()
+    assert all(metrics[f"sensor_{kind}"] >= 1 for kind in KINDS), metrics
+    assert "Traceback" not in log.read_text()
