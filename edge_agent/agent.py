@@ -21,7 +21,7 @@ from collections.abc import Callable
 
 from edge_agent.config import AgentConfig
 from edge_agent.data import DataError, SeriesTable
-from edge_agent.learners import Learner, make_learner
+from edge_agent.learners import HeadLearner, Learner, make_learner
 from edge_agent.live import LiveHistory
 from edge_agent.mqtt import Connection, Incoming
 from edge_agent.protocol import (
@@ -36,6 +36,8 @@ from edge_agent.protocol import (
     decode,
     encode,
 )
+from edge_agent.serving.bundle import write_bundle
+from edge_agent.serving.onnx_serving import OnnxServing
 from edge_agent.state import AgentState
 from edge_agent.storage import writable_folder
 from edge_agent.tensors import TensorDict, first_non_finite, l2_norm, layout_of
@@ -57,6 +59,8 @@ class Agent:
         self.learner: Learner | None = None
         self.table: SeriesTable | None = None
         self._try_adopt(self.live.table() if self.live else cfg.data.load())
+        self.server: OnnxServing | None = None
+        self.next_forecast = 0.0
         self.on_event = on_event or (lambda kind, data: None)
         self.finished = False
         self.connection = Connection(
@@ -122,6 +126,8 @@ class Agent:
                 if self.learner is None and time.monotonic() - polled > HISTORY_POLL_S:
                     self._refresh_history()
                     polled = time.monotonic()
+                if self.server is not None and time.monotonic() >= self.next_forecast:
+                    self._publish_forecast()
                 try:
                     message = self.connection.inbox.get(timeout=0.1)
                 except queue.Empty:
@@ -197,6 +203,7 @@ class Agent:
             self.learner.load_global(global_state)
             self.files.save_global(global_state)
             self.global_norm = l2_norm(global_state)
+            self._serve_new_model()
         else:
             log.error("round %d: refusing the global model (%s); keeping the last good one", header.round, problem)
             self.on_event("global_refused", {"round": header.round, "reason": problem})
@@ -284,6 +291,33 @@ class Agent:
         self.trained_round = round_index
         self.connection.publish(self.topics.agent(cfg.client_id, "update"), payload)
         self.on_event("sent", {"round": round_index, "loss": loss})
+
+    def _serve_new_model(self) -> None:
+        """A live gateway with ``[serving]``: export the model it now serves (a verified ONNX
+        bundle) and publish a forecast with it at once. A failed export keeps the last bundle."""
+        if self.cfg.serving is None or not isinstance(self.learner, HeadLearner):
+            return
+        folder = writable_folder(self.cfg.state_dir / "serving", "state_dir")
+        try:
+            info = write_bundle(self.learner, self.cfg.client_id, self.trained_round + 1,
+                                self.cfg.sensors.step_delta, folder)
+            self.server = OnnxServing(folder)
+        except Exception:  # the bundle is a by-product: training and the fleet go on without a new one
+            log.exception("the served model could not be exported to ONNX; forecasts keep the last bundle")
+            return
+        log.info("serving the %s model of round %d (ONNX verified, max error %.2g)", info.model, info.round,
+                 info.verified_max_error)
+        self.next_forecast = 0.0
+        self._publish_forecast()
+
+    def _publish_forecast(self) -> None:
+        """One forecast on the ``[serving]`` topic; the next one ``every_s`` later."""
+        self.next_forecast = time.monotonic() + self.cfg.serving.every_s
+        try:
+            if self.live.publish_forecast(self.server):
+                self.on_event("forecast", {"topic": self.cfg.serving.forecast_topic(self.cfg.client_id)})
+        except Exception:  # a forecast is never worth the agent: logged, retried on schedule
+            log.exception("forecast not published")
 
     def _skip_failed_round(self, round_index: int, loss: float) -> None:
         log.error("round %d: local training diverged (loss %s or non-finite parameters); no update sent, "

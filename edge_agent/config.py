@@ -17,7 +17,7 @@ from edge_agent.models.foundation import FoundationConfig
 from edge_agent.models.prompts import PromptModeSettings
 from edge_agent.mqtt import DEFAULT_MAX_PAYLOAD_BYTES, BrokerConfig
 from edge_agent.protocol import NAME_PATTERN
-from edge_agent.sensors.settings import SensorSettings
+from edge_agent.sensors.settings import SensorSettings, ServingSettings
 from edge_agent.train import HeadTraining
 
 Config = TypeVar("Config", bound=BaseModel)
@@ -115,6 +115,7 @@ class AgentConfig(FleetModel):
     broker: BrokerConfig = BrokerConfig()
     sensors: SensorSettings | None = Field(None, description="the gateway's sensors; needed with data.source = "
                                                              "'sensors' and only then")
+    serving: ServingSettings | None = Field(None, description="a live gateway: publish forecasts on its local broker")
     zero_shot_foundation: Path | None = Field(
         None, description="head mode: a pretrained foundation checkpoint (edgefl pretrain) that `agent forecast` "
                           "uses alone (zero-shot) while the local history is too short to train on or no model is "
@@ -127,6 +128,9 @@ class AgentConfig(FleetModel):
         if (self.data.source == "sensors") != (self.sensors is not None):
             raise ValueError("sensors: required when data.source = 'sensors'" if self.sensors is None
                              else "sensors: given, but data.source is not 'sensors'")
+        if self.serving is not None and (self.sensors is None or self.mode != "head"):
+            raise ValueError("serving: publishes a head-mode model's forecasts on the [sensors] broker; "
+                             "set data.source = 'sensors' and [sensors]")
         if self.dp_sigma > 0 and self.mode != "prompt":
             raise ValueError("dp_sigma: noise applies to uploaded prompts (mode 'prompt')")
         zero_shot = sorted({"zero_shot_foundation", "zero_shot_foundation_sha256"} & self.model_fields_set)

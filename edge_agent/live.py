@@ -11,6 +11,7 @@ from edge_agent.config import AgentConfig
 from edge_agent.data import DataError, SeriesTable
 from edge_agent.learners import training_rows_needed
 from edge_agent.sensors import SensorIngest
+from edge_agent.serving.onnx_serving import OnnxServing, document
 
 log = logging.getLogger("edgefl.agent")
 
@@ -51,6 +52,20 @@ class LiveHistory:
         if table.n_rows < self.needed:
             return self.waiting(f"{table.n_rows} intervals of sensor history; local training needs {self.needed}")
         return table
+
+    def publish_forecast(self, server: OnnxServing) -> bool:
+        """Forecast from the latest ``lookback`` intervals of history with the ONNX bundle and
+        publish it on the ``[serving]`` topic; False (said once per reason) where the latest
+        window has a gap or no history is there yet."""
+        table = self.table()
+        lookback = server.info.lookback
+        if table is None or table.n_rows < lookback or not table.observed[-lookback:].all():
+            self.waiting(f"no forecast: the latest {lookback} intervals of sensor history are not all there")
+            return False
+        payload = server.forecast(table.index[-lookback:].as_unit("ns").asi8, table.values[-lookback:])
+        serving = self.cfg.serving
+        self.ingest.publish(serving.forecast_topic(self.cfg.client_id), document(payload), serving.retain)
+        return True
 
     def metrics(self) -> dict[str, float]:
         """Readings accepted and refused (by kind) over all features since the agent started, as

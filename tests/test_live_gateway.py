@@ -19,12 +19,13 @@ import pandas as pd
 from coordinator.store import Store
 from edge_agent.config import AgentConfig, dump_toml, load_config
 from edge_agent.data import load_site
+from edge_agent.forecast import forecast
 from edge_agent.live import gateway_table
 from tests.fleet import MODEL, SEED, TRAINING, coordinator_config, start, wait_for
 
 FEATURES = ("temp_air", "relative_humidity", "wind_speed")
 ROWS = 200  # > 120, the history one window of MODEL needs; 8 days, inside the 30-day retention
-STATION, BAROMETER = "zigbee2mqtt/amsterdam", "zigbee2mqtt/barometer"
+STATION, BAROMETER, FORECASTS = "zigbee2mqtt/amsterdam", "zigbee2mqtt/barometer", "home/amsterdam/forecast"
 KINDS = ("not_a_number", "missing_field", "not_finite", "bad_timestamp", "too_old", "in_future", "out_of_order",
          "unknown_topic")
 
@@ -37,19 +38,20 @@ def live_config(folder: Path, port: int, barometer: bool) -> Path:
     data = {"fleet": "test", "client_id": "client00", "state_dir": str(folder / "agent0"), "seed": SEED,
             "client_index": 0, "data": {"source": "sensors", "gaps": {"fill": "ffill", "max_fill_steps": 2}},
             "model": MODEL, "training": TRAINING, "broker": {"port": port, "keepalive_s": 5},
-            "sensors": {"step": "1h", "broker": {"port": port}, "features": features}}
+            "sensors": {"step": "1h", "broker": {"port": port}, "features": features},
+            **({} if barometer else {"serving": {"topic": FORECASTS, "every_s": 3600}})}
     path = folder / f"agent{'-barometer' if barometer else ''}.toml"
     path.write_text(dump_toml(data))
     return path
 
 
-class StatusWatch:
-    """The payloads of the ingest's retained status topic, as they arrive."""
+class Watch:
+    """The payloads published on ``topic`` (retained ones too), as they arrive."""
 
-    def __init__(self, port: int):
+    def __init__(self, port: int, topic: str = "edgefl/client00-sensors/status"):
         self.seen: list[bytes] = []
         self.client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, protocol=mqtt.MQTTv5)
-        self.client.on_connect = lambda client, *_: client.subscribe("edgefl/client00-sensors/status", qos=1)
+        self.client.on_connect = lambda client, *_: client.subscribe(topic, qos=1)
         self.client.on_message = lambda _c, _u, message: self.seen.append(bytes(message.payload))
         self.client.connect("127.0.0.1", port)
         self.client.loop_start()
@@ -100,7 +102,7 @@ def hostile(last_seen: pd.Timestamp) -> list[tuple[str, bytes]]:
 def test_a_live_gateway_stores_replayed_readings_keeps_them_across_a_restart_and_trains_on_them(
     tmp_path: Path, mosquitto
 ) -> None:
-    port, watch = mosquitto.port, StatusWatch(mosquitto.port)
+    port, watch = mosquitto.port, Watch(mosquitto.port)
     try:
         first = start(tmp_path, "agent-first", "agent", "run", "-c", str(live_config(tmp_path, port, True)))
         wait_for(lambda: b"online" in watch.seen, 180, "the first agent's sensor client")
@@ -138,3 +140,20 @@ def test_a_live_gateway_stores_replayed_readings_keeps_them_across_a_restart_and
         store.close()
     assert all(metrics[f"sensor_{kind}"] >= 1 for kind in KINDS), metrics
     assert "Traceback" not in log.read_text()
+    published = latest_forecast(port)
+    offline = forecast(cfg)
+    assert published["round"] == 2 and published["model"] == "federated" and published["times"][0].endswith("Z")
+    assert published["window_end"] == pd.Timestamp(table.index[-1]).strftime("%Y-%m-%dT%H:%M:%SZ")
+    assert published["times"] == [pd.Timestamp(t).strftime("%Y-%m-%dT%H:%M:%SZ") for t in offline.stamps]
+    values = np.array([published["forecast"][column]["value"] for column in FEATURES]).T
+    np.testing.assert_allclose(values, offline.values.numpy(), rtol=1e-5, atol=1e-5)
+
+
+def latest_forecast(port: int) -> dict:
+    """The forecast the broker retained on the gateway's forecast topic."""
+    watch = Watch(port, FORECASTS)
+    try:
+        wait_for(lambda: watch.seen, 30, "the retained forecast")
+        return json.loads(watch.seen[-1])
+    finally:
+        watch.close()

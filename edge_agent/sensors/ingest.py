@@ -73,6 +73,12 @@ class SensorIngest:
             self._connection = None
         self.store.close()
 
+    def publish(self, topic: str, payload: bytes, retain: bool) -> None:
+        """Publish on the local broker (QoS 1) and wait up to 5 s for it to leave (forecasts)."""
+        if self._connection is None:
+            raise RuntimeError("the sensor client is not started")
+        self._connection.publish(topic, payload, retain=retain).wait_for_publish(5)
+
     @property
     def connected(self) -> bool:
         """True while the client is connected to the local broker (its subscriptions sent)."""

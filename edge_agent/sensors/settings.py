@@ -118,3 +118,23 @@ class SensorSettings(BaseModel):
     def store_path(self, state_dir: Path) -> Path:
         """The SQLite file: ``store`` if given, else ``readings.sqlite`` in the agent's state directory."""
         return self.store if self.store is not None else Path(state_dir) / "readings.sqlite"
+
+
+class ServingSettings(BaseModel):
+    """``[serving]``: where a live gateway publishes its forecasts (on its local broker) and how often."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    topic: str | None = Field(None, description="forecast topic; default edgefl/<client_id>/forecast")
+    every_s: float = Field(300.0, ge=1.0, description="seconds between forecasts (and one after every accepted round)")
+    retain: bool = Field(True, description="the broker keeps the latest forecast for new subscribers")
+
+    @field_validator("topic")
+    @classmethod
+    def _exact_topic(cls, topic: str | None) -> str | None:
+        if topic is not None and (not topic or any(w in topic for w in _WILDCARDS)):
+            raise ValueError(f"{topic!r}: a forecast topic is a plain topic (no + or # wildcards)")
+        return topic
+
+    def forecast_topic(self, client_id: str) -> str:
+        return self.topic or f"edgefl/{client_id}/forecast"
