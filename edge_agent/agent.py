@@ -84,7 +84,7 @@ class Agent:
         except DataError as err:
             if self.live is None:
                 raise
-            self.live.waiting(f"cannot train on it yet: {err}")
+            self.live.waiting("history not trainable yet", str(err))
             return False
         self.table, self.learner = table, learner
         wire = learner.wire_state(self.trained_round)

@@ -48,9 +48,10 @@ class LiveHistory:
         try:
             table = self.ingest.table(self.cfg.client_id, self.cfg.data.gaps)
         except DataError as err:
-            return self.waiting(str(err))
+            return self.waiting("no history", str(err))
         if table.n_rows < self.needed:
-            return self.waiting(f"{table.n_rows} intervals of sensor history; local training needs {self.needed}")
+            return self.waiting("short history", f"{table.n_rows} intervals of sensor history; local training needs "
+                                f"{self.needed}")
         return table
 
     def publish_forecast(self, server: OnnxServing) -> bool:
@@ -60,7 +61,7 @@ class LiveHistory:
         table = self.table()
         lookback = server.info.lookback
         if table is None or table.n_rows < lookback or not table.observed[-lookback:].all():
-            self.waiting(f"no forecast: the latest {lookback} intervals of sensor history are not all there")
+            self.waiting("no forecast", f"the latest {lookback} intervals of sensor history are not all there")
             return False
         payload = server.forecast(table.index[-lookback:].as_unit("ns").asi8, table.values[-lookback:])
         serving = self.cfg.serving
@@ -76,10 +77,10 @@ class LiveHistory:
                 totals[f"sensor_{kind}"] = totals.get(f"sensor_{kind}", 0.0) + count
         return totals
 
-    def waiting(self, why: str) -> None:
-        """Say why the agent waits for more history, once per reason (it polls every few seconds)."""
-        reason = why.split(";")[0]
+    def waiting(self, reason: str, detail: str) -> None:
+        """Say why the agent waits (for more history, or to forecast), once per ``reason``: it
+        polls every few seconds and the details change with every reading."""
         if reason != self._said:
-            log.info("%s: waiting for history (%s)", self.cfg.client_id, why)
+            log.info("%s: waiting (%s): %s", self.cfg.client_id, reason, detail)
             self._said = reason
         return None

@@ -85,10 +85,15 @@ class OnnxServing:
 def _series(values: np.ndarray, levels: list[float]) -> dict[str, list[float]]:
     """One feature's forecast: ``value`` per step (a quantile model's median) and ``q<level>`` per level."""
     if not levels:
-        return {"value": [float(v) for v in values]}
+        return {"value": _rounded(values)}
     median = levels.index(0.5)
-    return {"value": [float(v) for v in values[:, median]],
-            **{f"q{level:g}": [float(v) for v in values[:, j]] for j, level in enumerate(levels) if level != 0.5}}
+    return {"value": _rounded(values[:, median]),
+            **{f"q{level:g}": _rounded(values[:, j]) for j, level in enumerate(levels) if level != 0.5}}
+
+
+def _rounded(values: np.ndarray) -> list[float]:
+    """Seven significant digits: float32's precision, no digits that mean nothing."""
+    return [float(f"{v:.7g}") for v in values]
 
 
 def iso(moment: datetime) -> str:
