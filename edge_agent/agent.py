@@ -309,6 +309,10 @@ class Agent:
                  info.verified_max_error)
         self.next_forecast = 0.0
         self._publish_forecast()
+        try:
+            self.live.announce(self.server)
+        except Exception:  # discovery is a convenience: logged, tried again with the next bundle
+            log.exception("Home Assistant discovery not published")
 
     def _publish_forecast(self) -> None:
         """One forecast on the ``[serving]`` topic; the next one ``every_s`` later."""

@@ -11,6 +11,7 @@ from edge_agent.config import AgentConfig
 from edge_agent.data import DataError, SeriesTable
 from edge_agent.learners import training_rows_needed
 from edge_agent.sensors import SensorIngest
+from edge_agent.serving.home_assistant import discovery_messages
 from edge_agent.serving.onnx_serving import OnnxServing, document
 
 log = logging.getLogger("edgefl.agent")
@@ -67,6 +68,14 @@ class LiveHistory:
         serving = self.cfg.serving
         self.ingest.publish(serving.forecast_topic(self.cfg.client_id), document(payload), serving.retain)
         return True
+
+    def announce(self, server: OnnxServing) -> None:
+        """With ``[serving] home_assistant``: the retained discovery configs of the forecast sensors."""
+        serving = self.cfg.serving
+        if serving.home_assistant:
+            topic = serving.forecast_topic(self.cfg.client_id)
+            for config_topic, payload in discovery_messages(server.info, topic, serving.discovery_prefix):
+                self.ingest.publish(config_topic, payload, retain=True)
 
     def metrics(self) -> dict[str, float]:
         """Readings accepted and refused (by kind) over all features since the agent started, as

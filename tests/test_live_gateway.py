@@ -1,7 +1,8 @@
 """A live gateway over a real mosquitto: ``edgefl replay`` publishes a bundled station in
 zigbee2mqtt style, the agent stores the readings, a restarted agent (with one feature dropped
 from its config) still has them, hostile readings of every kind are counted and reported in the
-update metrics, and the agent trains the rounds the coordinator announces on the stored history."""
+update metrics, the agent trains the rounds the coordinator announces on the stored history, and
+publishes forecasts equal to the offline ones (with their Home Assistant discovery configs)."""
 
 from __future__ import annotations
 
@@ -39,7 +40,7 @@ def live_config(folder: Path, port: int, barometer: bool) -> Path:
             "client_index": 0, "data": {"source": "sensors", "gaps": {"fill": "ffill", "max_fill_steps": 2}},
             "model": MODEL, "training": TRAINING, "broker": {"port": port, "keepalive_s": 5},
             "sensors": {"step": "1h", "broker": {"port": port}, "features": features},
-            **({} if barometer else {"serving": {"topic": FORECASTS, "every_s": 3600}})}
+            **({} if barometer else {"serving": {"topic": FORECASTS, "every_s": 3600, "home_assistant": True}})}
     path = folder / f"agent{'-barometer' if barometer else ''}.toml"
     path.write_text(dump_toml(data))
     return path
@@ -147,13 +148,23 @@ def test_a_live_gateway_stores_replayed_readings_keeps_them_across_a_restart_and
     assert published["times"] == [pd.Timestamp(t).strftime("%Y-%m-%dT%H:%M:%SZ") for t in offline.stamps]
     values = np.array([published["forecast"][column]["value"] for column in FEATURES]).T
     np.testing.assert_allclose(values, offline.values.numpy(), rtol=1e-5, atol=1e-5)
+    discovery = retained(port, "homeassistant/sensor/+/config", len(FEATURES))
+    assert sorted(config["unique_id"] for config in discovery) == [
+        f"edgefl_client00_{feature}_forecast" for feature in sorted(FEATURES)]
+    assert all(config["state_topic"] == FORECASTS and "value_json.forecast" in config["value_template"]
+               for config in discovery)
+
+
+def retained(port: int, topic: str, count: int = 1) -> list[dict]:
+    """The JSON documents the broker retained on ``topic`` (a filter)."""
+    watch = Watch(port, topic)
+    try:
+        wait_for(lambda: len(watch.seen) >= count, 30, f"{count} retained messages on {topic}")
+        return [json.loads(payload) for payload in watch.seen]
+    finally:
+        watch.close()
 
 
 def latest_forecast(port: int) -> dict:
     """The forecast the broker retained on the gateway's forecast topic."""
-    watch = Watch(port, FORECASTS)
-    try:
-        wait_for(lambda: watch.seen, 30, "the retained forecast")
-        return json.loads(watch.seen[-1])
-    finally:
-        watch.close()
+    return retained(port, FORECASTS)[-1]

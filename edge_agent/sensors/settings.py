@@ -128,6 +128,10 @@ class ServingSettings(BaseModel):
     topic: str | None = Field(None, description="forecast topic; default edgefl/<client_id>/forecast")
     every_s: float = Field(300.0, ge=1.0, description="seconds between forecasts (and one after every accepted round)")
     retain: bool = Field(True, description="the broker keeps the latest forecast for new subscribers")
+    home_assistant: bool = Field(False, description="announce each feature's forecast as a Home Assistant sensor "
+                                 "(MQTT discovery)")
+    discovery_prefix: str = Field("homeassistant", pattern=r"^[A-Za-z0-9_-]+$", description="Home Assistant's "
+                                  "discovery prefix")
 
     @field_validator("topic")
     @classmethod
