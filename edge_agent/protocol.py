@@ -15,6 +15,7 @@ send makes the decoder raise anything but ``ProtocolError``. Topics live under
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -22,6 +23,7 @@ import re
 import struct
 from typing import Annotated, Literal, Union
 
+import torch
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, TypeAdapter, ValidationError, field_validator
 from safetensors import SafetensorError
 from safetensors.torch import load as load_tensors
@@ -134,6 +136,19 @@ def encode(header: _Header, tensors: TensorDict | None = None) -> bytes:
     )
     raw = header.model_dump_json().encode()
     return PREFIX.pack(MAGIC, SCHEMA_VERSION, len(raw)) + raw + body
+
+
+def envelope_size(header: _Header, tensors: TensorDict | None = None) -> int:
+    """``len(encode(header, tensors))`` without serializing or hashing the tensors: a safetensors
+    body's size follows from the names, shapes and dtypes alone (sized once per layout)."""
+    size = _body_size(tuple((k, tuple(v.shape), v.dtype) for k, v in tensors.items())) if tensors else 0
+    sized = header.model_copy(update={"body_sha256": "0" * 64 if size else "", "body_bytes": size})
+    return PREFIX.size + len(sized.model_dump_json().encode()) + size
+
+
+@functools.lru_cache(maxsize=64)
+def _body_size(layout: tuple[tuple[str, tuple[int, ...], torch.dtype], ...]) -> int:
+    return len(save_tensors({name: torch.zeros(shape, dtype=dtype) for name, shape, dtype in layout}))
 
 
 def decode(payload: bytes, max_bytes: int) -> tuple[Header, TensorDict]:

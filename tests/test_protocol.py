@@ -127,3 +127,12 @@ def test_topics_and_client_extraction() -> None:
 def test_round_header_requires_a_deadline() -> None:
     with pytest.raises(ValueError):
         RoundHeader(fleet="demo", sender="coordinator", round=1, deadline_unix=0, model_signature="ab" * 16)
+
+
+def test_envelope_size_is_the_encoded_length_without_encoding() -> None:
+    from edge_agent.protocol import envelope_size
+
+    header = UpdateHeader(fleet="f", sender="client-7", round=3, n_samples=12, metrics={"loss": 0.25})
+    for tensors in ({"a": torch.randn(3, 5), "b.c": torch.arange(7), "d": torch.tensor(1.5, dtype=torch.float64)},
+                    {"x": torch.zeros(0, 4)}, {}):
+        assert envelope_size(header, tensors) == len(encode(header, tensors))

@@ -13,7 +13,7 @@ from coordinator.engine import RoundEngine, RoundResult
 from coordinator.simulation.participation import Participation
 from coordinator.strategies import ClientInfo, ClientUpdate
 from edge_agent.learners import Learner
-from edge_agent.protocol import MAX_SAMPLES, PersonalHeader, RoundHeader, UpdateHeader, encode
+from edge_agent.protocol import MAX_SAMPLES, PersonalHeader, RoundHeader, UpdateHeader, envelope_size
 from edge_agent.tensors import TensorDict
 
 
@@ -42,12 +42,12 @@ def wire_bytes(update: ClientUpdate, state: TensorDict, personal: TensorDict | N
     its update up; the next round's global state and its personal message, if any, down."""
     metrics = {k: v for k, v in update.metrics.items() if math.isfinite(v)}  # the agent leaves out the others
     samples = min(max(update.n_samples, 1), MAX_SAMPLES)  # a tampered count is sized as the largest valid one
-    up = encode(UpdateHeader(fleet=SIMULATED, sender=SIMULATED, round=1, n_samples=samples, metrics=metrics),
-                update.params)
-    down = encode(RoundHeader(fleet=SIMULATED, sender=SIMULATED, round=1, deadline_unix=1.0,
-                              model_signature="0" * 16), state)
-    extra = encode(PersonalHeader(fleet=SIMULATED, sender=SIMULATED, round=1), personal) if personal else b""
-    return len(up) + len(down) + len(extra)
+    up = envelope_size(UpdateHeader(fleet=SIMULATED, sender=SIMULATED, round=1, n_samples=samples, metrics=metrics),
+                       update.params)
+    down = envelope_size(RoundHeader(fleet=SIMULATED, sender=SIMULATED, round=1, deadline_unix=1.0,
+                                     model_signature="0" * 16), state)
+    extra = envelope_size(PersonalHeader(fleet=SIMULATED, sender=SIMULATED, round=1), personal) if personal else 0
+    return up + down + extra
 
 
 def run_rounds(learners: Sequence[Learner], roster: Sequence[ClientInfo], engine: RoundEngine, initial: TensorDict,
