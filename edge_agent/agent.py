@@ -60,7 +60,6 @@ class Agent:
         self.table: SeriesTable | None = None
         self._try_adopt(self.live.table() if self.live else cfg.data.load())
         self.server: OnnxServing | None = None
-        self.next_forecast = 0.0
         self.on_event = on_event or (lambda kind, data: None)
         self.finished = False
         self.connection = Connection(
@@ -126,7 +125,7 @@ class Agent:
                 if self.learner is None and time.monotonic() - polled > HISTORY_POLL_S:
                     self._refresh_history()
                     polled = time.monotonic()
-                if self.server is not None and time.monotonic() >= self.next_forecast:
+                if self.server is not None:
                     self._publish_forecast()
                 try:
                     message = self.connection.inbox.get(timeout=0.1)
@@ -307,17 +306,12 @@ class Agent:
             return
         log.info("serving the %s model of round %d (ONNX verified, max error %.2g)", info.model, info.round,
                  info.verified_max_error)
-        self.next_forecast = 0.0
-        self._publish_forecast()
+        self._publish_forecast(now=True)
 
-    def _publish_forecast(self) -> None:
-        """One forecast on the ``[serving]`` topic; the next one ``every_s`` later."""
-        self.next_forecast = time.monotonic() + self.cfg.serving.every_s
-        try:
-            if self.live.publish_forecast(self.server):
-                self.on_event("forecast", {"topic": self.cfg.serving.forecast_topic(self.cfg.client_id)})
-        except Exception:  # a forecast is never worth the agent: logged, retried on schedule
-            log.exception("forecast not published")
+    def _publish_forecast(self, now: bool = False) -> None:
+        """A forecast on the ``[serving]`` topic when one is due (``now``: after a new model)."""
+        if self.live.publish_due(self.server, now):
+            self.on_event("forecast", {"topic": self.cfg.serving.forecast_topic(self.cfg.client_id)})
 
     def _skip_failed_round(self, round_index: int, loss: float) -> None:
         log.error("round %d: local training diverged (loss %s or non-finite parameters); no update sent, "

@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from edge_agent.config import ConfigError, load_config
+from edge_agent.toml_config import ConfigError, load_config
 from edge_agent.data import DataError
 from edge_agent.storage import StateDirError
 
@@ -167,6 +167,22 @@ def agent_run(config: ConfigPath, verbose: bool = False) -> None:
     if table is not None and table.gaps and table.gaps.gaps:
         console.print(f"{table.name}: {table.gaps.summary()}", soft_wrap=True)
     agent.run(stop=_Stopper())
+
+
+@agent_app.command("serve")
+def agent_serve(config: ConfigPath, verbose: bool = False) -> None:
+    """Serving only: ingest the sensors and publish forecasts from the latest ONNX bundle in
+    <state_dir>/serving on the [serving] schedule, reloading it when the training agent writes a
+    new one. Reads only client_id, state_dir, [data], [sensors] and [serving]; never loads torch."""
+    from edge_agent.serving.daemon import ServeDaemon
+    from edge_agent.toml_config import LiveGatewayConfig
+
+    _setup(verbose)
+    try:
+        daemon = ServeDaemon(load_config(config, LiveGatewayConfig))
+    except (ConfigError, ValueError, StateDirError) as err:
+        _fail(str(err))
+    daemon.run(stop=_Stopper())
 
 
 @agent_app.command("forecast")
