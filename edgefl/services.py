@@ -30,7 +30,7 @@ def _setup(verbose: bool) -> None:
 
 
 def _fail(message: str) -> None:
-    console.print(f"[bold red]error:[/] {message}")
+    console.print(f"[bold red]error:[/] {escape(message)}")
     raise typer.Exit(2)
 
 
@@ -172,8 +172,9 @@ def agent_run(config: ConfigPath, verbose: bool = False) -> None:
 @agent_app.command("serve")
 def agent_serve(config: ConfigPath, verbose: bool = False) -> None:
     """Serving only: ingest the sensors and publish forecasts from the latest ONNX bundle in
-    <state_dir>/serving on the [serving] schedule, reloading it when the training agent writes a
-    new one. Reads only client_id, state_dir, [data], [sensors] and [serving]; never loads torch."""
+    state_dir/serving on the serving table's schedule, reloading it when the training agent writes
+    a new one. Reads only client_id, state_dir and the data, sensors and serving tables; never
+    loads torch."""
     from edge_agent.serving.daemon import ServeDaemon
     from edge_agent.toml_config import LiveGatewayConfig
 
