@@ -18,6 +18,9 @@ import math
 import queue
 import time
 from collections.abc import Callable
+from pathlib import Path
+
+import pandas as pd
 
 from edge_agent.config import AgentConfig
 from edge_agent.data import DataError, SeriesTable
@@ -36,13 +39,13 @@ from edge_agent.protocol import (
     decode,
     encode,
 )
-from edge_agent.serving.bundle import write_bundle
-from edge_agent.serving.onnx_serving import OnnxServing
+from edge_agent.serving.onnx_serving import BundleInfo, OnnxServing
 from edge_agent.state import AgentState
 from edge_agent.storage import writable_folder
 from edge_agent.tensors import TensorDict, first_non_finite, l2_norm, layout_of
 
 log = logging.getLogger("edgefl.agent")
+BundleWriter = Callable[[HeadLearner, str, int, pd.Timedelta, Path], BundleInfo]
 UPDATE_HEADER_MARGIN = 4096  # room for metrics and the campaign id in a real update's header
 HISTORY_POLL_S = 5.0  # a live gateway without enough history checks its store this often
 
@@ -50,8 +53,11 @@ HISTORY_POLL_S = 5.0  # a live gateway without enough history checks its store t
 class Agent:
     """One gateway's training service."""
 
-    def __init__(self, cfg: AgentConfig, on_event: Callable[[str, dict], None] | None = None):
-        self.cfg = cfg
+    def __init__(self, cfg: AgentConfig, on_event: Callable[[str, dict], None] | None = None,
+                 write_bundle: BundleWriter | None = None):
+        """``write_bundle``: how a live gateway with ``[serving]`` exports the model it serves
+        (``export.bundle.write_bundle``, given by ``edgefl agent run``); without it nothing is served."""
+        self.cfg, self.write_bundle = cfg, write_bundle
         self.topics = Topics(cfg.fleet)
         self.files = AgentState(writable_folder(cfg.state_dir, "state_dir"))
         self.trained_round = self.files.trained_round()
@@ -60,7 +66,6 @@ class Agent:
         self.table: SeriesTable | None = None
         self._try_adopt(self.live.table() if self.live else cfg.data.load())
         self.server: OnnxServing | None = None
-        self.next_forecast = 0.0
         self.on_event = on_event or (lambda kind, data: None)
         self.finished = False
         self.connection = Connection(
@@ -126,7 +131,7 @@ class Agent:
                 if self.learner is None and time.monotonic() - polled > HISTORY_POLL_S:
                     self._refresh_history()
                     polled = time.monotonic()
-                if self.server is not None and time.monotonic() >= self.next_forecast:
+                if self.server is not None:
                     self._publish_forecast()
                 try:
                     message = self.connection.inbox.get(timeout=0.1)
@@ -295,11 +300,11 @@ class Agent:
     def _serve_new_model(self) -> None:
         """A live gateway with ``[serving]``: export the model it now serves (a verified ONNX
         bundle) and publish a forecast with it at once. A failed export keeps the last bundle."""
-        if self.cfg.serving is None or not isinstance(self.learner, HeadLearner):
+        if self.cfg.serving is None or self.write_bundle is None or not isinstance(self.learner, HeadLearner):
             return
         folder = writable_folder(self.cfg.state_dir / "serving", "state_dir")
         try:
-            info = write_bundle(self.learner, self.cfg.client_id, self.trained_round + 1,
+            info = self.write_bundle(self.learner, self.cfg.client_id, self.trained_round + 1,
                                 self.cfg.sensors.step_delta, folder)
             self.server = OnnxServing(folder)
         except Exception:  # the bundle is a by-product: training and the fleet go on without a new one
@@ -307,21 +312,16 @@ class Agent:
             return
         log.info("serving the %s model of round %d (ONNX verified, max error %.2g)", info.model, info.round,
                  info.verified_max_error)
-        self.next_forecast = 0.0
-        self._publish_forecast()
+        self._publish_forecast(now=True)
         try:
             self.live.announce(self.server)
         except Exception:  # discovery is a convenience: logged, tried again with the next bundle
             log.exception("Home Assistant discovery not published")
 
-    def _publish_forecast(self) -> None:
-        """One forecast on the ``[serving]`` topic; the next one ``every_s`` later."""
-        self.next_forecast = time.monotonic() + self.cfg.serving.every_s
-        try:
-            if self.live.publish_forecast(self.server):
-                self.on_event("forecast", {"topic": self.cfg.serving.forecast_topic(self.cfg.client_id)})
-        except Exception:  # a forecast is never worth the agent: logged, retried on schedule
-            log.exception("forecast not published")
+    def _publish_forecast(self, now: bool = False) -> None:
+        """A forecast on the ``[serving]`` topic when one is due (``now``: after a new model)."""
+        if self.live.publish_due(self.server, now):
+            self.on_event("forecast", {"topic": self.cfg.serving.forecast_topic(self.cfg.client_id)})
 
     def _skip_failed_round(self, round_index: int, loss: float) -> None:
         log.error("round %d: local training diverged (loss %s or non-finite parameters); no update sent, "

@@ -1,31 +1,28 @@
-"""``agent.toml`` and the TOML plumbing of every service config: pydantic models, errors that
-name the file and field, and writing configs back with tomli-w."""
+"""``agent.toml``: the fleet's model settings and the agent's own. The TOML plumbing of every
+service config, ``[data]`` and the tables of a live gateway's sensor side are in the torch-free
+``edge_agent.toml_config`` (imported here too, so this module stays every config's entry)."""
 
 from __future__ import annotations
 
-import tomllib
 from pathlib import Path
-from typing import Literal, TypeVar
 
-import tomli_w
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import ConfigDict, Field, model_validator
 
-from edge_agent.data import DataError, GapPolicy, SeriesTable, load_csv, load_site
+from edge_agent.limits import NAME_PATTERN
 from edge_agent.models import ModelConfig
 from edge_agent.models.fedal_settings import FedalClientSettings
 from edge_agent.models.foundation import FoundationConfig
 from edge_agent.models.prompts import PromptModeSettings
 from edge_agent.mqtt import DEFAULT_MAX_PAYLOAD_BYTES, BrokerConfig
-from edge_agent.protocol import NAME_PATTERN
 from edge_agent.sensors.settings import SensorSettings, ServingSettings
+from edge_agent.toml_config import (  # noqa: F401  (re-exported: every config imports them from here)
+    ConfigError,
+    DataSource,
+    LiveGatewayConfig,
+    dump_toml,
+    load_config,
+)
 from edge_agent.train import HeadTraining
-
-Config = TypeVar("Config", bound=BaseModel)
-
-
-class ConfigError(ValueError):
-    """A config file that cannot be used; the message names the file and every bad field."""
-
 
 MODE_FIELDS = {"head": {"model"}, "prompt": {"foundation", "foundation_sha256", "prompt"},
                "pretrain": {"foundation_model", "fedal_client"}}
@@ -51,42 +48,6 @@ class FleetModel(PromptModeSettings):
         if given:
             raise ValueError(f"{', '.join(given)}: not used in mode {self.mode!r}")
         return self
-
-
-class DataSource(BaseModel):
-    """Local data: a CSV file (date column + numeric columns), one bundled weather site, or the
-    gateway's own sensors (``source = "sensors"``, configured in ``[sensors]``)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    csv: Path | None = None
-    date_column: str | None = None
-    site: str | None = None
-    source: Literal["sensors"] | None = Field(None, description="'sensors': readings from the [sensors] table's topics")
-    columns: list[str] | None = Field(None, description="subset of columns to use (default: all)")
-    gaps: GapPolicy = Field(GapPolicy(), description="missing timestamps and empty cells in csv, intervals "
-                                                     "without a sensor reading: refuse, skip or fill")
-
-    @model_validator(mode="after")
-    def _one_source(self) -> "DataSource":
-        if [self.csv, self.site, self.source].count(None) != 2:
-            raise ValueError("give exactly one of csv or site, or source = 'sensors'")
-        csv_only = sorted({"columns", "date_column"} & self.model_fields_set)
-        if self.source == "sensors" and csv_only:
-            raise ValueError(f"{', '.join(csv_only)}: not used with source = 'sensors' (the features are [sensors])")
-        if self.site is not None and "gaps" in self.model_fields_set:
-            raise ValueError("gaps: applies to csv data (the bundled sites have no gaps)")
-        return self
-
-    def load(self) -> SeriesTable:
-        """The CSV file's or the site's table; sensor tables come from the agent's sensor store."""
-        if self.source == "sensors":
-            raise DataError("data.source = 'sensors': the table is built from the readings store "
-                            "(edge_agent.sensors.SensorIngest.table), not loaded from a file")
-        if self.csv:
-            return load_csv(self.csv, self.date_column, self.columns, self.gaps)
-        table = load_site(self.site)
-        return table.select(self.columns) if self.columns else table
 
 
 class AgentTraining(HeadTraining):
@@ -144,29 +105,8 @@ class AgentConfig(FleetModel):
             raise ValueError(f"training.{', '.join(head_only)}: head-mode options, not used in mode {self.mode!r}")
         return self
 
-
-def load_config(path: Path, model: type[Config]) -> Config:
-    """Parse ``path`` as TOML and validate it against ``model``."""
-    path = Path(path)
-    try:
-        data = tomllib.loads(path.read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: file not found") from None
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as err:
-        raise ConfigError(f"{path}: not valid TOML ({err})") from None
-    try:
-        return model.model_validate(data)
-    except ValidationError as err:
-        problems = "\n".join(
-            f"  {'.'.join(map(str, e['loc'])) or '(top level)'}: {e['msg']}" for e in err.errors()
-        )
-        raise ConfigError(f"{path}: invalid configuration\n{problems}") from None
-
-
-def dump_toml(data: dict) -> str:
-    """Plain config data as TOML; ``None`` values (unset options) are left out."""
-    return tomli_w.dumps(_without_none(data))
-
-
-def _without_none(data: dict) -> dict:
-    return {k: _without_none(v) if isinstance(v, dict) else v for k, v in data.items() if v is not None}
+    def live_gateway(self) -> LiveGatewayConfig:
+        """The tables a live gateway's sensor side reads (``data.source = "sensors"`` only), as the
+        serving-only process sees them."""
+        return LiveGatewayConfig(client_id=self.client_id, state_dir=self.state_dir, data=self.data,
+                                 sensors=self.sensors, serving=self.serving)

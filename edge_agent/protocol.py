@@ -29,15 +29,14 @@ from safetensors import SafetensorError
 from safetensors.torch import load as load_tensors
 from safetensors.torch import save as save_tensors
 
+from edge_agent.limits import MAX_JSON_DEPTH, NAME_PATTERN, json_depth
 from edge_agent.tensors import Layout, LayoutError, TensorDict, check_layout, first_non_finite
 
 MAGIC = b"EDFL"
 SCHEMA_VERSION = 1
 PREFIX = struct.Struct(">4sBI")
-NAME_PATTERN = r"^[A-Za-z0-9_.-]{1,64}$"
 CAMPAIGN_PATTERN = r"^[A-Za-z0-9_.-]{0,64}$"
 MAX_HEADER_BYTES = 64 * 1024
-MAX_JSON_DEPTH = 8
 MAX_INT_DIGITS = 20
 MAX_ROUND = 10**6
 MAX_SAMPLES = 10**9
@@ -45,7 +44,6 @@ MAX_FEATURES = 10**6
 MAX_BODY_BYTES = 2**40
 MAX_METRICS = 32
 MAX_REASON = 500
-_JSON_TOKEN = re.compile(rb'"(?:[^"\\]|\\.)*"|[\[\]{}]')
 Metrics = dict[Annotated[str, StringConstraints(pattern=NAME_PATTERN)], float]
 
 class ProtocolError(ValueError):
@@ -196,18 +194,6 @@ def _load_json(raw: bytes) -> object:
         return json.loads(raw, parse_int=_short_int, parse_constant=_no_constant)
     except (UnicodeDecodeError, ValueError) as err:
         raise ProtocolError("bad_header", f"header is not JSON ({str(err)[:200]})") from None
-
-
-def json_depth(raw: bytes) -> int:
-    """The deepest nesting of arrays and objects, brackets inside strings ignored (linear scan)."""
-    depth = deepest = 0
-    for token in _JSON_TOKEN.findall(raw):
-        if token in (b"[", b"{"):
-            depth += 1
-            deepest = max(deepest, depth)
-        elif token in (b"]", b"}"):
-            depth = max(depth - 1, 0)
-    return deepest
 
 
 def _short_int(text: str) -> int:

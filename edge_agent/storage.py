@@ -1,4 +1,5 @@
-"""Crash-safe local files: write to a temporary file, fsync, rename, fsync the folder."""
+"""Crash-safe local files: write to a temporary file, fsync, rename, fsync the folder. torch is
+imported only by the tensor helpers, so the serving-only process can use this module."""
 
 from __future__ import annotations
 
@@ -6,10 +7,10 @@ import os
 import secrets
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from safetensors.torch import save
-
-from edge_agent.tensors import TensorDict
+if TYPE_CHECKING:
+    from edge_agent.tensors import TensorDict
 
 
 class StateDirError(OSError):
@@ -63,12 +64,16 @@ def fsync_folder(folder: Path) -> None:
 
 def write_tensors_atomically(path: Path, tensors: TensorDict, sync_folder: bool = True) -> None:
     """Save tensors as a safetensors file, atomically."""
+    from safetensors.torch import save
+
     write_bytes_atomically(path, save({k: v.contiguous() for k, v in tensors.items()}), sync_folder)
 
 
 def write_tagged_tensors(path: Path, tensors: TensorDict, tag: str, metadata: dict[str, str]) -> None:
     """Save tensors with string metadata and ``format`` = ``tag``, atomically (read back by
     ``read_tagged_tensors``)."""
+    from safetensors.torch import save
+
     state = {k: v.detach().contiguous() for k, v in tensors.items()}
     write_bytes_atomically(path, save(state, metadata={"format": tag, **metadata}))
 

@@ -8,10 +8,9 @@ from typing import TYPE_CHECKING, Annotated, Any, Optional
 import typer
 from rich.console import Console
 
-from edge_agent.data import ClientData, DataError, build_pool, load_csv, load_site, load_sites, prepare_client
-from edge_agent.models import CheckpointError, Forecaster, load_checkpoint
-
 if TYPE_CHECKING:
+    from edge_agent.data import ClientData
+    from edge_agent.models import Forecaster
     from export.contract import ExportReport
 
 console = Console(soft_wrap=True)
@@ -34,8 +33,10 @@ def model_and_data(
 ) -> tuple[Forecaster, ClientData]:
     """The model to export and the data whose held-out windows verify it (same features)."""
     from edge_agent.config import AgentConfig, ConfigError, load_config
+    from edge_agent.data import DataError, build_pool, load_csv, load_site, load_sites, prepare_client
     from edge_agent.forecast import load_local_model
     from edge_agent.live import gateway_table
+    from edge_agent.models import CheckpointError, load_checkpoint
 
     try:
         if agent_config is not None:

@@ -26,7 +26,7 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.progress import MofNCompleteColumn, Progress
 
-from edge_agent.data import DataError, GapPolicy, SeriesTable, load_csv, load_site
+from edge_agent.data import DataError, GapPolicy, SeriesTable
 from edge_agent.mqtt import QOS, BrokerConfig
 from edgefl.export_cli import fail
 
@@ -209,6 +209,8 @@ def load_table(site: str | None, csv: Path | None, date_column: str | None, gaps
         raise DataError("give either --site NAME (see edgefl sites) or --csv PATH")
     if site is not None and gaps != GapPolicy():
         raise DataError("--fill and --max-fill-steps apply to --csv (the bundled weather sites have no gaps)")
+    from edge_agent.data import load_csv, load_site  # here: pvlib (the sites) is heavy; edgefl's entry stays light
+
     return load_site(site) if site is not None else load_csv(csv, date_column, gaps=gaps)
 
 

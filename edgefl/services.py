@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from edge_agent.config import ConfigError, load_config
+from edge_agent.toml_config import ConfigError, load_config
 from edge_agent.data import DataError
 from edge_agent.storage import StateDirError
 
@@ -30,7 +30,7 @@ def _setup(verbose: bool) -> None:
 
 
 def _fail(message: str) -> None:
-    console.print(f"[bold red]error:[/] {message}")
+    console.print(f"[bold red]error:[/] {escape(message)}")
     raise typer.Exit(2)
 
 
@@ -156,17 +156,35 @@ def _print_agent_event(kind: str, data: dict) -> None:
 def agent_run(config: ConfigPath, verbose: bool = False) -> None:
     """Train for every announced round and send the shared parameters to the coordinator."""
     from edge_agent.agent import Agent
+    from export.bundle import write_bundle
 
     _setup(verbose)
     cfg = _agent_config(config)
     try:
-        agent = Agent(cfg, on_event=_print_agent_event)
+        agent = Agent(cfg, on_event=_print_agent_event, write_bundle=write_bundle)
     except (DataError, ValueError, StateDirError) as err:
         _fail(str(err))
     table = agent.table
     if table is not None and table.gaps and table.gaps.gaps:
         console.print(f"{table.name}: {table.gaps.summary()}", soft_wrap=True)
     agent.run(stop=_Stopper())
+
+
+@agent_app.command("serve")
+def agent_serve(config: ConfigPath, verbose: bool = False) -> None:
+    """Serving only: ingest the sensors and publish forecasts from the latest ONNX bundle in
+    state_dir/serving on the serving table's schedule, reloading it when the training agent writes
+    a new one. Reads only client_id, state_dir and the data, sensors and serving tables; never
+    loads torch."""
+    from edge_agent.serving.daemon import ServeDaemon
+    from edge_agent.toml_config import LiveGatewayConfig
+
+    _setup(verbose)
+    try:
+        daemon = ServeDaemon(load_config(config, LiveGatewayConfig))
+    except (ConfigError, ValueError, StateDirError) as err:
+        _fail(str(err))
+    daemon.run(stop=_Stopper())
 
 
 @agent_app.command("forecast")

@@ -21,7 +21,10 @@ from coordinator.store import Store
 from edge_agent.config import AgentConfig, dump_toml, load_config
 from edge_agent.data import load_site
 from edge_agent.forecast import forecast
+from edge_agent.learners import make_learner
 from edge_agent.live import gateway_table
+from export.bundle import write_bundle
+from edge_agent.serving.onnx_serving import OnnxServing
 from tests.fleet import MODEL, SEED, TRAINING, coordinator_config, start, wait_for
 
 FEATURES = ("temp_air", "relative_humidity", "wind_speed")
@@ -168,3 +171,40 @@ def retained(port: int, topic: str, count: int = 1) -> list[dict]:
 def latest_forecast(port: int) -> dict:
     """The forecast the broker retained on the gateway's forecast topic."""
     return retained(port, FORECASTS)[-1]
+
+
+def test_the_serving_only_process_publishes_forecasts_of_each_new_bundle_without_torch(
+    tmp_path: Path, mosquitto
+) -> None:
+    """``edgefl agent serve`` ingests the replayed station, publishes the forecast of the first
+    bundle the (here in-process) training side writes, then of the next one, never loading torch."""
+    port, config = mosquitto.port, live_config(tmp_path, mosquitto.port, False)
+    watch = Watch(port, "edgefl/client00-serve-sensors/status")
+    try:
+        server = start(tmp_path, "serve", "agent", "serve", "-c", str(config))
+        wait_for(lambda: b"online" in watch.seen, 180, "the serving process's sensor client")
+    finally:
+        watch.close()
+    replay(port, "--columns", ",".join(FEATURES))
+    wait_for(lambda: stored(tmp_path / "agent0" / "readings.sqlite", "temp_air") == ROWS, 120, "every reading stored")
+    cfg = load_config(config, AgentConfig)
+    table, folder = gateway_table(cfg), tmp_path / "agent0" / "serving"
+    learner = make_learner(cfg, table)
+    watch = Watch(port, FORECASTS)
+    try:
+        for round_index in (1, 2):
+            write_bundle(learner, cfg.client_id, round_index, cfg.sensors.step_delta, folder)
+            wait_for(lambda: any(json.loads(p)["round"] == round_index - 1 for p in watch.seen), 60,
+                     f"the forecast of bundle {round_index}")
+    finally:
+        watch.close()
+    server.send_signal(signal.SIGTERM)
+    assert server.wait(60) == 0
+    log = (tmp_path / "serve.log").read_text()
+    loaded = [line for line in log.splitlines() if "(loaded: " in line]
+    assert len(loaded) == 2 and all(line.endswith("(loaded: pandas, onnxruntime)") for line in loaded), log
+    assert "Traceback" not in log
+    published, lookback = json.loads(watch.seen[-1]), MODEL["lookback"]
+    offline = OnnxServing(folder).forecast(table.index[-lookback:].as_unit("ns").asi8, table.values[-lookback:])
+    assert published["window_end"] == offline["window_end"] and published["forecast"] == offline["forecast"]
+

@@ -15,7 +15,7 @@ import torch
 
 from edge_agent.data import load_site, prepare_client
 from edge_agent.learners import HeadLearner
-from edge_agent.serving.bundle import write_bundle
+from export.bundle import write_bundle
 from edge_agent.serving.calendar import calendar_features
 from edge_agent.serving.onnx_serving import INFO_FILE, MODEL_FILE, OnnxServing
 from edge_agent.train import HeadTraining

@@ -1,52 +1,57 @@
-"""Data layer: CSV and bundled-weather loaders, synthetic series, feature pools, windows and scaling."""
+"""Data layer: CSV and bundled-weather loaders, synthetic series, feature pools, windows and scaling.
 
-from edge_agent.data.csv import load_csv
-from edge_agent.data.fleet import feature_clients
-from edge_agent.data.gaps import Cell, GapPolicy, GapReport, fill_gaps
-from edge_agent.data.pool import allocate_features, build_pool, client_tables, feature_sites, site_coordinates
-from edge_agent.data.synthetic import synthetic_clients, synthetic_table
-from edge_agent.data.table import DataError, SeriesTable, steps_per_day
-from edge_agent.data.weather import SITES, WEATHER_VARIABLES, SiteSpec, list_sites, load_site, load_sites
-from edge_agent.data.windows import (
-    TIME_FEATURES,
-    ClientData,
-    StandardScaler,
-    WindowSet,
-    min_training_rows,
-    prepare_client,
-    split_bounds,
-    time_features,
-)
+Names are loaded on first use (PEP 562): ``from edge_agent.data import DataError`` imports only
+``edge_agent.data.table``, so the torch-free serving process can read sensor tables without
+pulling in torch (``windows``) or pvlib (``weather``)."""
 
-__all__ = [
-    "SITES",
-    "TIME_FEATURES",
-    "WEATHER_VARIABLES",
-    "Cell",
-    "ClientData",
-    "DataError",
-    "GapPolicy",
-    "GapReport",
-    "SeriesTable",
-    "steps_per_day",
-    "SiteSpec",
-    "StandardScaler",
-    "WindowSet",
-    "allocate_features",
-    "build_pool",
-    "client_tables",
-    "feature_clients",
-    "feature_sites",
-    "fill_gaps",
-    "list_sites",
-    "load_csv",
-    "load_site",
-    "load_sites",
-    "min_training_rows",
-    "prepare_client",
-    "site_coordinates",
-    "split_bounds",
-    "synthetic_clients",
-    "synthetic_table",
-    "time_features",
-]
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+_HOMES = {
+    "csv": ("load_csv",),
+    "fleet": ("feature_clients",),
+    "gaps": ("Cell", "GapPolicy", "GapReport", "fill_gaps"),
+    "pool": ("allocate_features", "build_pool", "client_tables", "feature_sites", "site_coordinates"),
+    "synthetic": ("synthetic_clients", "synthetic_table"),
+    "table": ("DataError", "SeriesTable", "steps_per_day"),
+    "weather": ("SITES", "WEATHER_VARIABLES", "SiteSpec", "list_sites", "load_site", "load_sites"),
+    "windows": ("TIME_FEATURES", "ClientData", "StandardScaler", "WindowSet", "min_training_rows",
+                "prepare_client", "split_bounds", "time_features"),
+}
+_MODULE_OF = {name: module for module, names in _HOMES.items() for name in names}
+__all__ = sorted(_MODULE_OF)
+
+if TYPE_CHECKING:
+    from edge_agent.data.csv import load_csv
+    from edge_agent.data.fleet import feature_clients
+    from edge_agent.data.gaps import Cell, GapPolicy, GapReport, fill_gaps
+    from edge_agent.data.pool import allocate_features, build_pool, client_tables, feature_sites, site_coordinates
+    from edge_agent.data.synthetic import synthetic_clients, synthetic_table
+    from edge_agent.data.table import DataError, SeriesTable, steps_per_day
+    from edge_agent.data.weather import SITES, WEATHER_VARIABLES, SiteSpec, list_sites, load_site, load_sites
+    from edge_agent.data.windows import (
+        TIME_FEATURES,
+        ClientData,
+        StandardScaler,
+        WindowSet,
+        min_training_rows,
+        prepare_client,
+        split_bounds,
+        time_features,
+    )
+
+
+def __getattr__(name: str) -> Any:
+    """The public name ``name`` from the submodule that defines it, imported now."""
+    module = _MODULE_OF.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -8,15 +8,15 @@ standard time) and all sites align row by row.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
+from types import ModuleType
 
 import numpy as np
 import pandas as pd
-import pvlib
-from pvlib import iotools
 
 from edge_agent.data.table import DataError, SeriesTable
 
@@ -25,21 +25,29 @@ WEATHER_VARIABLES: tuple[str, ...] = (
 )
 HOURS_PER_YEAR = 8760
 CALENDAR = pd.date_range("2021-01-01", periods=HOURS_PER_YEAR, freq="h")
-DATA_DIR = os.path.join(os.path.dirname(pvlib.__file__), "data")
+DATA_DIR = os.path.join(os.path.dirname(importlib.util.find_spec("pvlib").origin), "data")
 
 Reading = tuple[pd.DataFrame, float, float]
 
 
+def _iotools() -> ModuleType:
+    """pvlib's file readers, imported on first read: pvlib costs ~50 MB of memory, and most
+    processes that import this module (an agent, through the foundation settings) only need its names."""
+    from pvlib import iotools
+
+    return iotools
+
+
 def _read_tmy3(path: str) -> Reading:
     """TMY3 / SolarAnywhere-TMY3 CSV: pvlib already maps to canonical names; pressure is mbar (= hPa)."""
-    data, meta = iotools.read_tmy3(path, map_variables=True, encoding="iso-8859-1")
+    data, meta = _iotools().read_tmy3(path, map_variables=True, encoding="iso-8859-1")
     data = data.rename(columns={"DNI (W/m^2))": "dni"})
     return data, meta["latitude"], meta["longitude"]
 
 
 def _read_tmy2(path: str) -> Reading:
     """TMY2: raw column names; temperatures in 0.1 degC and wind speed in 0.1 m/s."""
-    data, meta = iotools.read_tmy2(path)
+    data, meta = _iotools().read_tmy2(path)
     frame = pd.DataFrame({
         "ghi": data["GHI"], "dni": data["DNI"], "dhi": data["DHI"],
         "temp_air": data["DryBulb"] / 10.0, "temp_dew": data["DewPoint"] / 10.0,
@@ -51,20 +59,20 @@ def _read_tmy2(path: str) -> Reading:
 
 def _read_epw(path: str) -> Reading:
     """EPW: canonical names except `atmospheric_pressure`, which is in Pa."""
-    data, meta = iotools.read_epw(path)
+    data, meta = _iotools().read_epw(path)
     data = data.assign(pressure=data["atmospheric_pressure"] / 100.0)
     return data, meta["latitude"], meta["longitude"]
 
 
 def _read_psm3(path: str) -> Reading:
     """NSRDB PSM3 at 30-minute steps: keep the on-the-hour rows; pressure is mbar (= hPa)."""
-    data, meta = iotools.read_psm3(path, map_variables=True)
+    data, meta = _iotools().read_psm3(path, map_variables=True)
     return data[data.index.minute == 0], meta["latitude"], meta["longitude"]
 
 
 def _read_pvgis_tmy(path: str) -> Reading:
     """PVGIS TMY: rows are UTC, so roll them to local standard time (UTC+1 at 8 E); pressure is Pa."""
-    data, _months, inputs, _meta = iotools.read_pvgis_tmy(path, map_variables=True)
+    data, _months, inputs, _meta = _iotools().read_pvgis_tmy(path, map_variables=True)
     lat, lon = inputs.get("latitude", 45.0), inputs.get("longitude", 8.0)
     data = data.assign(pressure=data["pressure"] / 100.0)
     rolled = data.iloc[np.roll(np.arange(len(data)), round(lon / 15))]

@@ -33,7 +33,7 @@ import re
 import numpy as np
 import pandas as pd
 
-from edge_agent.protocol import MAX_JSON_DEPTH, json_depth
+from edge_agent.limits import MAX_JSON_DEPTH, json_depth
 
 MAX_PAYLOAD_BYTES = 64 * 1024
 _MILLISECONDS_FROM = 1e11

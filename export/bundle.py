@@ -1,6 +1,7 @@
 """The agent's side of serving: after every accepted round, the model it serves exported to ONNX,
 verified against torch on its latest windows (``export.onnx``), and written with what a
-torch-free server needs to use it (``serving.json``, see ``onnx_serving.BundleInfo``)."""
+torch-free server needs to use it (``serving.json``, see ``edge_agent.serving.onnx_serving.BundleInfo``).
+The agent gets this function from the CLI (``edgefl agent run``): edge_agent does not import export."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import pandas as pd
 from edge_agent.learners import HeadLearner
 from edge_agent.serving.onnx_serving import INFO_FILE, MODEL_FILE, BundleInfo
 from edge_agent.storage import write_bytes_atomically
+from export.onnx import export_onnx
 
 VERIFY_WINDOWS = 16  # the latest test windows the export must reproduce
 
@@ -24,8 +26,6 @@ def write_bundle(learner: HeadLearner, client_id: str, round_index: int, step: p
     first, then ``serving.json`` naming its sha256, so a reader never pairs a new JSON with an
     old model (it refuses the other mix). Raises ``export.contract.ExportMismatchError`` when
     ONNX Runtime does not reproduce the model."""
-    from export.onnx import export_onnx
-
     served, data = learner.serving_model(round_index), learner.data
     staging = Path(folder) / ".next"
     shutil.rmtree(staging, ignore_errors=True)

@@ -1,0 +1,255 @@
+"""Footprint of a live gateway (issue 15, step 5), all numbers from one run over a real mosquitto.
+
+A gateway on the bundled Amsterdam station (3 features, replayed as zigbee2mqtt readings, the
+default head-mode model) is measured as three processes:
+
+1. ``edgefl agent run``, idle: connected, its history adopted (model built), no round yet:
+   resident memory (VmRSS, steady: the highest of a few seconds' samples);
+2. the same agent while it trains the coordinator's rounds (each followed by the export of its
+   verified ONNX serving bundle): peak resident memory (the child's ``ru_maxrss``) and CPU
+   seconds (user + system) per round, from the announcement of round 1 to its exit;
+3. ``edgefl agent serve``, the torch-free serving process, publishing a forecast every second
+   from that bundle: resident memory (VmRSS, steady).
+
+Then the forecast latency of the served model at batch 1 on one thread, torch eager against
+ONNX Runtime, after a warm-up.
+
+    python bench/gateway.py             # 3 rounds, 1000 timed forecasts
+    python bench/gateway.py --quick     # 2 rounds, 200 timed forecasts
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from common import ROOT, bench_parser, configure, run_config
+from tests.broker import Mosquitto
+from tests.fleet import wait_for
+
+SITE, FEATURES, ROWS = "amsterdam", ("temp_air", "relative_humidity", "wind_speed"), 700  # 29 days < retention
+STATION, FORECASTS = "zigbee2mqtt/amsterdam", "home/amsterdam/forecast"
+QUICK = {"rounds": 2, "calls": 200, "warmup": 50}
+FULL = {"rounds": 3, "calls": 1000, "warmup": 100}
+GOALS = {"serving_rss_mb": 120, "training_rss_mb": 400, "ort_speedup": 5}
+SAMPLE_S = 0.05
+
+
+def vm_rss(pid: int) -> float:
+    """Resident memory of a running process in MB (``/proc/<pid>/status``; psutil is not a dependency)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise KeyError(f"no VmRSS for process {pid}")
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a running process (``/proc/<pid>/stat``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def steady_rss(pid: int, seconds: float) -> float:
+    """The highest VmRSS over ``seconds`` of samples (MB)."""
+    deadline, highest = time.monotonic() + seconds, 0.0
+    while time.monotonic() < deadline:
+        highest = max(highest, vm_rss(pid))
+        time.sleep(SAMPLE_S)
+    return highest
+
+
+def edgefl(work: Path, name: str, *args: str) -> subprocess.Popen:
+    """An ``edgefl`` command in the background on one torch thread, its output in ``<name>.log``."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    with open(work / f"{name}.log", "w") as log:
+        return subprocess.Popen([sys.executable, "-m", "edgefl.cli", *args], stdout=log, stderr=subprocess.STDOUT,
+                                env=env, cwd=ROOT)
+
+
+def reap(process: subprocess.Popen, timeout: float) -> tuple[float, float]:
+    """Wait for ``process`` to exit; its peak resident memory (MB) and CPU seconds (rusage)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        pid, status, usage = os.wait4(process.pid, os.WNOHANG)
+        if pid:
+            process.returncode = os.waitstatus_to_exitcode(status)
+            return usage.ru_maxrss / 1024, usage.ru_utime + usage.ru_stime
+        time.sleep(SAMPLE_S)
+    raise TimeoutError(f"{process.args} did not exit in {timeout:g} s")
+
+
+def write_configs(work: Path, port: int, rounds: int) -> tuple[Path, Path]:
+    """``agent.toml`` (a live gateway with the default head-mode model) and ``coordinator.toml``."""
+    from edge_agent.config import dump_toml
+
+    features = [{"name": f, "topic": STATION, "path": f, "time_path": "last_seen"} for f in FEATURES]
+    agent = {"fleet": "bench", "client_id": "gateway", "state_dir": str(work / "agent"), "broker": {"port": port},
+             "data": {"source": "sensors", "gaps": {"fill": "ffill", "max_fill_steps": 2}},
+             "sensors": {"step": "1h", "broker": {"port": port}, "features": features},
+             "serving": {"topic": FORECASTS, "every_s": 1.0}}
+    coordinator = {"fleet": "bench", "state_dir": str(work / "coordinator"), "rounds": rounds, "min_clients": 1,
+                   "start_clients": 1, "linger_s": 0, "broker": {"port": port}}
+    paths = work / "agent.toml", work / "coordinator.toml"
+    for path, data in zip(paths, (agent, coordinator)):
+        path.write_text(dump_toml(data))
+    return paths
+
+
+def replay(port: int) -> None:
+    """``edgefl replay`` of the station's latest ``ROWS`` hours as zigbee2mqtt readings, rebased to now."""
+    done = subprocess.run([sys.executable, "-m", "edgefl.cli", "replay", "--site", SITE, "--rows", str(ROWS),
+                           "--columns", ",".join(FEATURES), "--style", "zigbee2mqtt", "--speedup", "0",
+                           "--port", str(port)], capture_output=True, text=True, timeout=300, cwd=ROOT,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    if done.returncode:
+        raise RuntimeError(done.stdout + done.stderr)
+
+
+def agent_footprint(work: Path, port: int, agent_toml: Path, coordinator_toml: Path, rounds: int) -> dict:
+    """Idle and training memory and CPU per round of ``edgefl agent run``."""
+    hello, sensors = Watch(port, "edgefl/bench/agents/gateway/hello"), Watch(port, "edgefl/gateway-sensors/status")
+    try:
+        agent = edgefl(work, "agent", "agent", "run", "-c", str(agent_toml))
+        wait_for(sensors.seen.is_set, 120, "the agent's sensor client")
+        replay(port)
+        wait_for(hello.seen.is_set, 120, "the agent's registration (its model built on the history)")
+    finally:
+        hello.close()
+        sensors.close()
+    idle = steady_rss(agent.pid, 5.0)
+    before = cpu_seconds(agent.pid)
+    coordinator = edgefl(work, "coordinator", "coordinator", "serve", "-c", str(coordinator_toml))
+    peak, cpu = reap(agent, 600)
+    coordinator.wait(120)
+    if agent.returncode or coordinator.returncode:
+        raise RuntimeError(f"agent exit {agent.returncode}, coordinator exit {coordinator.returncode}; see {work}")
+    return {"idle": idle, "training": peak, "round_cpu_s": (cpu - before) / rounds}
+
+
+class Watch:
+    """Whether anything (retained included) arrived on ``topic``."""
+
+    def __init__(self, port: int, topic: str):
+        import paho.mqtt.client as mqtt
+
+        self.seen = threading.Event()
+        self.client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, protocol=mqtt.MQTTv5)
+        self.client.on_connect = lambda client, *_: client.subscribe(topic, qos=1)
+        self.client.on_message = lambda *_: self.seen.set()
+        self.client.connect("127.0.0.1", port)
+        self.client.loop_start()
+
+    def close(self) -> None:
+        self.client.disconnect()
+        self.client.loop_stop()
+
+
+def serving_footprint(work: Path, agent_toml: Path) -> dict:
+    """Steady memory of ``edgefl agent serve`` publishing a forecast every second."""
+    server = edgefl(work, "serve", "agent", "serve", "-c", str(agent_toml))
+    log = work / "serve.log"
+    wait_for(lambda: "(loaded: " in log.read_text(), 120, "the serving process's bundle")
+    time.sleep(2.0)  # a couple of forecasts out
+    rss = steady_rss(server.pid, 5.0)
+    server.send_signal(signal.SIGTERM)
+    server.wait(60)
+    loaded = next(line for line in log.read_text().splitlines() if "(loaded: " in line)
+    return {"rss": rss, "loaded": loaded.rpartition("(loaded: ")[2].rstrip(")")}
+
+
+def latency(agent_toml: Path, calls: int, warmup: int) -> dict:
+    """Milliseconds per forecast at batch 1 on one thread: the served torch model in eager mode
+    against its ONNX bundle in ONNX Runtime, on the same latest window."""
+    import torch
+
+    from edge_agent.config import AgentConfig, load_config
+    from edge_agent.data import prepare_client
+    from edge_agent.forecast import load_local_model
+    from edge_agent.live import gateway_table
+    from edge_agent.serving.onnx_serving import OnnxServing
+
+    torch.set_num_threads(1)
+    cfg = load_config(agent_toml, AgentConfig)
+    table = gateway_table(cfg)
+    model = load_local_model(cfg, table).eval()
+    test = prepare_client(table, model.cfg.lookback, model.cfg.horizon).test
+    x, marks, _ = test.batch(torch.tensor([len(test) - 1]))
+    x, marks = x.float(), marks.float()
+    session = OnnxServing(cfg.state_dir / "serving").session
+    inputs = {"x": x.numpy(), "marks": marks.numpy()}
+    with torch.inference_mode():
+        torch_ms = timed(lambda: model(x, marks), calls, warmup)
+    ort_ms = timed(lambda: session.run(["forecast"], inputs), calls, warmup)
+    return {"torch_p50": pct(torch_ms, 50), "torch_p99": pct(torch_ms, 99),
+            "ort_p50": pct(ort_ms, 50), "ort_p99": pct(ort_ms, 99)}
+
+
+def timed(call: Callable[[], object], calls: int, warmup: int) -> np.ndarray:
+    """Milliseconds of each of ``calls`` calls after ``warmup`` untimed ones."""
+    for _ in range(warmup):
+        call()
+    times = np.empty(calls)
+    for i in range(calls):
+        started = time.perf_counter()
+        call()
+        times[i] = (time.perf_counter() - started) * 1e3
+    return times
+
+
+def pct(values: np.ndarray, q: float) -> float:
+    """The ``q``-th percentile, rounded for the results file."""
+    return round(float(np.percentile(values, q)), 4)
+
+
+def table(summary: dict) -> str:
+    """The results as a markdown table, with the goals of issue 15."""
+    rss, ms, cfg = summary["rss_mb"], summary["forecast_ms"], summary["config"]
+    lines = ["| measure | value | goal |", "| --- | --- | --- |",
+             f"| RSS idle agent | {rss['idle']:.0f} MB | |",
+             f"| RSS agent training (peak) | {rss['training']:.0f} MB | <= {GOALS['training_rss_mb']} MB |",
+             f"| RSS serving-only (`agent serve`) | {rss['serving']:.0f} MB | <= {GOALS['serving_rss_mb']} MB |",
+             f"| CPU per round (train + ONNX export) | {summary['round_cpu_s']:.2f} s | |",
+             f"| forecast torch eager p50 / p99 | {ms['torch_p50']:.3f} / {ms['torch_p99']:.3f} ms | |",
+             f"| forecast ONNX Runtime p50 / p99 | {ms['ort_p50']:.3f} / {ms['ort_p99']:.3f} ms | |",
+             f"| ORT speedup (p50) | {cfg['ort_speedup']:.1f}x | >= {GOALS['ort_speedup']}x |"]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = bench_parser(__doc__, "2 rounds and 200 timed forecasts")
+    args, cfg, started = configure(parser, QUICK, FULL)
+    with tempfile.TemporaryDirectory(prefix="edgefl-gateway-") as folder:
+        work = Path(folder)
+        broker = Mosquitto(work / "broker").start()
+        try:
+            agent_toml, coordinator_toml = write_configs(work, broker.port, cfg["rounds"])
+            agent = agent_footprint(work, broker.port, agent_toml, coordinator_toml, cfg["rounds"])
+            serving = serving_footprint(work, agent_toml)
+            forecast_ms = latency(agent_toml, cfg["calls"], cfg["warmup"])
+        finally:
+            broker.stop()
+    summary = {"rss_mb": {k: round(agent[k], 1) for k in ("idle", "training")} | {"serving": round(serving["rss"], 1)},
+               "round_cpu_s": round(agent["round_cpu_s"], 2), "forecast_ms": forecast_ms,
+               "config": {**run_config(cfg, args.quick, started), "site": SITE, "features": list(FEATURES),
+                          "rows": ROWS, "model": "default head mode (dlinear, lookback 96, horizon 48, d_qap 128)",
+                          "serving_loaded": serving["loaded"], "goals": GOALS,
+                          "ort_speedup": round(forecast_ms["torch_p50"] / forecast_ms["ort_p50"], 1),
+                          "rss": "idle and serving: steady VmRSS over 5 s; training: the agent's ru_maxrss"}}
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "gateway.json").write_text(json.dumps(summary, indent=2))
+    print(table(summary))
+    print(f"wrote {args.out / 'gateway.json'} in {summary['config']['wall_seconds']} s")
+
+
+if __name__ == "__main__":
+    main()

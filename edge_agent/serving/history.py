@@ -1,0 +1,98 @@
+"""A live gateway's sensor history and the one path that publishes its forecasts, shared by the
+training agent (``edge_agent.live.LiveHistory``) and the serving-only process
+(``edge_agent.serving.daemon``); torch-free, so the latter never loads it."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from edge_agent.data.table import DataError, SeriesTable
+from edge_agent.sensors.ingest import SensorIngest
+from edge_agent.serving.home_assistant import discovery_messages
+from edge_agent.serving.onnx_serving import OnnxServing, document
+from edge_agent.toml_config import LiveGatewayConfig
+
+log = logging.getLogger("edgefl.agent")
+
+
+class SensorHistory:
+    """The gateway's sensor ingest and the history it has gathered."""
+
+    def __init__(self, gateway: LiveGatewayConfig, needed: int = 1, mqtt_id: str | None = None):
+        """``needed``: rows of history before ``table`` returns one (what training needs);
+        ``mqtt_id``: the name the sensor client connects as (default the gateway's ``client_id``)."""
+        self.gateway = gateway
+        self.ingest = SensorIngest(gateway.sensors, gateway.state_dir, mqtt_id or gateway.client_id)
+        self.needed = needed
+        self._said = ""
+        self._next_forecast = 0.0
+
+    def start(self) -> None:
+        self.ingest.start()
+
+    def stop(self) -> None:
+        self.ingest.stop()
+
+    def table(self) -> SeriesTable | None:
+        """The latest history, or None while it is too short to train on (said once per reason)."""
+        try:
+            table = self.ingest.table(self.gateway.client_id, self.gateway.data.gaps)
+        except DataError as err:
+            return self.waiting("no history", str(err))
+        if table.n_rows < self.needed:
+            return self.waiting("short history", f"{table.n_rows} intervals of sensor history; local training needs "
+                                f"{self.needed}")
+        return table
+
+    def publish_due(self, server: OnnxServing | None, now: bool = False) -> bool:
+        """Publish a forecast with ``server`` when one is due (every ``[serving] every_s``, or
+        ``now``: after a new model); True when one went out. Never raises: a forecast is never
+        worth the process, so a failed one is logged and retried on schedule."""
+        if server is None or (not now and time.monotonic() < self._next_forecast):
+            return False
+        self._next_forecast = time.monotonic() + self.gateway.serving.every_s
+        try:
+            return self.publish_forecast(server)
+        except Exception:  # the guard's purpose: logged, retried on schedule
+            log.exception("forecast not published")
+            return False
+
+    def publish_forecast(self, server: OnnxServing) -> bool:
+        """Forecast from the latest ``lookback`` intervals of history with the ONNX bundle and
+        publish it on the ``[serving]`` topic; False (said once per reason) where the latest
+        window has a gap or no history is there yet."""
+        table = self.table()
+        lookback = server.info.lookback
+        if table is None or table.n_rows < lookback or not table.observed[-lookback:].all():
+            self.waiting("no forecast", f"the latest {lookback} intervals of sensor history are not all there")
+            return False
+        payload = server.forecast(table.index[-lookback:].as_unit("ns").asi8, table.values[-lookback:])
+        serving, client_id = self.gateway.serving, self.gateway.client_id
+        self.ingest.publish(serving.forecast_topic(client_id), document(payload), serving.retain)
+        return True
+
+    def metrics(self) -> dict[str, float]:
+        """Readings accepted and refused (by kind) over all features since the agent started, as
+        ``sensor_<kind>`` update metrics the coordinator records."""
+        totals: dict[str, float] = {}
+        for counts in self.ingest.counts().values():
+            for kind, count in counts.items():
+                totals[f"sensor_{kind}"] = totals.get(f"sensor_{kind}", 0.0) + count
+        return totals
+
+    def announce(self, server: OnnxServing) -> None:
+        """With ``[serving] home_assistant``: the retained discovery configs of the forecast sensors."""
+        serving = self.gateway.serving
+        if serving.home_assistant:
+            topic = serving.forecast_topic(self.gateway.client_id)
+            for config_topic, payload in discovery_messages(server.info, topic, serving.discovery_prefix):
+                self.ingest.publish(config_topic, payload, retain=True)
+
+    def waiting(self, reason: str, detail: str) -> None:
+        """Say why the gateway waits (for more history, or to forecast), once per ``reason``: it
+        polls every few seconds and the details change with every reading."""
+        if reason != self._said:
+            log.info("%s: waiting (%s): %s", self.gateway.client_id, reason, detail)
+            self._said = reason
+        return None
