@@ -18,9 +18,6 @@ import math
 import queue
 import time
 from collections.abc import Callable
-from pathlib import Path
-
-import pandas as pd
 
 from edge_agent.config import AgentConfig
 from edge_agent.data import DataError, SeriesTable
@@ -39,13 +36,12 @@ from edge_agent.protocol import (
     decode,
     encode,
 )
-from edge_agent.serving.onnx_serving import BundleInfo, OnnxServing
+from edge_agent.serving.renewal import BundleRenewal, BundleWriter
 from edge_agent.state import AgentState
 from edge_agent.storage import writable_folder
 from edge_agent.tensors import TensorDict, first_non_finite, l2_norm, layout_of
 
 log = logging.getLogger("edgefl.agent")
-BundleWriter = Callable[[HeadLearner, str, int, pd.Timedelta, Path], BundleInfo]
 UPDATE_HEADER_MARGIN = 4096  # room for metrics and the campaign id in a real update's header
 HISTORY_POLL_S = 5.0  # a live gateway without enough history checks its store this often
 
@@ -57,7 +53,7 @@ class Agent:
                  write_bundle: BundleWriter | None = None):
         """``write_bundle``: how a live gateway with ``[serving]`` exports the model it serves
         (``export.bundle.write_bundle``, given by ``edgefl agent run``); without it nothing is served."""
-        self.cfg, self.write_bundle = cfg, write_bundle
+        self.cfg = cfg
         self.topics = Topics(cfg.fleet)
         self.files = AgentState(writable_folder(cfg.state_dir, "state_dir"))
         self.trained_round = self.files.trained_round()
@@ -65,7 +61,7 @@ class Agent:
         self.learner: Learner | None = None
         self.table: SeriesTable | None = None
         self._try_adopt(self.live.table() if self.live else cfg.data.load())
-        self.server: OnnxServing | None = None
+        self.serving = BundleRenewal(self.live, write_bundle) if self.live and cfg.serving and write_bundle else None
         self.on_event = on_event or (lambda kind, data: None)
         self.finished = False
         self.connection = Connection(
@@ -131,8 +127,8 @@ class Agent:
                 if self.learner is None and time.monotonic() - polled > HISTORY_POLL_S:
                     self._refresh_history()
                     polled = time.monotonic()
-                if self.server is not None:
-                    self._publish_forecast()
+                if self.serving is not None and self.serving.tick():
+                    self.on_event("forecast", {"round": self.trained_round})
                 try:
                     message = self.connection.inbox.get(timeout=0.1)
                 except queue.Empty:
@@ -208,7 +204,8 @@ class Agent:
             self.learner.load_global(global_state)
             self.files.save_global(global_state)
             self.global_norm = l2_norm(global_state)
-            self._serve_new_model()
+            if self.serving is not None and isinstance(self.learner, HeadLearner):
+                self.serving.renew(self.learner, self.trained_round + 1)
         else:
             log.error("round %d: refusing the global model (%s); keeping the last good one", header.round, problem)
             self.on_event("global_refused", {"round": header.round, "reason": problem})
@@ -296,32 +293,6 @@ class Agent:
         self.trained_round = round_index
         self.connection.publish(self.topics.agent(cfg.client_id, "update"), payload)
         self.on_event("sent", {"round": round_index, "loss": loss})
-
-    def _serve_new_model(self) -> None:
-        """A live gateway with ``[serving]``: export the model it now serves (a verified ONNX
-        bundle) and publish a forecast with it at once. A failed export keeps the last bundle."""
-        if self.cfg.serving is None or self.write_bundle is None or not isinstance(self.learner, HeadLearner):
-            return
-        folder = writable_folder(self.cfg.state_dir / "serving", "state_dir")
-        try:
-            info = self.write_bundle(self.learner, self.cfg.client_id, self.trained_round + 1,
-                                self.cfg.sensors.step_delta, folder)
-            self.server = OnnxServing(folder)
-        except Exception:  # the bundle is a by-product: training and the fleet go on without a new one
-            log.exception("the served model could not be exported to ONNX; forecasts keep the last bundle")
-            return
-        log.info("serving the %s model of round %d (ONNX verified, max error %.2g)", info.model, info.round,
-                 info.verified_max_error)
-        self._publish_forecast(now=True)
-        try:
-            self.live.announce(self.server)
-        except Exception:  # discovery is a convenience: logged, tried again with the next bundle
-            log.exception("Home Assistant discovery not published")
-
-    def _publish_forecast(self, now: bool = False) -> None:
-        """A forecast on the ``[serving]`` topic when one is due (``now``: after a new model)."""
-        if self.live.publish_due(self.server, now):
-            self.on_event("forecast", {"topic": self.cfg.serving.forecast_topic(self.cfg.client_id)})
 
     def _skip_failed_round(self, round_index: int, loss: float) -> None:
         log.error("round %d: local training diverged (loss %s or non-finite parameters); no update sent, "
