@@ -20,7 +20,7 @@ def markdown(model: str, reports: list[EnergyReport]) -> str:
         lines += [
             f"## {report.profile} ({report.precision}), mean over {report.windows} real windows, firing rate {rate}",
             "", _placement(report), "",
-            "| stage | MACs | ACs | neuron updates | energy on target (pJ) | off-chip ops | off-chip pJ |",
+            "| stage | MACs | ACs | neuron updates | energy on target (pJ) | ops off-chip or not priced | off-chip pJ |",
             "|---|---|---|---|---|---|---|",
         ]
         for name in STAGES:
@@ -29,9 +29,9 @@ def markdown(model: str, reports: list[EnergyReport]) -> str:
             lines.append(f"| {name} | {_count(stage.macs)} | {_count(stage.acs)} | {_count(stage.neuron_updates)} | "
                          f"{stage.pj:.4g} | {off} | {stage.host_pj:.4g} |")
         lines += [f"| **total** | | | | **{report.chip_pj:.4g}** | | **{report.host_pj:.4g}** |", "",
-                  "| layer | MACs | ACs | energy (pJ) |", "|---|---|---|---|"]
-        for name, row in sorted(report.layers.items(), key=lambda item: -item[1].pj)[:10]:
-            lines.append(f"| {name} | {_count(row.macs)} | {_count(row.acs)} | {row.pj:.4g} |")
+                  "| layer | MACs | ACs | energy on target (pJ) | off-chip pJ |", "|---|---|---|---|---|"]
+        for name, row in sorted(report.layers.items(), key=lambda item: -item[1].pj - item[1].host_pj)[:10]:
+            lines.append(f"| {name} | {_count(row.macs)} | {_count(row.acs)} | {row.pj:.4g} | {row.host_pj:.4g} |")
         lines.append("")
     lines.append("Caveats: memory traffic is not counted; elementwise work without parameters (residual adds, "
                  "normalisation of the input window, the mean over T) is not counted; ops a target cannot run "
