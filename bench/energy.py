@@ -4,7 +4,10 @@ ONNX Runtime vs torch eager inference time.
 FedQAPer section 4.2: pre-backbone and head are MACs for every backbone; an ANN backbone is
 MACs, a spiking one ACs in proportion to its firing rate (plus the real-valued encoder's MACs).
 The paper reports iSpikformer's backbone at 8.51e8 pJ vs iTransformer's 9.64e10 pJ (about 113x)
-on 45 nm. Each backbone here is trained briefly on one site so its firing rates are those of a
+on 45 nm. Loihi and TrueNorth run exactly the spiking stack ``export lava``/``export nir``
+deploy (``export.energy.chip_layers``); what they leave off-chip is priced on ``HOST`` (45 nm
+fp32 arithmetic, a stand-in for the gateway CPU: no sourced per-operation CPU figure is shipped).
+Each backbone here is trained briefly on one site so its firing rates are those of a
 trained model (BatchNorm statistics recomputed on the training windows, see
 ``calibrate_batchnorm``), then counted on that site's held-out test windows. Usage:
 
@@ -24,6 +27,7 @@ QUICK = {"site": "greensboro", "lookback": 96, "horizon": 48, "stride": 12, "epo
 FULL = {**QUICK, "stride": 1, "epochs": 5, "test_windows": 512}
 BACKBONES = ["dlinear", "itransformer", "lstm", "gru", "spikernn", "spikformer", "ispikformer"]
 PROFILES = ["cmos45nm", "jetson_orin_nano", "loihi", "truenorth"]
+HOST = "cmos45nm"
 PAPER = {"ispikformer": 8.51e8, "itransformer": 9.64e10}
 
 
@@ -38,7 +42,7 @@ def run_job(backbone: str, cfg: dict, threads: int) -> dict:
     from edge_agent.models import BACKBONES as REGISTRY
     from edge_agent.models import ModelConfig, build_forecaster
     from edge_agent.train import calibrate_batchnorm, make_optimizer, train_epochs
-    from export.energy import energy_report
+    from export.energy import chip_layers, energy_report
     from export.onnx import export_onnx
     from export.opcount import count_ops
     from export.profiles import load_profile
@@ -53,13 +57,15 @@ def run_job(backbone: str, cfg: dict, threads: int) -> dict:
     positions = torch.linspace(0, len(data.test) - 1, cfg["test_windows"]).round().long().unique()
     test = dataclasses.replace(data.test, starts=data.test.starts[positions])  # evenly spread test windows
     layers, windows = count_ops(model, test)
-    rows = []
+    rows, host = [], load_profile(HOST)
     for name in PROFILES:
-        report = energy_report(layers, windows, load_profile(name))
+        profile = load_profile(name)
+        report = energy_report(layers, windows, profile, on_chip=chip_layers(model, profile), host=host)
         stages = report.stages.values()
         rows.append({
             "backbone": backbone, "kind": REGISTRY[backbone].kind, "profile": name, "precision": report.precision,
-            "backbone_pj": report.backbone_pj, "total_pj": report.total_pj,
+            "backbone_pj": report.backbone_pj, "chip_pj": report.chip_pj, "host_pj": report.host_pj,
+            "host": report.host, "on_chip": report.on_chip, "total_pj": report.total_pj,
             "backbone_synaptic_pj": sum(v for k, v in report.stages["backbone"].pj_by_op.items() if k != "neuron_updates"),
             "macs": sum(s.macs for s in stages), "acs": sum(s.acs for s in stages),
             "backbone_macs": report.stages["backbone"].macs, "backbone_acs": report.stages["backbone"].acs,
@@ -76,12 +82,14 @@ def run_job(backbone: str, cfg: dict, threads: int) -> dict:
 
 def markdown(summary: dict) -> str:
     rows = summary["rows"]
-    lines = ["| backbone | kind | profile | backbone pJ | total pJ | MACs | ACs | firing rate | not priced |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| backbone | kind | profile | backbone pJ on target | target pJ | off-chip pJ (host) | MACs | ACs | "
+             "firing rate | layers on chip |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         rate = f"{r['firing_rate']:.3f}" if r["firing_rate"] is not None else "-"
-        lines.append(f"| {r['backbone']} | {r['kind']} | {r['profile']} | {r['backbone_pj']:.3g} | {r['total_pj']:.3g} | "
-                     f"{r['macs']:.3g} | {r['acs']:.3g} | {rate} | {', '.join(r['not_priced']) or '-'} |")
+        host = f"{r['host_pj']:.3g} ({r['host']})" if r["host"] else "-"
+        chip = "all" if r["on_chip"] is None else len(r["on_chip"])
+        lines.append(f"| {r['backbone']} | {r['kind']} | {r['profile']} | {r['backbone_pj']:.3g} | {r['chip_pj']:.3g} | "
+                     f"{host} | {r['macs']:.3g} | {r['acs']:.3g} | {rate} | {chip} |")
     ratio = summary["snn_vs_ann"]
     lines += ["", f"Backbone MAC + AC energy on cmos45nm (the paper's model: neuron updates left out), "
               f"iTransformer / iSpikformer: **{ratio['measured']:.1f}x** "

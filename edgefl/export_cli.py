@@ -124,9 +124,12 @@ def energy_command(
     checkpoint: Checkpoint = None, agent_config: AgentConfigPath = None, site: Site = None, csv: Csv = None,
     profile: Annotated[list[str], typer.Option(help="hardware profile name or TOML file (repeatable)")] = ["cmos45nm"],
     precision: Annotated[Optional[str], typer.Option(help="arithmetic precision (default: each profile's)")] = None,
+    host: Annotated[Optional[str], typer.Option(
+        help="profile pricing what a neuromorphic target leaves off-chip (default: listed, not priced)")] = None,
 ) -> None:
-    """Count MACs/ACs per layer on real test windows and price them per hardware target."""
-    from export.energy import energy_report
+    """Count MACs/ACs per layer on real test windows and price them per hardware target; a
+    neuromorphic target runs exactly the stack ``export lava``/``export nir`` deploy."""
+    from export.energy import chip_layers, energy_report
     from export.opcount import count_ops
     from export.profiles import ProfileError, load_profile
     from export.report import write
@@ -134,15 +137,17 @@ def energy_command(
     model, data = model_and_data(checkpoint, agent_config, site, csv)
     try:
         profiles = [load_profile(name) for name in profile]
+        off_chip_host = load_profile(host) if host else None
         layers, windows = count_ops(model, data.test)
-        reports = [energy_report(layers, windows, p, precision) for p in profiles]
+        reports = [energy_report(layers, windows, p, precision, chip_layers(model, p), off_chip_host) for p in profiles]
     except (ProfileError, NotImplementedError, ValueError) as err:
         fail(str(err))
     labels = [f"{report.profile} ({report.precision})" for report in reports]
     for label, report in zip(labels, reports):
         unpriced = f"; not priced: {', '.join(report.unpriced)}" if report.unpriced else ""
-        console.print(f"{label:>{max(map(len, labels))}}: {report.total_pj:.4g} pJ per forecast (priced ops), "
-                      f"backbone {report.backbone_pj:.4g} pJ{unpriced}")
+        off_chip = f" + {report.host_pj:.4g} pJ off-chip on {report.host}" if report.host else ""
+        console.print(f"{label:>{max(map(len, labels))}}: {report.chip_pj:.4g} pJ per forecast on the target "
+                      f"(priced ops){off_chip}, backbone {report.backbone_pj:.4g} pJ{unpriced}")
     for path in write(out, f"{model.cfg.backbone} on {data.name}", reports):
         console.print(f"wrote {path}")
 

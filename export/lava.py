@@ -98,7 +98,7 @@ def quantized_stack(stack: SpikingStack, scale: float | None = None) -> SpikingS
     for layer in stack.layers:
         q = quantize(layer, scale)
         beta = 1 - q.v_decay / DECAY_UNITY
-        layers.append(DenseLIF(layer.name, q.weight / UNIT, q.bias / UNIT, beta, q.v_th_mant / UNIT))
+        layers.append(DenseLIF(layer.name, q.weight / UNIT, q.bias / UNIT, beta, q.v_th_mant / UNIT, layer.modules))
     return SpikingStack(stack.input_size, layers, list(stack.off_chip))
 
 

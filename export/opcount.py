@@ -1,10 +1,14 @@
 """Operation counts of a forecaster on real windows: MACs, ACs and neuron updates per layer.
 
 FedQAPer section 4.2: real-valued inputs cost multiply-accumulates (MACs); a layer fed spikes
-only accumulates (ACs) where a spike arrived, so its cost scales with the firing rate. Counts
-are exact over the given windows, not rate x estimate: a binary input contributes one AC per
-non-zero input x fan-out; an integer-valued input (a residual sum of spike tensors, values
-0, 1, 2, ...) contributes value x fan-out ACs (a 2 is two spikes arriving together).
+only accumulates (ACs) where a spike arrived, so its cost scales with the firing rate. Whether a
+layer is fed spikes follows from the model's structure, never from the values that arrive (an
+all-zero real input is still a MAC workload): ``SpikeTrace`` follows every tensor from the LIF
+layers that emit it through views, concatenations and sums, and the kind a layer gets on its
+first call is fixed for the whole count. Counts are exact over the given windows, not
+rate x estimate: a spike-fed layer costs value x fan-out ACs per input (a residual sum of spike
+tensors holds 0, 1, 2, ...: a 2 is two spikes arriving together). Counts and rates accumulate
+over every window of every batch.
 
 Every module with parameters must be counted by a rule in ``RULES`` (whole modules, never their
 functional insides, so fused or functional code paths cannot be silently skipped); a model with
@@ -20,6 +24,8 @@ from dataclasses import asdict, dataclass
 
 import torch
 from torch import nn
+from torch.overrides import TorchFunctionMode
+from torch.utils.weak import WeakTensorKeyDictionary
 
 from edge_agent.data import WindowSet
 from edge_agent.models import Forecaster
@@ -29,43 +35,82 @@ from edge_agent.models.heads import MonotoneQuantiles
 from edge_agent.models.qap import QueryAttentionPooling, QueryPooling, SlotEmbedding
 
 
+SPIKE_VIEWS = {"view", "reshape", "flatten", "unflatten", "transpose", "permute", "contiguous", "__getitem__",
+               "squeeze", "unsqueeze", "clone", "detach", "cat", "stack"}  # spikes in, the same spikes out
+SPIKE_SUMS = {"add", "__add__", "__radd__", "__iadd__", "add_"}  # spikes + spikes: spike counts
+
+
+class SpikeTrace(TorchFunctionMode):
+    """Which tensors carry spikes, by the operations that made them: a LIF layer's output does
+    (``mark``); a view, indexing or concatenation of spike tensors, or a sum of them, does too;
+    any other operation (a mean over T, a scaling, a matmul) yields real values."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._spiking = WeakTensorKeyDictionary()
+
+    def mark(self, tensor: torch.Tensor) -> None:
+        self._spiking[tensor] = True
+
+    def carries_spikes(self, tensor: object) -> bool:
+        return isinstance(tensor, torch.Tensor) and tensor in self._spiking
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        name = getattr(func, "__name__", "")
+        sources = args[0] if name in ("cat", "stack") else args[:1] if name in SPIKE_VIEWS else args[:2]
+        if (name in SPIKE_VIEWS or name in SPIKE_SUMS) and sources and all(map(self.carries_spikes, sources)):
+            for tensor in out if isinstance(out, (tuple, list)) else (out,):
+                self.mark(tensor)
+        return out
+
+
 @dataclass
 class LayerOps:
-    """Totals over every counted window; ``input_rate`` is the share of non-zero inputs of a
-    spike-fed layer, ``firing_rate`` the share of spiking neuron steps of a LIF layer."""
+    """Totals over every counted window. ``cost`` is the operation the layer performs ("mac",
+    "ac" or "neuron_update"), decided from the model's structure on its first call."""
 
     name: str
     kind: str
     stage: str
+    cost: str = ""
     macs: float = 0.0
     acs: float = 0.0
     neuron_updates: float = 0.0
-    input_rate: float | None = None
-    firing_rate: float | None = None
     calls: int = 0
     dense_macs: float = 0.0  # what the spike-driven ACs cost as dense MACs (an SNN on a GPU)
+    inputs: float = 0.0  # inputs that reached a spike-fed layer, and how many were non-zero
+    active_inputs: float = 0.0
+    spikes: float = 0.0  # spikes a LIF layer emitted over ``neuron_updates`` steps
+
+    @property
+    def input_rate(self) -> float | None:
+        """Share of non-zero inputs of a spike-fed layer, over every counted window."""
+        return self.active_inputs / self.inputs if self.inputs else None
+
+    @property
+    def firing_rate(self) -> float | None:
+        """Share of spiking neuron steps of a LIF layer, over every counted window."""
+        return self.spikes / self.neuron_updates if self.cost == "neuron_update" and self.neuron_updates else None
 
     def as_dict(self) -> dict:
-        return asdict(self)
+        return {**asdict(self), "input_rate": self.input_rate, "firing_rate": self.firing_rate}
 
 
-def _input_kind(x: torch.Tensor) -> str:
-    if bool(((x == 0) | (x == 1)).all()):
-        return "spikes"
-    if bool((x == x.round()).all()) and bool((x >= 0).all()):
-        return "counts"
-    return "real"
+def _inputs(ops: LayerOps, x: torch.Tensor) -> None:
+    ops.inputs += x.numel()
+    ops.active_inputs += float((x != 0).sum())
 
 
 def _dense(ops: LayerOps, x: torch.Tensor, fan_out: int, fan_in: int) -> None:
     """A dense map applied to every row of ``x`` (last axis = fan_in)."""
     rows = x.numel() // fan_in
-    if _input_kind(x) == "real":
+    if ops.cost == "mac":
         ops.macs += rows * fan_in * fan_out
     else:
         ops.acs += float(x.sum()) * fan_out
         ops.dense_macs += rows * fan_in * fan_out
-        ops.input_rate = float((x != 0).float().mean())
+        _inputs(ops, x)
 
 
 def _linear(ops: LayerOps, module: nn.Linear, args: tuple, out: torch.Tensor) -> None:
@@ -74,14 +119,12 @@ def _linear(ops: LayerOps, module: nn.Linear, args: tuple, out: torch.Tensor) ->
 
 def _conv(ops: LayerOps, module: nn.Conv2d, args: tuple, out: torch.Tensor) -> None:
     per_output = module.in_channels // module.groups * module.kernel_size[0] * module.kernel_size[1]
-    if _input_kind(args[0]) != "real":
-        raise NotImplementedError(f"{ops.name}: counting a convolution over spikes is not implemented")
     ops.macs += out.numel() * per_output
 
 
 def _lif(ops: LayerOps, module: LIF, args: tuple, out: torch.Tensor) -> None:
     ops.neuron_updates += out.numel()
-    ops.firing_rate = float(out.mean())
+    ops.spikes += float(out.sum())
 
 
 def _recurrent(ops: LayerOps, module: nn.LSTM | nn.GRU, args: tuple, out: tuple) -> None:
@@ -127,7 +170,8 @@ def _spiking_attention(ops: LayerOps, module: SpikingSelfAttention, args: tuple,
     q, k, v = module.last_qkv
     ops.acs += float((q @ k.transpose(-2, -1)).sum()) + float(v.sum()) * q.shape[-2]
     ops.dense_macs += 2 * q.numel() * k.shape[-2]
-    ops.input_rate = float(torch.cat([q.flatten(), k.flatten(), v.flatten()]).mean())
+    for x in (q, k, v):
+        _inputs(ops, x)
 
 
 def _monotone(ops: LayerOps, module: MonotoneQuantiles, args: tuple, out: torch.Tensor) -> None:
@@ -176,13 +220,14 @@ def measure(model: nn.Module, run: Callable[[], object]) -> list[LayerOps]:
     """Count every operation of ``model`` while ``run`` uses it (in eval mode, without grad)."""
     counted = _counted_modules(model)
     layers = {name: LayerOps(name, type(m).__name__, stage_of(name)) for name, m in counted.items()}
-    hooks = [m.register_forward_hook(_hook(layers[name], RULES.get(type(m), _spiking_attention)))
+    trace = SpikeTrace()
+    hooks = [m.register_forward_hook(_hook(layers[name], RULES.get(type(m), _spiking_attention), trace))
              for name, m in counted.items()]
     attention = [m for m in model.modules() if isinstance(m, SpikingSelfAttention)]
     for module in attention:
         module.record_qkv = True
     try:
-        with torch.no_grad():
+        with torch.no_grad(), trace:
             run()
     finally:
         for hook in hooks:
@@ -195,10 +240,29 @@ def measure(model: nn.Module, run: Callable[[], object]) -> list[LayerOps]:
     return list(layers.values())
 
 
-def _hook(ops: LayerOps, rule: Rule):
+def cost_of(name: str, module: nn.Module, fed_spikes: bool) -> str:
+    """The operation a layer performs, from what feeds it: a LIF layer updates neurons; spiking
+    attention and a Linear fed spikes accumulate; every other counted layer multiplies real values
+    (refused when spikes feed it: no AC rule is written for it)."""
+    if isinstance(module, LIF):
+        return "neuron_update"
+    if isinstance(module, SpikingSelfAttention) or (fed_spikes and isinstance(module, nn.Linear)):
+        return "ac"
+    if fed_spikes:
+        raise NotImplementedError(f"{name}: counting a {type(module).__name__} fed spikes is not implemented")
+    return "mac"
+
+
+def _hook(ops: LayerOps, rule: Rule, trace: SpikeTrace):
     def record(module: nn.Module, args: tuple, out: object) -> None:
+        cost = cost_of(ops.name, module, trace.carries_spikes(args[0]))
+        if ops.cost and cost != ops.cost:
+            raise RuntimeError(f"{ops.name}: fed differently between calls ({ops.cost}, then {cost})")
+        ops.cost = cost
         ops.calls += 1
         rule(ops, module, args, out)
+        if cost == "neuron_update":
+            trace.mark(out)
 
     return record
 

@@ -19,23 +19,33 @@ def markdown(model: str, reports: list[EnergyReport]) -> str:
         rate = f"{report.firing_rate:.3f}" if report.firing_rate is not None else "-"
         lines += [
             f"## {report.profile} ({report.precision}), mean over {report.windows} real windows, firing rate {rate}",
-            "", "| stage | MACs | ACs | neuron updates | energy (pJ) | not priced on this target |",
-            "|---|---|---|---|---|---|",
+            "", _placement(report), "",
+            "| stage | MACs | ACs | neuron updates | energy on target (pJ) | ops off-chip or not priced | off-chip pJ |",
+            "|---|---|---|---|---|---|---|",
         ]
         for name in STAGES:
             stage = report.stages[name]
             off = ", ".join(f"{_count(n)} {op}" for op, n in stage.off_chip.items()) or "-"
             lines.append(f"| {name} | {_count(stage.macs)} | {_count(stage.acs)} | {_count(stage.neuron_updates)} | "
-                         f"{stage.pj:.4g} | {off} |")
-        lines += [f"| **total** | | | | **{report.total_pj:.4g}** | |", "",
-                  "| layer | MACs | ACs | energy (pJ) |", "|---|---|---|---|"]
-        for name, row in sorted(report.layers.items(), key=lambda item: -item[1].pj)[:10]:
-            lines.append(f"| {name} | {_count(row.macs)} | {_count(row.acs)} | {row.pj:.4g} |")
+                         f"{stage.pj:.4g} | {off} | {stage.host_pj:.4g} |")
+        lines += [f"| **total** | | | | **{report.chip_pj:.4g}** | | **{report.host_pj:.4g}** |", "",
+                  "| layer | MACs | ACs | energy on target (pJ) | off-chip pJ |", "|---|---|---|---|---|"]
+        for name, row in sorted(report.layers.items(), key=lambda item: -item[1].pj - item[1].host_pj)[:10]:
+            lines.append(f"| {name} | {_count(row.macs)} | {_count(row.acs)} | {row.pj:.4g} | {row.host_pj:.4g} |")
         lines.append("")
     lines.append("Caveats: memory traffic is not counted; elementwise work without parameters (residual adds, "
                  "normalisation of the input window, the mean over T) is not counted; ops a target cannot run "
-                 "are listed, not priced.")
+                 "run off-chip: priced on the host profile when one is named, otherwise listed, not priced.")
     return "\n".join(lines) + "\n"
+
+
+def _placement(report: EnergyReport) -> str:
+    """Where the layers run: all on the target, or the exported stack on chip and the rest off it."""
+    if report.on_chip is None:
+        return "The whole model runs on this target."
+    where = f"priced on {report.host}" if report.host else "not priced"
+    return (f"On chip: the {len(report.on_chip)} layers of the exported spiking stack "
+            f"({', '.join(report.on_chip) or 'none: the exporters refuse this backbone'}); the rest runs off-chip, {where}.")
 
 
 def plot(model: str, reports: list[EnergyReport], path: Path) -> None:

@@ -32,6 +32,7 @@ class DenseLIF:
     bias: np.ndarray  # (out,)
     beta: float
     threshold: float
+    modules: tuple[str, ...] = ()  # the model's modules this layer was built from (Linear, BatchNorm, LIF)
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,11 @@ class SpikingStack:
     input_size: int
     layers: list[DenseLIF]
     off_chip: list[str] = field(default_factory=list)
+
+    @property
+    def modules(self) -> frozenset[str]:
+        """Every model module the chip runs: what the energy report prices on-chip."""
+        return frozenset(name for layer in self.layers for name in layer.modules)
 
     def run(self, spikes: np.ndarray) -> list[np.ndarray]:
         """Float reference simulation: input spikes (T, N, input_size) -> every layer's spikes."""
@@ -75,11 +81,22 @@ def spiking_stack(backbone: nn.Module, prefix: str = "shared.backbone") -> Spiki
         if not isinstance(block, SpikingLinear):
             raise UnsupportedLayerError(f"{prefix}.stack.{index}: {type(block).__name__} is not Linear + LIF")
         weight, bias = fold_batchnorm(block.linear, block.norm)
-        layers.append(DenseLIF(f"{prefix}.stack.{index}", weight, bias, BETA, float(block.lif.threshold)))
+        name = f"{prefix}.stack.{index}"
+        modules = tuple(f"{name}.{part}" for part in ("linear", "norm", "lif"))
+        layers.append(DenseLIF(name, weight, bias, BETA, float(block.lif.threshold), modules))
     return SpikingStack(
         input_size=layers[0].weight.shape[1], layers=layers,
         off_chip=[f"{prefix}.encoder (conv on real values)", "mean over T and the personal head"],
     )
+
+
+def on_chip_modules(backbone: nn.Module, prefix: str = "shared.backbone") -> frozenset[str]:
+    """The modules ``export lava``/``export nir`` deploy on a chip: those of ``spiking_stack``,
+    none when the backbone has no exportable stack (then nothing runs on the chip)."""
+    try:
+        return spiking_stack(backbone, prefix).modules
+    except UnsupportedLayerError:
+        return frozenset()
 
 
 def _why_not(backbone: nn.Module, prefix: str) -> str:

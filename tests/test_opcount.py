@@ -8,7 +8,7 @@ from torch import nn
 
 from edge_agent.data import load_site, prepare_client
 from edge_agent.models import BACKBONES, build_forecaster
-from edge_agent.models.backbones.spiking import SpikingSelfAttention
+from edge_agent.models.backbones.spiking import LIF, SpikingSelfAttention
 from export.energy import energy_report
 from export.opcount import count_ops, measure
 from export.profiles import load_profile
@@ -25,16 +25,57 @@ def test_linear_on_real_values_costs_every_mac() -> None:
     assert layers["0"].macs == 2 * 5 * 4 * 3 and layers["0"].acs == 0
 
 
+class SpikeFed(nn.Module):
+    """Two LIF layers whose spikes, summed, feed a Linear (a residual sum of spike tensors)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b, self.linear = LIF(), LIF(), nn.Linear(6, 2)
+
+    def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return self.linear(self.a(a) + self.b(b))
+
+
 def test_linear_on_spikes_costs_one_ac_per_spike_and_fan_out() -> None:
-    net = nn.Sequential(nn.Linear(6, 2))
+    net = SpikeFed()
     spikes = torch.zeros(60)
     spikes[torch.randperm(60, generator=torch.Generator().manual_seed(0))[:17]] = 1
-    layers = by_name(measure(net, lambda: net(spikes.reshape(10, 6))))
-    assert layers["0"].acs == 17 * 2 and layers["0"].macs == 0
-    assert layers["0"].input_rate == pytest.approx(17 / 60)
-    counts = torch.tensor([[0.0, 2.0, 1.0, 0.0, 3.0, 0.0]])  # a residual sum of spike tensors
-    layers = by_name(measure(net, lambda: net(counts)))
-    assert layers["0"].acs == 6 * 2
+    currents = 2 * spikes.reshape(1, 10, 6)  # one step: a current of 2 crosses the threshold of 1
+    layers = by_name(measure(net, lambda: net(currents, torch.zeros_like(currents))))
+    assert layers["linear"].cost == "ac" and layers["linear"].acs == 17 * 2 and layers["linear"].macs == 0
+    assert layers["linear"].input_rate == pytest.approx(17 / 60)
+    both = torch.tensor([[[0.0, 2.0, 2.0, 0.0, 2.0, 0.0]]])
+    layers = by_name(measure(net, lambda: net(both, both * torch.tensor([0.0, 1, 0, 0, 1, 0]))))
+    assert layers["linear"].acs == (0 + 2 + 1 + 0 + 2 + 0) * 2  # a 2 is two spikes arriving together
+
+
+@pytest.mark.parametrize("fill", [0.0, 1.0])
+def test_a_layer_costs_by_what_feeds_it_not_by_its_values(fill: float) -> None:
+    """All-zero and all-one inputs (which look like spikes) leave every layer's kind as the
+    structure says: the Linear fed the raw input multiplies, the one fed a LIF accumulates."""
+    net = nn.Sequential(nn.Linear(6, 6), LIF(), nn.Linear(6, 2), LIF(), nn.Linear(2, 3))
+    net[4].register_forward_pre_hook(lambda module, args: (args[0].mean(0),))  # a rate: real values
+    layers = by_name(measure(net, lambda: net(torch.full((3, 5, 6), fill))))
+    assert {name: layer.cost for name, layer in layers.items()} == {
+        "0": "mac", "1": "neuron_update", "2": "ac", "3": "neuron_update", "4": "mac"}
+    assert layers["0"].macs == 3 * 5 * 6 * 6 and layers["4"].macs == 5 * 2 * 3
+
+
+def test_rates_over_two_batches_equal_the_rate_over_their_concatenation() -> None:
+    net = nn.Sequential(LIF(), nn.Linear(4, 3), LIF())
+    torch.manual_seed(2)
+    first, second = 2 * torch.rand(5, 7, 4), 3 * torch.rand(5, 2, 4)  # different batch sizes and rates
+
+    def run_both() -> None:
+        net(first)
+        net(second)
+
+    split = by_name(measure(net, run_both))
+    joined = by_name(measure(net, lambda: net(torch.cat([first, second], dim=1))))
+    for name in ("0", "1", "2"):
+        for field in ("acs", "neuron_updates", "firing_rate", "input_rate"):
+            assert getattr(split[name], field) == pytest.approx(getattr(joined[name], field)), (name, field)
+    assert split["0"].firing_rate != pytest.approx(by_name(measure(net, lambda: net(second)))["0"].firing_rate)
 
 
 def test_one_spiking_attention_block_matches_a_loop_count() -> None:
@@ -43,7 +84,8 @@ def test_one_spiking_attention_block_matches_a_loop_count() -> None:
     for linear in (block.q.linear, block.k.linear, block.v.linear, block.out.linear):
         nn.init.uniform_(linear.weight, -0.2, 0.6)
     x = (torch.rand(3, 2, 5, 8) < 0.4).float()  # (T, B, N, D) spikes
-    layers = by_name(measure(block, lambda: block(x)))
+    net = nn.Sequential(LIF(), block)  # the block is fed a LIF's spikes: a current of 2 spikes at once
+    layers = {name.removeprefix("1."): layer for name, layer in by_name(measure(net, lambda: net(2 * x))).items()}
     with torch.no_grad():
         q, k, v = (block.split(proj(x)) for proj in (block.q, block.k, block.v))
         attn_spikes = block.attn_lif(((q @ k.transpose(-2, -1)) * block.scale @ v).transpose(-3, -2).flatten(-2))
@@ -56,13 +98,13 @@ def test_one_spiking_attention_block_matches_a_loop_count() -> None:
                         qk += int(sum(q[t, b, h, i, d] * k[t, b, h, j, d] for d in range(4)))
                         av += int(sum(v[t, b, h, j, e] for e in range(4)))
     assert qk > 0 and av > 0
-    assert layers[""].acs == qk + av
+    assert layers["1"].acs == qk + av
     for name in ("q.linear", "k.linear", "v.linear"):
         assert layers[name].acs == x.sum() * 8 and layers[name].macs == 0
     assert layers["out.linear"].acs == attn_spikes.sum() * 8
     for name in ("q.lif", "k.lif", "v.lif", "attn_lif", "out.lif"):
         assert layers[name].neuron_updates == 3 * 2 * 5 * 8
-    total = sum(layer.acs for layer in layers.values())
+    total = sum(layer.acs for name, layer in layers.items() if name != "0")
     assert total == qk + av + 3 * x.sum() * 8 + attn_spikes.sum() * 8
 
 
@@ -113,3 +155,18 @@ def test_a_quantile_head_costs_its_extra_outputs_and_the_monotone_transform(site
     mac_pj = profile.cost("mac", profile.default_precision).pj
     assert three[1] - point[1] == pytest.approx(2 * per_level * mac_pj)
     assert point[2] == three[2] == five[2]
+
+
+@pytest.mark.parametrize("fill", [0.0, 1.0])
+def test_a_spikernn_head_multiplies_its_rates_even_when_they_look_like_spikes(fill: float, site) -> None:
+    """The head's time layer reads the mean rate over T (real values): by hand, channels x
+    lookback x horizon MACs per window (16 x 24 x 12 here), also when every rate it gets is 0 or 1."""
+    model = build_forecaster(small_config("spikernn"), site.n_features, 4, seed=3).eval()
+    x, marks, _ = next(iter(site.test.batches(8, shuffle=False)))
+    model.personal["head"].time.register_forward_pre_hook(lambda module, args: (torch.full_like(args[0], fill),))
+    layers = by_name(measure(model, lambda: model(torch.full_like(x, fill), marks)))
+    head = layers["personal.head.time"]
+    assert head.cost == "mac" and head.acs == 0 and head.macs / len(x) == 16 * 24 * 12
+    assert layers["shared.backbone.stack.0.linear"].cost == "ac" and layers["shared.backbone.encoder.conv"].cost == "mac"
+    assert {name for name, layer in layers.items() if layer.cost == "ac"} == {
+        f"shared.backbone.stack.{index}.linear" for index in range(3)}

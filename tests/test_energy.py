@@ -1,0 +1,69 @@
+"""One partition: a neuromorphic target prices on-chip exactly the stack the exporters deploy."""
+
+from __future__ import annotations
+
+import h5py
+import pytest
+
+from edge_agent.data import load_site, prepare_client
+from export.energy import chip_layers, energy_report
+from export.lava import write_netx
+from export.opcount import count_ops
+from export.profiles import load_profile
+from export.stack import UnsupportedLayerError, spiking_stack
+from tests.conftest import trained
+
+
+@pytest.fixture(scope="module")
+def site():
+    return prepare_client(load_site("amsterdam"), 24, 12, stride=24)
+
+
+def report_for(model, site, profile: str):
+    layers, windows = count_ops(model, site.test)
+    target = load_profile(profile)
+    return energy_report(layers, windows, target, on_chip=chip_layers(model, target), host=load_profile("cmos45nm"))
+
+
+def on_chip(report) -> set[str]:
+    """The layers the target itself priced: counted operations, none of them off-chip."""
+    return {name for name, row in report.layers.items() if (row.macs or row.acs or row.neuron_updates)
+            and not row.off_chip}
+
+
+def exported_layers(model, tmp_path) -> set[str]:
+    """The counted modules (Linear, LIF) of every layer in the netx file ``export lava`` writes."""
+    path = tmp_path / "stack.h5"
+    write_netx(spiking_stack(model.shared["backbone"]), path, steps=4)
+    with h5py.File(path) as netx:
+        names = [netx[f"layer/{index}"].attrs["name"] for index in range(1, len(netx["layer"]))]
+    return {f"{name}.{part}" for name in names for part in ("linear", "lif")}
+
+
+@pytest.mark.parametrize("profile", ["loihi", "truenorth"])
+def test_the_chip_prices_exactly_the_exported_spikernn_stack(profile: str, site, tmp_path) -> None:
+    model = trained("spikernn", site)
+    report = report_for(model, site, profile)
+    stack = exported_layers(model, tmp_path)
+    assert on_chip(report) == set(report.on_chip) == stack
+    encoder = report.layers["shared.backbone.encoder.lif"]  # off-chip, as the netx file and README say
+    assert encoder.off_chip == {"neuron_updates": encoder.neuron_updates} and encoder.host_pj > 0 and encoder.pj == 0
+    assert {name for name, row in report.layers.items() if row.off_chip} == set(report.layers) - stack
+    assert report.host == "cmos45nm" and not report.unpriced and report.chip_pj > 0
+
+
+def test_a_backbone_the_exporters_refuse_runs_nothing_on_chip(site) -> None:
+    model = trained("spikformer", site)
+    with pytest.raises(UnsupportedLayerError):
+        spiking_stack(model.shared["backbone"])
+    report = report_for(model, site, "loihi")
+    assert report.on_chip == [] and on_chip(report) == set() and report.chip_pj == 0
+    assert report.host_pj == pytest.approx(report_for(model, site, "cmos45nm").total_pj)
+
+
+def test_a_neuromorphic_target_without_its_partition_is_refused(site) -> None:
+    layers, windows = count_ops(trained("spikernn", site), site.test)
+    with pytest.raises(ValueError, match="loihi runs only the exported spiking stack"):
+        energy_report(layers, windows, load_profile("loihi"))
+    unpriced = energy_report(layers, windows, load_profile("loihi"), on_chip=frozenset({"shared.backbone.stack.0.lif"}))
+    assert unpriced.host is None and unpriced.unpriced == ["ac", "mac", "neuron_update"]
