@@ -151,7 +151,8 @@ def run_fleet(agents: int, rounds: int, fleet_model: dict, spec: FleetSpec, work
     row = measures(agents, rounds, size, raw, monitor, probes, started)
     row.update(gateways, store_mb=round(folder_bytes(work / "state") / 1e6, 1), completed=row["completed"] and finished)
     if not row["completed"]:
-        row["what_happened"] = (work / "coordinator.log").read_text()[-1500:]
+        ended = "the fleet finished" if finished else f"no finished announcement within {TIMEOUT_S} s"
+        row["what_happened"] = f"{ended}; coordinator log ends: {(work / 'coordinator.log').read_text()[-1200:]}"
     return row
 
 
@@ -164,13 +165,15 @@ def measures(agents: int, expected: int, size: int, raw: float, monitor: Monitor
     overhead = [(announced[r + 1] - max(accepted[r])) * 1000 for r in rounds]
     coordinator, broker = probes["coordinator"], probes["broker"]
     first, last = announced.get(1, started), announced.get(max(announced, default=1), time.monotonic())
-    ingest_s = statistics.median(ingest) if ingest else math.nan
+    ingest_s = statistics.median(ingest) if ingest else None
     return {
         "agents": agents, "completed": len(rounds) == expected, "rounds_completed": len(rounds),
+        "accepted_per_round": {r: len(times) for r, times in sorted(accepted.items())},
         "update_bytes": size, "join_s": round(first - started, 2),
-        "ingest_updates_s": round(agents / ingest_s, 1), "ingest_mb_s": round(agents * size / ingest_s / 1e6, 2),
+        "ingest_updates_s": round(agents / ingest_s, 1) if ingest_s else None,
+        "ingest_mb_s": round(agents * size / ingest_s / 1e6, 2) if ingest_s else None,
         "raw_mb_s": round(raw, 1), "raw_updates_s": round(raw * 1e6 / size, 1),
-        "round_overhead_ms": round(statistics.median(overhead), 1) if overhead else math.nan,
+        "round_overhead_ms": round(statistics.median(overhead), 1) if overhead else None,
         "first_to_last_update_ms": [round(x, 1) for x in spread], "ingest_s_per_round": [round(x, 3) for x in ingest],
         "round_overhead_ms_per_round": [round(x, 1) for x in overhead],
         "rss_mb": coordinator.hwm_mb, "rss_end_mb": coordinator.rss_mb, "cpu_s": coordinator.cpu_s(),
@@ -185,25 +188,26 @@ def table(summary: dict) -> str:
             "CPU s", "store MB")
     lines = [" | ".join(head), " | ".join("---" for _ in head)]
     for r in summary["rows"]:
-        spread = max(r["first_to_last_update_ms"], default=math.nan)
+        spread = max(r["first_to_last_update_ms"], default=None)
         lines.append(" | ".join(str(x) for x in (
             r["agents"], r["completed"], round(r["update_bytes"] / 1e3, 1), r["ingest_updates_s"], r["ingest_mb_s"],
-            r["raw_mb_s"], r["round_overhead_ms"], round(spread), r["rss_mb"], r["cpu_s"], r["store_mb"])))
+            r["raw_mb_s"], r["round_overhead_ms"], spread and round(spread), r["rss_mb"], r["cpu_s"], r["store_mb"])))
     return "\n".join(lines)
 
 
 def plot(summary: dict, path: Path) -> None:
-    """Round overhead and ingest (with the raw broker rate for the same message size) against N."""
+    """Round overhead and ingest (with the raw broker rate for the same message size) against N,
+    for the N whose rounds completed."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = summary["rows"]
+    rows = [r for r in summary["rows"] if r["round_overhead_ms"] is not None]
     n = [r["agents"] for r in rows]
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
     left.plot(n, [r["round_overhead_ms"] for r in rows], "o-")
-    left.set(xscale="log", xlabel="gateways", ylabel="round overhead (ms)", title="last update stored -> next round")
+    left.set(xscale="log", yscale="log", xlabel="gateways", ylabel="round overhead (ms)", title="last update stored -> next round")
     right.plot(n, [r["ingest_updates_s"] for r in rows], "o-", label="coordinator ingest")
     right.plot(n, [r["raw_updates_s"] for r in rows], "s--", label="raw mosquitto, same size")
     right.set(xscale="log", yscale="log", xlabel="gateways", ylabel="updates/s", title="ingest")
@@ -213,7 +217,7 @@ def plot(summary: dict, path: Path) -> None:
 
 def main() -> None:
     args, cfg, started = configure(bench_parser(__doc__, "N = 100 and 1000 only"), QUICK, FULL)
-    cfg["fd_limit"] = raise_fd_limit()
+    cfg.update(fd_limit=raise_fd_limit(), load_average_before=os.getloadavg())
     rows = []
     for agents in cfg["agents"]:
         fleet = f"load{agents}"
@@ -221,7 +225,7 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as tmp:
             rows.append(run_fleet(agents, cfg["rounds"], fleet_model, spec, Path(tmp)))
         print(table({"rows": rows[-1:]}).splitlines()[-1], flush=True)
-    cfg.update(model=MODEL, gateways_per_process=GATEWAYS_PER_PROCESS, timeout_s=TIMEOUT_S, distinct_bodies=BODIES)
+    cfg.update(model=MODEL, load_average_after=os.getloadavg(), gateways_per_process=GATEWAYS_PER_PROCESS, timeout_s=TIMEOUT_S, distinct_bodies=BODIES)
     summary = {"rows": rows, "config": run_config(cfg, args.quick, started)}
     write_report(args.out, "fleet_load", summary, table, plot)
 
