@@ -9,7 +9,8 @@ spread = first -> last update accepted; ingest = N / (announcement -> last accep
 overhead = last accepted -> next announcement (aggregate, persist, announce). Raw mosquitto
 throughput for the same message size is measured on the same broker first.
 
-    python bench/fleet_load.py --quick     # N = 100, 1000 (full: 100, 1000, 5000)
+    python bench/fleet_load.py --quick                             # N = 100, 1000 (about 1 min)
+    python bench/fleet_load.py --out bench/results/fleet_load_full  # N = 100, 1000, 5000 (about 7 min)
 """
 
 from __future__ import annotations
