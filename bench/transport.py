@@ -15,7 +15,6 @@ import argparse
 import json
 import multiprocessing
 import os
-import struct
 import sys
 import tempfile
 import threading
@@ -26,50 +25,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import paho.mqtt.client as mqtt  # noqa: E402
+from mqtt_bench import envelope_header, loopback_broker, raw_throughput  # noqa: E402
 
 SIZES = {"100KB": 40, "1MB": 156}  # d_qap giving shared states of ~104 KB and ~1.0 MB (DLinear, L96 H48)
-
-
-def raw_throughput(port: int, count: int, size: int) -> float:
-    """MB/s from the first publish to the last message received (QoS 1 both ways)."""
-    received = threading.Event()
-    seen = [0]
-
-    def on_message(_c, _u, _m) -> None:
-        seen[0] += 1
-        if seen[0] == count:
-            received.set()
-
-    subscriber = _client("raw-sub", port)
-    subscriber.on_message = on_message
-    subscriber.subscribe("bench/raw", qos=1)
-    publisher = _client("raw-pub", port)
-    time.sleep(0.5)
-    payload = os.urandom(size)
-    started = time.perf_counter()
-    for _ in range(count):
-        publisher.publish("bench/raw", payload, qos=1)
-    if not received.wait(300):
-        raise TimeoutError(f"only {seen[0]} of {count} raw messages arrived")
-    seconds = time.perf_counter() - started
-    for client in (subscriber, publisher):
-        client.disconnect()
-        client.loop_stop()
-    return count * size / seconds / 1e6
-
-
-def _client(name: str, port: int) -> mqtt.Client:
-    client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=name, protocol=mqtt.MQTTv5)
-    client.max_inflight_messages_set(100)
-    client.connect("127.0.0.1", port)
-    client.loop_start()
-    return client
-
-
-def _round_header(payload: bytes) -> dict:
-    """The JSON header of an envelope, read without importing torch (publishers stay small)."""
-    (length,) = struct.unpack_from(">I", payload, 5)
-    return json.loads(payload[9 : 9 + length])
 
 
 def publisher_process(
@@ -86,7 +44,7 @@ def publisher_process(
             if message.payload == b"online":
                 c.publish(f"{root}/agents/{client_id}/hello", hello, qos=1)
             return
-        header = _round_header(bytes(message.payload))
+        header = envelope_header(bytes(message.payload))
         if header["finished"]:
             done.set()
         elif header["round"] in updates:
@@ -164,29 +122,18 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=50)
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     args = parser.parse_args()
-    from coordinator.broker_setup import free_port, start_mosquitto, wait_for_port
-
     count, rounds = (1000, 2) if args.quick else (5000, 5)
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp, loopback_broker(Path(tmp), 100_000) as (port, _):
         work = Path(tmp)
-        port = free_port()
-        config = work / "mosquitto.conf"
-        config.write_text(f"listener {port} 127.0.0.1\nallow_anonymous true\nmax_queued_messages 100000\n")
-        broker = start_mosquitto(config, work / "broker")
-        try:
-            wait_for_port(port, broker)
-            raw = raw_throughput(port, count, 100_000)
-            print(f"raw paho QoS 1: {count} x 100 KB at {raw:.1f} MB/s", flush=True)
-            results = {}
-            for label, d_qap in SIZES.items():
-                fleet = f"bench{label}"
-                results[label] = ingest(port, fleet, work / fleet, d_qap, args.clients, rounds)
-                r = results[label]
-                print(f"ingest {label} ({r['update_bytes']} B x {args.clients}): {r['ingest_mb_s']:.1f} MB/s, "
-                      f"round overhead {max(r['round_overhead_ms']):.0f} ms", flush=True)
-        finally:
-            broker.terminate()
-            broker.wait(10)
+        raw = raw_throughput(port, count, 100_000)
+        print(f"raw paho QoS 1: {count} x 100 KB at {raw:.1f} MB/s", flush=True)
+        results = {}
+        for label, d_qap in SIZES.items():
+            fleet = f"bench{label}"
+            results[label] = ingest(port, fleet, work / fleet, d_qap, args.clients, rounds)
+            r = results[label]
+            print(f"ingest {label} ({r['update_bytes']} B x {args.clients}): {r['ingest_mb_s']:.1f} MB/s, "
+                  f"round overhead {max(r['round_overhead_ms']):.0f} ms", flush=True)
     summary = {
         "raw_mb_s": raw,
         "ingest_mb_s": {k: v["ingest_mb_s"] for k, v in results.items()},

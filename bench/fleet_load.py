@@ -1,0 +1,235 @@
+"""Fleet load: N virtual gateways against a real `edgefl coordinator serve` over a real mosquitto.
+
+Per N, a fresh loopback broker (queues sized as `edgefl broker-config` sizes them) and a fresh
+coordinator process run ``rounds`` rounds with start_clients = min_clients = N. The gateways
+(``bench/fleet_gateways.py``: many connections per process, no torch) register, keep presence
+with a Last Will and send one head-mode update per round. A monitor client timestamps the round
+announcements and the coordinator's acceptances (sent once an update is durable), so:
+spread = first -> last update accepted; ingest = N / (announcement -> last accepted); round
+overhead = last accepted -> next announcement (aggregate, persist, announce). Raw mosquitto
+throughput for the same message size is measured on the same broker first.
+
+    python bench/fleet_load.py --quick                             # N = 100, 1000 (about 1 min)
+    python bench/fleet_load.py --out bench/results/fleet_load_full  # N = 100, 1000, 5000 (about 7 min)
+"""
+
+from __future__ import annotations
+
+import math
+import multiprocessing
+import os
+import queue
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from common import ROOT, bench_parser, configure, run_config, save_figure, write_report
+from fleet_gateways import FleetSpec, run_gateways
+from fleet_probe import Monitor, ProcessProbe, folder_bytes
+from mqtt_bench import loopback_broker, raise_fd_limit, raw_throughput, restamp
+
+QUICK = {"agents": [100, 1000], "rounds": 3}
+FULL = {"agents": [100, 1000, 5000], "rounds": 3}
+MODEL = {"backbone": "dlinear", "lookback": 48, "horizon": 24, "d_qap": 16, "qap_heads": 4}  # ~23 KB updates
+BODIES = 8  # distinct update bodies, so the average is not of identical tensors
+GATEWAYS_PER_PROCESS = 1250
+TIMEOUT_S = 600
+
+
+def templates(fleet: str) -> tuple[dict, FleetSpec]:
+    """The coordinator's fleet settings and the gateways' templates, built once with torch: the
+    model signature as the coordinator computes it, updates of the model's real shared state."""
+    import torch
+
+    from coordinator.config import CoordinatorConfig
+    from edge_agent.learners import fleet_template
+    from edge_agent.protocol import HelloHeader, UpdateHeader, decode, encode
+
+    cfg = CoordinatorConfig(fleet=fleet, state_dir=Path("unused"), model=MODEL)
+    template = fleet_template(cfg, cfg.seed)
+    hello = encode(HelloHeader(fleet=fleet, sender="template", n_features=1, n_samples=1000,
+                               model_signature=template.signature))
+    generator = torch.Generator().manual_seed(0)
+    updates = tuple(
+        encode(UpdateHeader(fleet=fleet, sender="template", round=1, n_samples=1000,
+                            metrics={"train_loss": 0.4, "val_loss": 0.5}),
+               {k: v + 0.01 * torch.randn(v.shape, generator=generator) for k, v in template.initial.items()})
+        for _ in range(BODIES))
+    spec = FleetSpec(0, fleet, hello, updates)
+    check_worker_envelopes(spec, decode)
+    return {"model": MODEL, "seed": cfg.seed}, spec
+
+
+def check_worker_envelopes(spec: FleetSpec, decode) -> None:
+    """The gateways' re-stamped messages pass the protocol's own ``decode``."""
+    header, _ = decode(restamp(spec.hello, sender="gw00001"), 1 << 30)
+    assert header.sender == "gw00001"
+    header, tensors = decode(restamp(spec.updates[-1], sender="gw00001", round=3, campaign="c1"), 1 << 30)
+    assert (header.sender, header.round, header.campaign) == ("gw00001", 3, "c1") and tensors
+
+
+def coordinator_toml(work: Path, port: int, agents: int, rounds: int, fleet_model: dict, fleet: str) -> Path:
+    from edge_agent.config import dump_toml
+
+    data = {"fleet": fleet, "state_dir": str(work / "state"), "rounds": rounds, "min_clients": agents,
+            "start_clients": agents, "round_timeout_s": float(TIMEOUT_S), "linger_s": 10.0, **fleet_model,
+            "broker": {"port": port}}
+    path = work / "coordinator.toml"
+    path.write_text(dump_toml(data))
+    return path
+
+
+def start_gateways(spec: FleetSpec, agents: int, report) -> list[multiprocessing.Process]:
+    """Spawned processes of at most ``GATEWAYS_PER_PROCESS`` gateways each (spawn: no torch)."""
+    context = multiprocessing.get_context("spawn")
+    ids = [f"gw{i:05d}" for i in range(agents)]
+    shares = math.ceil(agents / GATEWAYS_PER_PROCESS)
+    processes = [context.Process(target=run_gateways, args=(spec, ids[k::shares], report, TIMEOUT_S), daemon=True)
+                 for k in range(shares)]
+    for process in processes:
+        process.start()
+    return processes
+
+
+def collect(report, processes: list, wait_s: float) -> dict:
+    """The gateways' reports: join time and summed reply tallies."""
+    tally: dict[str, int] = {}
+    torch_loaded, connect_s = False, 0.0
+    deadline = time.monotonic() + wait_s
+    for _ in range(2 * len(processes)):
+        try:
+            kind, first, second = report.get(timeout=max(0.1, deadline - time.monotonic()))
+        except queue.Empty:  # a gateway process did not finish in time
+            break
+        if kind == "connected":
+            connect_s = max(connect_s, second)
+        else:
+            tally = {k: tally.get(k, 0) + first.get(k, 0) for k in {*tally, *first}}
+            torch_loaded |= second
+    for process in processes:
+        process.join(5)
+        if process.is_alive():
+            process.kill()
+    return {"gateway_replies": dict(sorted(tally.items())), "connect_s": round(connect_s, 2),
+            "torch_in_gateways": torch_loaded}
+
+
+def run_fleet(agents: int, rounds: int, fleet_model: dict, spec: FleetSpec, work: Path) -> dict:
+    """One N: raw throughput, then the fleet's rounds, timed and measured."""
+    from coordinator.broker_setup import MIN_QUEUED, QUEUED_PER_AGENT
+    from edge_agent.mqtt import COORDINATOR_RECEIVE_WINDOW
+
+    size = len(spec.updates[0])
+    with loopback_broker(work, max(MIN_QUEUED, QUEUED_PER_AGENT * agents), COORDINATOR_RECEIVE_WINDOW) as (port, bpid):
+        raw = raw_throughput(port, max(1000, min(agents, 5000)), size)
+        spec = FleetSpec(port, spec.fleet, spec.hello, spec.updates)
+        monitor = Monitor(port, spec.fleet)
+        log = open(work / "coordinator.log", "w")
+        coordinator = subprocess.Popen(
+            [sys.executable, "-m", "edgefl.cli", "coordinator", "serve", "--config",
+             str(coordinator_toml(work, port, agents, rounds, fleet_model, spec.fleet))],
+            stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+        probes = {"coordinator": ProcessProbe(coordinator.pid), "broker": ProcessProbe(bpid)}
+        try:
+            monitor.wait_online(120)
+            report = multiprocessing.get_context("spawn").Queue()
+            started = time.monotonic()
+            processes = start_gateways(spec, agents, report)
+            finished = monitor.wait_finished(TIMEOUT_S)
+            gateways = collect(report, processes, 60 if finished else 5)
+            coordinator.wait(60 if finished else 1)
+        finally:
+            if coordinator.poll() is None:
+                coordinator.kill()
+                coordinator.wait()
+            log.close()
+            monitor.stop()
+            for probe in probes.values():
+                probe.stop()
+    row = measures(agents, rounds, size, raw, monitor, probes, started)
+    row.update(gateways, store_mb=round(folder_bytes(work / "state") / 1e6, 1), completed=row["completed"] and finished)
+    if not row["completed"]:
+        ended = "the fleet finished" if finished else f"no finished announcement within {TIMEOUT_S} s"
+        row["what_happened"] = f"{ended}; coordinator log ends: {(work / 'coordinator.log').read_text()[-1200:]}"
+    return row
+
+
+def measures(agents: int, expected: int, size: int, raw: float, monitor: Monitor, probes: dict, started: float) -> dict:
+    """The row of one N from the monitor's timestamps and the process probes."""
+    announced, accepted = monitor.announced, monitor.accepted
+    rounds = sorted(r for r in accepted if len(accepted[r]) == agents and r + 1 in announced)
+    ingest = [max(accepted[r]) - announced[r] for r in rounds]
+    spread = [(max(accepted[r]) - min(accepted[r])) * 1000 for r in rounds]
+    overhead = [(announced[r + 1] - max(accepted[r])) * 1000 for r in rounds]
+    coordinator, broker = probes["coordinator"], probes["broker"]
+    first, last = announced.get(1, started), announced.get(max(announced, default=1), time.monotonic())
+    ingest_s = statistics.median(ingest) if ingest else None
+    return {
+        "agents": agents, "completed": len(rounds) == expected, "rounds_completed": len(rounds),
+        "accepted_per_round": {r: len(times) for r, times in sorted(accepted.items())},
+        "update_bytes": size, "join_s": round(first - started, 2),
+        "ingest_updates_s": round(agents / ingest_s, 1) if ingest_s else None,
+        "ingest_mb_s": round(agents * size / ingest_s / 1e6, 2) if ingest_s else None,
+        "raw_mb_s": round(raw, 1), "raw_updates_s": round(raw * 1e6 / size, 1),
+        "round_overhead_ms": round(statistics.median(overhead), 1) if overhead else None,
+        "first_to_last_update_ms": [round(x, 1) for x in spread], "ingest_s_per_round": [round(x, 3) for x in ingest],
+        "round_overhead_ms_per_round": [round(x, 1) for x in overhead],
+        "rss_mb": coordinator.hwm_mb, "rss_end_mb": coordinator.rss_mb, "cpu_s": coordinator.cpu_s(),
+        "cpu_s_rounds": coordinator.cpu_between(first, last), "broker_cpu_s_rounds": broker.cpu_between(first, last),
+        "broker_rss_mb": broker.hwm_mb, "rejected": monitor.rejected,
+    }
+
+
+def table(summary: dict) -> str:
+    """The rows as a markdown table."""
+    head = ("agents", "done", "KB", "ingest upd/s", "ingest MB/s", "raw MB/s", "overhead ms", "spread ms", "RSS MB",
+            "CPU s", "store MB")
+    lines = [" | ".join(head), " | ".join("---" for _ in head)]
+    for r in summary["rows"]:
+        spread = max(r["first_to_last_update_ms"], default=None)
+        lines.append(" | ".join(str(x) for x in (
+            r["agents"], r["completed"], round(r["update_bytes"] / 1e3, 1), r["ingest_updates_s"], r["ingest_mb_s"],
+            r["raw_mb_s"], r["round_overhead_ms"], spread and round(spread), r["rss_mb"], r["cpu_s"], r["store_mb"])))
+    return "\n".join(lines)
+
+
+def plot(summary: dict, path: Path) -> None:
+    """Round overhead and ingest (with the raw broker rate for the same message size) against N,
+    for the N whose rounds completed."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in summary["rows"] if r["round_overhead_ms"] is not None]
+    n = [r["agents"] for r in rows]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    left.plot(n, [r["round_overhead_ms"] for r in rows], "o-")
+    left.set(xscale="log", yscale="log", xlabel="gateways", ylabel="round overhead (ms)", title="last update stored -> next round")
+    right.plot(n, [r["ingest_updates_s"] for r in rows], "o-", label="coordinator ingest")
+    right.plot(n, [r["raw_updates_s"] for r in rows], "s--", label="raw mosquitto, same size")
+    right.set(xscale="log", yscale="log", xlabel="gateways", ylabel="updates/s", title="ingest")
+    right.legend()
+    save_figure(fig, path)
+
+
+def main() -> None:
+    args, cfg, started = configure(bench_parser(__doc__, "N = 100 and 1000 only"), QUICK, FULL)
+    cfg.update(fd_limit=raise_fd_limit(), load_average_before=os.getloadavg())
+    rows = []
+    for agents in cfg["agents"]:
+        fleet = f"load{agents}"
+        fleet_model, spec = templates(fleet)
+        with tempfile.TemporaryDirectory() as tmp:
+            rows.append(run_fleet(agents, cfg["rounds"], fleet_model, spec, Path(tmp)))
+        print(table({"rows": rows[-1:]}).splitlines()[-1], flush=True)
+    cfg.update(model=MODEL, load_average_after=os.getloadavg(), gateways_per_process=GATEWAYS_PER_PROCESS, timeout_s=TIMEOUT_S, distinct_bodies=BODIES)
+    summary = {"rows": rows, "config": run_config(cfg, args.quick, started)}
+    write_report(args.out, "fleet_load", summary, table, plot)
+
+
+if __name__ == "__main__":
+    main()
