@@ -70,8 +70,14 @@ class RoundEngine:
         last = self.on_time.get(client_id)
         if last is None or (self.max_age is not None and last < round_number - self.max_age):
             return False
-        self.history.observe(client_id, round_number, _model_part(params, self.state_keys))
+        self._observe(client_id, round_number, params)
         return True
+
+    def _observe(self, client_id: str, round_number: int, params: TensorDict) -> None:
+        """A client's model into its twin's history, unless the twin reads none (``drop``: no
+        file and no fsync per client and round)."""
+        if self.forecaster.window > 0:
+            self.history.observe(client_id, round_number, _model_part(params, self.state_keys))
 
     def close(self, round_number: int, current: TensorDict, on_time: Sequence[ClientUpdate],
               roster: Sequence[ClientInfo]) -> RoundResult:
@@ -92,7 +98,7 @@ class RoundEngine:
         else:
             state, personal, metrics = current, {}, {}
         for update in accepted:
-            self.history.observe(update.client_id, round_number, _model_part(update.params, self.state_keys))
+            self._observe(update.client_id, round_number, update.params)
             self.on_time[update.client_id] = round_number
         return RoundResult(round_number, state, personal, tuple(u.client_id for u in accepted),
                            tuple(u.client_id for u in imputed), tuple(imputation.dropped), _mean_loss(accepted),

@@ -119,10 +119,10 @@ class Coordinator:
     def _await_fleet(self, row: RoundRow, stop: Callable[[], bool]) -> RoundRow:
         """Hold a fresh round 1 until ``start_clients`` have registered, so the first round is
         not closed by whoever came up first; its deadline then starts from the announcement."""
-        if row.round != 1 or self.store.updates(1) or len(self.store.clients()) >= self.cfg.start_clients:
+        if row.round != 1 or self.store.updates(1) or self.store.client_count() >= self.cfg.start_clients:
             return row
         shown = -1
-        while (registered := len(self.store.clients())) < self.cfg.start_clients and not stop():
+        while (registered := self.store.client_count()) < self.cfg.start_clients and not stop():
             if registered != shown:
                 log.info("waiting for the fleet: %d/%d clients registered", registered, self.cfg.start_clients)
                 self.on_event("waiting", {"registered": registered, "needed": self.cfg.start_clients})
@@ -147,7 +147,7 @@ class Coordinator:
                      sorted(self._online()))
 
     def _online(self) -> set[str]:
-        return {c for c, info in self.store.clients().items() if info.online}
+        return self.store.online_clients()
 
     def _announce_presence(self) -> None:
         self.connection.publish(self.topics.coordinator_status, b"online", retain=True)
@@ -167,20 +167,18 @@ class Coordinator:
     # rounds ----------------------------------------------------------------------------------
 
     def _maybe_close(self, row: RoundRow) -> RoundRow:
-        updates = self.store.updates(row.round)
-        online = self._online()
-        submitted = {u.client_id for u in updates}
-        quorum = len(updates) >= self.cfg.min_clients
-        if quorum and online <= submitted:
-            return self._close(row, updates, "all online clients reported")
+        count, waiting = self.store.quorum_state(row.round)
+        quorum = count >= self.cfg.min_clients
+        if quorum and not waiting:
+            return self._close(row, self.store.updates(row.round), "all online clients reported")
         if time.time() < row.deadline:
             return row
         if quorum:
-            return self._close(row, updates, "deadline")
+            return self._close(row, self.store.updates(row.round), "deadline")
         deadline = time.time() + self.cfg.round_timeout_s
         self.store.extend_deadline(row.round, deadline)
         log.warning("round %d: deadline passed with %d/%d updates; waiting until %.0f",
-                    row.round, len(updates), self.cfg.min_clients, deadline)
+                    row.round, count, self.cfg.min_clients, deadline)
         return self.store.round(row.round)
 
     def _close(self, row: RoundRow, updates: list, why: str) -> RoundRow:
@@ -318,7 +316,7 @@ class Coordinator:
         return [partial(self.on_event, "cleared", {"retained": stale, "campaign": self.campaign}), replace]
 
     def _on_status(self, client: str, payload: bytes) -> Effects:
-        if payload not in (b"online", b"offline") or client not in self.store.clients():
+        if payload not in (b"online", b"offline") or not self.store.is_registered(client):
             return []
         self.store.set_online(client, payload == b"online")
         return [partial(self.on_event, "presence", {"client": client, "online": payload == b"online"})]
@@ -361,7 +359,7 @@ class Coordinator:
         client, current = header.sender, self.store.latest_round()
         if header.campaign != self.campaign:
             raise ProtocolError("wrong_campaign", f"update for campaign {header.campaign!r}, this is {self.campaign!r}")
-        if client not in self.store.clients():
+        if not self.store.is_registered(client):
             raise ProtocolError("unknown_client", f"{client!r} has not registered (send hello first)")
         if header.round > current.round:
             raise ProtocolError("future_round", f"round {header.round} has not started; current is {current.round}")

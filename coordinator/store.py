@@ -156,6 +156,25 @@ class Store:
         """A message from ``client_id`` arrived just now (a registered client's last sign of life)."""
         self.db.execute("UPDATE clients SET last_seen=? WHERE client_id=?", (time.time(), client_id))
 
+    def is_registered(self, client_id: str) -> bool:
+        """One primary-key lookup (per message; ``clients`` reads the whole table)."""
+        return self.db.execute("SELECT 1 FROM clients WHERE client_id=?", (client_id,)).fetchone() is not None
+
+    def client_count(self) -> int:
+        return self.db.execute("SELECT COUNT(*) FROM clients").fetchone()[0]
+
+    def online_clients(self) -> set[str]:
+        return {row[0] for row in self.db.execute("SELECT client_id FROM clients WHERE online=1")}
+
+    def quorum_state(self, number: int) -> tuple[int, int]:
+        """For round ``number``: how many on-time updates it has, and how many online clients have
+        not sent one (a close check per message must not read every update row)."""
+        updates = self.db.execute("SELECT COUNT(*) FROM updates WHERE round=? AND late=0", (number,)).fetchone()[0]
+        waiting = self.db.execute(
+            "SELECT COUNT(*) FROM clients WHERE online=1 AND client_id NOT IN "
+            "(SELECT client_id FROM updates WHERE round=? AND late=0)", (number,)).fetchone()[0]
+        return updates, waiting
+
     def clients(self) -> dict[str, ClientRow]:
         rows = self.db.execute(
             "SELECT client_id, n_features, n_samples, latitude, longitude, signature, online, last_seen FROM clients"
