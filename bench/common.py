@@ -77,3 +77,9 @@ def run_config(cfg: dict, quick: bool, started: float) -> dict:
 def save_figure(fig, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
+
+
+def capped_stride(rows: int, lookback: int, horizon: int, max_windows: int) -> int:
+    """The stride between training windows that leaves at most ``max_windows`` of them in
+    ``rows`` rows, so every history length costs about the same to train on."""
+    return max(1, -(-(rows - lookback - horizon + 1) // max_windows))

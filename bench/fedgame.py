@@ -29,7 +29,7 @@ import functools
 import time
 from pathlib import Path
 
-from common import bench_parser, configure, run_config, run_parallel, save_figure, write_report
+from common import bench_parser, capped_stride, configure, run_config, run_parallel, save_figure, write_report
 
 QUICK = {
     "datasets": ["stations", "homes"], "horizons": [6, 12], "seeds": [1, 2, 3], "lookback": 24, "backbone": "dlinear",
@@ -58,7 +58,7 @@ def clients(dataset: str, horizon: int, cfg_items: tuple) -> list:
         tables = load_sites()
     tables = [t.select([TARGETS[dataset]]) for t in tables]
     rows = split_bounds(tables[0].n_rows, cfg["lookback"], horizon)["train"][1]
-    stride = max(1, -(-(rows - cfg["lookback"] - horizon + 1) // cfg["max_windows"]))
+    stride = capped_stride(rows, cfg["lookback"], horizon, cfg["max_windows"])
     return [prepare_client(t, cfg["lookback"], horizon, stride=stride, val_stride=cfg["val_stride"]) for t in tables]
 
 

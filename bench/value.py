@@ -22,7 +22,7 @@ import functools
 import time
 from pathlib import Path
 
-from common import bench_parser, configure, run_config, run_parallel, save_figure, write_report
+from common import bench_parser, capped_stride, configure, run_config, run_parallel, save_figure, write_report
 
 QUICK = {
     "datasets": ["stations", "homes"], "history_days": [14, 30, 90, 0], "backbones": ["dlinear"],
@@ -47,7 +47,7 @@ def clients(dataset: str, days: int, cfg_items: tuple) -> list:
     cfg = dict(cfg_items)
     tables = citylearn_homes() if dataset == "homes" else [build_pool(load_sites())]
     rows = days * 24 if days else split_bounds(tables[0].n_rows, cfg["lookback"], cfg["horizon"])["train"][1]
-    stride = max(1, -(-(rows - cfg["lookback"] - cfg["horizon"] + 1) // cfg["max_windows"]))
+    stride = capped_stride(rows, cfg["lookback"], cfg["horizon"], cfg["max_windows"])
     common = dict(lookback=cfg["lookback"], horizon=cfg["horizon"], stride=stride, val_stride=cfg["val_stride"],
                   history=days * 24 if days else None)
     if dataset == "homes":

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from edge_agent.data.gaps import Cell, GapPolicy, GapReport, duration, fill_gaps
+from edge_agent.data.gaps import GapPolicy, duration
 from edge_agent.data.table import DataError, SeriesTable
 
 _MAX_LISTED = 5
@@ -46,9 +46,7 @@ def load_csv(
     if gaps.fill == "refuse":
         _refuse_missing_steps(name, index, rows, step, lines)
     index, values = _on_grid(index, rows, step, values)
-    values, status = fill_gaps(values, gaps)
-    report = GapReport.of(index, status, step, gaps)
-    return SeriesTable(name, index, values, tuple(wanted), observed=status != Cell.MISSING, gaps=report)
+    return SeriesTable.on_grid(name, index, values, wanted, step, gaps)
 
 
 def _read_frame(path: Path) -> tuple[pd.DataFrame, np.ndarray]:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from edge_agent.data.gaps import GapReport
+from edge_agent.data.gaps import Cell, GapPolicy, GapReport, fill_gaps
 
 
 class DataError(ValueError):
@@ -76,6 +76,16 @@ class SeriesTable:
     def present(self) -> np.ndarray:
         """(T,) bool: rows with a value in every column, the only rows a window may cover."""
         return self.observed.all(axis=1)
+
+    @classmethod
+    def on_grid(cls, name: str, index: pd.DatetimeIndex, values: np.ndarray, columns: Sequence[str],
+                step: pd.Timedelta, policy: GapPolicy) -> SeriesTable:
+        """A table from values on a regular grid whose empty cells (NaN) are kept or filled as
+        ``policy`` says, with the report of what was found and filled (CSV files and sensor
+        histories alike)."""
+        filled, status = fill_gaps(values, policy)
+        report = GapReport.of(index, status, step, policy)
+        return cls(name, index, filled, tuple(columns), observed=status != Cell.MISSING, gaps=report)
 
     def select(self, columns: Sequence[str]) -> SeriesTable:
         """Return a table with only `columns`, in the given order; unknown names raise DataError.

@@ -24,7 +24,7 @@ import numpy as np
 import paho.mqtt.client as mqtt
 import pandas as pd
 
-from edge_agent.data.gaps import Cell, GapPolicy, GapReport, duration, fill_gaps
+from edge_agent.data.gaps import GapPolicy, duration
 from edge_agent.data.table import DataError, SeriesTable
 from edge_agent.mqtt import Connection
 from edge_agent.sensors.payloads import BadReading, read
@@ -151,11 +151,11 @@ class SensorIngest:
 def _gap_table(name: str, index: pd.DatetimeIndex, values: np.ndarray, columns: list[str], step: pd.Timedelta,
                gaps: GapPolicy) -> SeriesTable:
     """The table with its gaps filled as ``gaps`` allows, or a DataError listing them under ``refuse``."""
-    values, status = fill_gaps(values, gaps)
-    report = GapReport.of(index, status, step, gaps)
+    table = SeriesTable.on_grid(name, index, values, columns, step, gaps)
+    report = table.gaps
     if gaps.fill == "refuse" and report.gaps:
         listed = ", ".join(f"{g.steps} intervals from {g.start}" for g in report.gaps[:_MAX_LISTED])
         more = ", ..." if len(report.gaps) > _MAX_LISTED else ""
         raise DataError(f"{name}: {len(report.gaps)} gaps (intervals of {duration(step)} without a reading): "
                         f"{listed}{more}; {_FILL_HINT}")
-    return SeriesTable(name, index, values, tuple(columns), observed=status != Cell.MISSING, gaps=report)
+    return table
