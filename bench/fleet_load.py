@@ -117,8 +117,10 @@ def collect(report, processes: list, wait_s: float) -> dict:
             "torch_in_gateways": torch_loaded}
 
 
-def run_fleet(agents: int, rounds: int, fleet_model: dict, spec: FleetSpec, work: Path) -> dict:
-    """One N: raw throughput, then the fleet's rounds, timed and measured."""
+def run_fleet(agents: int, rounds: int, fleet_model: dict, spec: FleetSpec, work: Path,
+              profile: Path | None = None) -> dict:
+    """One N: raw throughput, then the fleet's rounds, timed and measured (with ``profile``, the
+    coordinator runs under pyinstrument and its text report is written there)."""
     from coordinator.broker_setup import MIN_QUEUED, QUEUED_PER_AGENT
     from edge_agent.mqtt import COORDINATOR_RECEIVE_WINDOW
 
@@ -129,7 +131,7 @@ def run_fleet(agents: int, rounds: int, fleet_model: dict, spec: FleetSpec, work
         monitor = Monitor(port, spec.fleet)
         log = open(work / "coordinator.log", "w")
         coordinator = subprocess.Popen(
-            [sys.executable, "-m", "edgefl.cli", "coordinator", "serve", "--config",
+            [sys.executable, *profiler(profile, agents), "-m", "edgefl.cli", "coordinator", "serve", "--config",
              str(coordinator_toml(work, port, agents, rounds, fleet_model, spec.fleet))],
             stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONPATH": str(ROOT)})
         probes = {"coordinator": ProcessProbe(coordinator.pid), "broker": ProcessProbe(bpid)}
@@ -155,6 +157,14 @@ def run_fleet(agents: int, rounds: int, fleet_model: dict, spec: FleetSpec, work
         ended = "the fleet finished" if finished else f"no finished announcement within {TIMEOUT_S} s"
         row["what_happened"] = f"{ended}; coordinator log ends: {(work / 'coordinator.log').read_text()[-1200:]}"
     return row
+
+
+def profiler(folder: Path | None, agents: int) -> list[str]:
+    """The interpreter options that run the coordinator under pyinstrument (none without a folder)."""
+    if folder is None:
+        return []
+    folder.mkdir(parents=True, exist_ok=True)
+    return ["-m", "pyinstrument", "-r", "text", "-o", str(folder / f"coordinator_{agents}.txt")]
 
 
 def measures(agents: int, expected: int, size: int, raw: float, monitor: Monitor, probes: dict, started: float) -> dict:
@@ -217,14 +227,20 @@ def plot(summary: dict, path: Path) -> None:
 
 
 def main() -> None:
-    args, cfg, started = configure(bench_parser(__doc__, "N = 100 and 1000 only"), QUICK, FULL)
+    parser = bench_parser(__doc__, "N = 100 and 1000 only")
+    parser.add_argument("--agents", type=lambda text: [int(n) for n in text.split(",")],
+                        help="the fleet sizes to run instead, e.g. 1000 or 100,2000")
+    parser.add_argument("--profile", type=Path, metavar="FOLDER",
+                        help="run the coordinator under pyinstrument (pip install pyinstrument); reports go here")
+    args, cfg, started = configure(parser, QUICK, FULL)
+    cfg["agents"] = args.agents or cfg["agents"]
     cfg.update(fd_limit=raise_fd_limit(), load_average_before=os.getloadavg())
     rows = []
     for agents in cfg["agents"]:
         fleet = f"load{agents}"
         fleet_model, spec = templates(fleet)
         with tempfile.TemporaryDirectory() as tmp:
-            rows.append(run_fleet(agents, cfg["rounds"], fleet_model, spec, Path(tmp)))
+            rows.append(run_fleet(agents, cfg["rounds"], fleet_model, spec, Path(tmp), args.profile))
         print(table({"rows": rows[-1:]}).splitlines()[-1], flush=True)
     cfg.update(model=MODEL, load_average_after=os.getloadavg(), gateways_per_process=GATEWAYS_PER_PROCESS, timeout_s=TIMEOUT_S, distinct_bodies=BODIES)
     summary = {"rows": rows, "config": run_config(cfg, args.quick, started)}

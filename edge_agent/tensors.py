@@ -39,3 +39,22 @@ def l2_norm(tensors: TensorDict) -> float:
     1e30 do not overflow; NaN or inf give a non-finite norm)."""
     squares = sum(float(t.double().pow(2).sum()) for t in tensors.values() if t.is_floating_point())
     return float(squares) ** 0.5
+
+
+def flat64(tensors: TensorDict, names: list[str]) -> torch.Tensor:
+    """The named tensors, flattened and concatenated in that order, in float64 (one vector per
+    model, so fleet-wide sums and norms cost a few calls per client instead of a few per tensor)."""
+    parts = [tensors[name].reshape(-1) for name in names]
+    if len({part.dtype for part in parts}) > 1:  # concatenating mixed dtypes would promote them
+        parts = [part.to(torch.float64) for part in parts]
+    return torch.cat(parts).to(torch.float64) if parts else torch.zeros(0, dtype=torch.float64)
+
+
+def unflat(vector: torch.Tensor, like: TensorDict, names: list[str]) -> TensorDict:
+    """``flat64``'s inverse: the vector cut into ``like``'s shapes and cast to its dtypes."""
+    out, start = {}, 0
+    for name in names:
+        end = start + like[name].numel()
+        out[name] = vector[start:end].reshape(like[name].shape).to(like[name].dtype)
+        start = end
+    return out

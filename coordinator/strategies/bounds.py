@@ -24,10 +24,11 @@ import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
+import torch
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from coordinator.strategies.base import ClientInfo, ClientUpdate
-from edge_agent.tensors import TensorDict, first_non_finite
+from edge_agent.tensors import TensorDict, first_non_finite, flat64
 
 NOT_FINITE, NORM_OUTLIER, UNREGISTERED = "not_finite", "norm_outlier", "unregistered"
 
@@ -78,15 +79,19 @@ def screen(current: TensorDict, updates: Sequence[ClientUpdate], roster: Mapping
     """Bound the weights, reject non-finite updates and norm outliers, clip the rest. A median
     delta norm of zero or infinity gives no scale: then only weights and finiteness are checked."""
     rejected: dict[str, str] = {}
-    finite, cap = [], weight_cap(roster, settings)
+    finite, norms, cap = [], [], weight_cap(roster, settings)
+    names = floating_names(current)
+    base = flat64(current, names)
     for update in updates:
         if update.client_id not in roster:
             rejected[update.client_id] = UNREGISTERED
-        elif first_non_finite(update.params) is not None:
+            continue
+        vector = flat64(update.params, names)
+        if not bool(vector.isfinite().all()) or first_non_finite(beyond(update.params, names)) is not None:
             rejected[update.client_id] = NOT_FINITE
-        else:
-            finite.append(bound_weight(update, roster[update.client_id].n_samples, cap))
-    norms = [delta_norm(current, u.params) for u in finite]
+            continue
+        finite.append(bound_weight(update, roster[update.client_id].n_samples, cap))
+        norms.append(float(torch.linalg.vector_norm(vector - base)))
     median = statistics.median(norms) if norms else 0.0
     if not math.isfinite(median) or median == 0.0:
         return Screened(finite, rejected, (), median)
@@ -117,11 +122,20 @@ def bound_weight(update: ClientUpdate, declared: int, cap: float) -> ClientUpdat
     return update if n == update.n_samples else replace(update, n_samples=n)
 
 
+def floating_names(state: TensorDict) -> list[str]:
+    return [name for name, tensor in state.items() if tensor.is_floating_point()]
+
+
+def beyond(params: TensorDict, names: list[str]) -> TensorDict:
+    """The tensors of an update outside ``names`` (what a client sends beyond the state, e.g. core-sets)."""
+    inside = set(names)
+    return {name: tensor for name, tensor in params.items() if name not in inside}
+
+
 def delta_norm(current: TensorDict, params: TensorDict) -> float:
     """L2 norm of ``params - current`` over the floating-point tensors, in float64."""
-    total = sum(float((params[k].double() - t.double()).pow(2).sum()) for k, t in current.items()
-                if t.is_floating_point())
-    return math.sqrt(total)
+    names = floating_names(current)
+    return float(torch.linalg.vector_norm(flat64(params, names) - flat64(current, names)))
 
 
 def scale_delta(current: TensorDict, params: TensorDict, factor: float) -> TensorDict:
