@@ -83,7 +83,7 @@ def test_metrics_count_events_and_read_gauges_from_the_store(observer: str) -> N
 
 def test_the_api_shows_the_round_the_clients_and_the_rejections(observer: str) -> None:
     fleet = json.loads(get(f"{observer}/api/fleet")[1])
-    assert fleet["round"]["round"] == 2 and fleet["round"]["reported"] == ["gw-b"]
+    assert fleet["total_rounds"] == 5 and fleet["round"]["round"] == 2 and fleet["round"]["reported"] == ["gw-b"]
     states = {c["client"]: (c["state"], c["reported"], c["last_round"]) for c in fleet["clients"]}
     assert states == {"gw-a": ("online", False, 1), "gw-b": ("imputed", True, 2)}
     assert [(r["round"], r["loss"], r["update_bytes"]) for r in fleet["rounds"]] == [(1, 0.5, 1000)]

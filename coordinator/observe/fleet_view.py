@@ -40,7 +40,7 @@ class FleetView:
                  ttl: float = 1.0):
         self._open_store = open_store
         self._store: Store | None = None
-        self.about = {"fleet": fleet, "campaign": campaign, "rounds": rounds, "min_clients": min_clients}
+        self.about = {"fleet": fleet, "campaign": campaign, "total_rounds": rounds, "min_clients": min_clients}
         self.ttl = ttl
         self._lock = threading.Lock()
         self._snapshot: dict | None = None
@@ -102,7 +102,7 @@ class FleetView:
         reported = [u.client_id for u in store.updates(latest.round)] if latest.closed_at is None else []
         return {"round": latest.round, "open": latest.closed_at is None, "opened_at": latest.opened_at,
                 "deadline": latest.deadline, "reported": reported,
-                "finished": latest.closed_at is not None and latest.round >= self.about["rounds"],
+                "finished": latest.closed_at is not None and latest.round >= self.about["total_rounds"],
                 "update_bytes": _update_bytes(store, latest.round) if latest.closed_at is None else 0}
 
     @staticmethod

@@ -41,7 +41,7 @@ def _rounds_view(view: dict, query: dict[str, str]) -> dict:
 
 API: dict[str, tuple[Callable[[dict, dict[str, str]], object], set[str]]] = {
     "/api/fleet": (lambda v, _q: v, set()),
-    "/api/round": (lambda v, _q: {k: v[k] for k in ("fleet", "campaign", "rounds", "min_clients", "round")}, set()),
+    "/api/round": (lambda v, _q: {k: v[k] for k in ("fleet", "campaign", "total_rounds", "min_clients", "round")}, set()),
     "/api/clients": (lambda v, _q: {"clients": v["clients"]}, set()),
     "/api/rounds": (_rounds_view, {"last"}),
     "/api/rejections": (lambda v, _q: v["rejections"], set()),

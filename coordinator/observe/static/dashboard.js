@@ -47,7 +47,7 @@ function showRound(view) {
   const online = view.clients.filter((c) => c.online).map((c) => c.client);
   const waiting = round.open ? online.filter((c) => !round.reported.includes(c)) : [];
   $("round-number").textContent = round.round;
-  $("round-of").textContent = `of ${view.rounds}`;
+  $("round-of").textContent = `of ${view.total_rounds}`;
   $("round-state").textContent = round.finished ? "finished" : round.open ? "open" : "closed";
   $("round-deadline").textContent = round.open ? `${new Date(round.deadline * 1000).toLocaleTimeString()} (${ago(round.deadline)})` : "–";
   $("round-reported").textContent = `${round.reported.length} / ${online.length} online`;
