@@ -13,9 +13,10 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
-from coordinator.store import RoundRow, Store
+from coordinator.store import RoundRow, Store, UpdateRow
 
 RECENT_REJECTIONS = 20
 STORE_SIZE_EVERY_S = 30.0
@@ -71,9 +72,10 @@ class FleetView:
         store = self._store
         latest = store.latest_round()
         rounds = self._round_summaries(store, latest)
-        current = self._current_round(store, latest)
+        recent = Recent.read(store, latest, rounds[-1]["round"] if rounds else None)
+        current = self._current_round(store, latest, recent)
         return {**self.about, "generated_at": time.time(), "store_bytes": self._state_size(store),
-                "round": current, "rounds": rounds, "clients": self._clients(store, current, rounds),
+                "round": current, "rounds": rounds, "clients": self._clients(store, recent, rounds),
                 "rejections": self._rejections(store)}
 
     def _round_summaries(self, store: Store, latest: RoundRow | None) -> list[dict]:
@@ -94,22 +96,21 @@ class FleetView:
                 "clients": len(metrics.get("clients", [])), "imputed": metrics.get("imputed", []),
                 "dropped": metrics.get("dropped", []), "rejected": sorted(metrics.get("rejected", {})),
                 "twin": metrics.get("twin"), "closed_by": metrics.get("closed_by"),
-                "update_bytes": _update_bytes(store, row.round)}
+                "update_bytes": _update_bytes(store, store.updates(row.round))}
 
-    def _current_round(self, store: Store, latest: RoundRow | None) -> dict | None:
+    def _current_round(self, store: Store, latest: RoundRow | None, recent: "Recent") -> dict | None:
         if latest is None:
             return None
-        reported = [u.client_id for u in store.updates(latest.round)] if latest.closed_at is None else []
         return {"round": latest.round, "open": latest.closed_at is None, "opened_at": latest.opened_at,
-                "deadline": latest.deadline, "reported": reported,
+                "deadline": latest.deadline, "reported": [u.client_id for u in recent.open],
                 "finished": latest.closed_at is not None and latest.round >= self.about["total_rounds"],
-                "update_bytes": _update_bytes(store, latest.round) if latest.closed_at is None else 0}
+                "update_bytes": _update_bytes(store, recent.open)}
 
     @staticmethod
-    def _clients(store: Store, current: dict | None, rounds: list[dict]) -> list[dict]:
-        reported = set(current["reported"]) if current else set()
-        outcome = _last_outcome(store, rounds[-1]) if rounds else {}
-        last, latest = store.last_reported(), store.latest_metrics()
+    def _clients(store: Store, recent: "Recent", rounds: list[dict]) -> list[dict]:
+        reported = {u.client_id for u in recent.open}
+        outcome = recent.outcome(rounds[-1]) if rounds else {}
+        last, metrics = store.last_reported(), recent.metrics()
         rows = []
         for client in sorted(store.clients().values(), key=lambda c: c.client_id):
             name = client.client_id
@@ -118,7 +119,7 @@ class FleetView:
                 "latitude": client.latitude, "longitude": client.longitude, "online": client.online,
                 "last_seen": client.last_seen, "last_round": last.get(name), "reported": name in reported,
                 "state": "offline" if not client.online else outcome.get(name, "online"),
-                "serves": _serves(latest.get(name, {})),
+                "serves": _serves(metrics.get(name, {})),
             })
         return rows
 
@@ -137,23 +138,42 @@ class FleetView:
         return size
 
 
-def _update_bytes(store: Store, number: int) -> int:
-    """Bytes of the round's on-time update bodies as received (stored unchanged)."""
+@dataclass(frozen=True)
+class Recent:
+    """The updates one snapshot needs, read once: the open round's (on time) and the newest
+    closed round's (late ones included)."""
+
+    open: list[UpdateRow]
+    closed: list[UpdateRow]
+    closed_on_time: set[str]
+
+    @classmethod
+    def read(cls, store: Store, latest: RoundRow | None, closed: int | None) -> "Recent":
+        is_open = latest is not None and latest.closed_at is None
+        return cls(store.updates(latest.round) if is_open else [],
+                   store.updates(closed, include_late=True) if closed else [],
+                   {u.client_id for u in store.updates(closed)} if closed else set())
+
+    def outcome(self, closed: dict) -> dict[str, str]:
+        """What the newest closed round did with each client: imputed, dropped, or its update came late."""
+        late = {u.client_id for u in self.closed} - self.closed_on_time
+        return {**{c: "dropped" for c in closed["dropped"]}, **{c: "imputed" for c in closed["imputed"]},
+                **{c: "late" for c in late}}
+
+    def metrics(self) -> dict[str, dict]:
+        """Each client's metrics from its newest update of these two rounds."""
+        return {u.client_id: u.metrics for u in (*self.closed, *self.open)}
+
+
+def _update_bytes(store: Store, updates: list[UpdateRow]) -> int:
+    """Bytes of these update bodies as received (the store keeps them unchanged)."""
     total = 0
-    for update in store.updates(number):
+    for update in updates:
         try:
             total += (store.dir / update.file).stat().st_size
         except OSError:
             continue
     return total
-
-
-def _last_outcome(store: Store, closed: dict) -> dict[str, str]:
-    """What the newest closed round did with each client: imputed, dropped, or its update came late."""
-    number = closed["round"]
-    late = {u.client_id for u in store.updates(number, include_late=True)} - {u.client_id for u in store.updates(number)}
-    return {**{c: "dropped" for c in closed["dropped"]}, **{c: "imputed" for c in closed["imputed"]},
-            **{c: "late" for c in late}}
 
 
 def _finite(value: float | None) -> float | None:

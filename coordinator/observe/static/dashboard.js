@@ -172,6 +172,7 @@ function showBytes(rounds, current) {
 }
 
 function show(view) {
+  const started = performance.now();
   showRound(view);
   showStations(view.clients);
   showLegend(view.clients);
@@ -182,6 +183,7 @@ function show(view) {
   showCounts("rejections-by-code", view.rejections.by_code, "code");
   showCounts("rejections-by-client", view.rejections.by_client, "client");
   $("updated").textContent = new Date(view.generated_at * 1000).toLocaleTimeString();
+  document.body.dataset.renderMs = (performance.now() - started).toFixed(1);
   document.body.dataset.loaded = "yes";
 }
 
