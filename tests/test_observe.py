@@ -5,6 +5,7 @@ rules that keep the fleet's state private (token, loopback by default, GET only)
 from __future__ import annotations
 
 import json
+import socket
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -112,3 +113,13 @@ def test_listening_beyond_loopback_needs_a_long_token() -> None:
     with pytest.raises(ValueError, match="--http 'example.org:80': .*set a token"):
         HttpSettings.parse_address("example.org:80")
     assert HttpSettings.parse_address("[::1]:9100").host == "::1"
+
+
+def test_a_taken_port_stops_the_start_with_a_clear_error(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        observer = Observer(HttpSettings(port=port), lambda: Store(tmp_path), "test", rounds=5, min_clients=1)
+        with pytest.raises(ConnectionError, match=f"cannot listen on 127.0.0.1:{port}"):
+            observer.start("campaign-1")
