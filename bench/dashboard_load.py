@@ -12,6 +12,7 @@ the round timings show what watching it costs the coordinator.
 
 from __future__ import annotations
 
+import json
 import os
 import statistics
 import tempfile
@@ -32,16 +33,17 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic"
 API_EVERY_S = 0.5
 
 
-def timed_get(url: str) -> tuple[float, int]:
-    """Seconds to fetch ``url`` completely, and its size."""
+def timed_get(url: str) -> tuple[float, bytes]:
+    """Seconds to fetch ``url`` completely, and what came."""
     started = time.perf_counter()
     with urllib.request.urlopen(url, timeout=30) as response:
-        size = len(response.read())
-    return time.perf_counter() - started, size
+        body = response.read()
+    return time.perf_counter() - started, body
 
 
 class ApiProbe:
-    """Fetches ``/api/fleet`` and ``/metrics`` every ``API_EVERY_S`` until ``finished``."""
+    """Fetches ``/api/fleet`` and ``/metrics`` every ``API_EVERY_S``; sets ``finished`` when the
+    API says the fleet's last round closed (or the caller sets it when the run ended)."""
 
     def __init__(self, address: str, finished: threading.Event):
         self.address, self.finished = address, finished
@@ -54,11 +56,13 @@ class ApiProbe:
         started = time.perf_counter()
         while not self.finished.wait(API_EVERY_S):
             try:
-                api_s, size = timed_get(f"http://{self.address}/api/fleet")
+                api_s, body = timed_get(f"http://{self.address}/api/fleet")
                 self.metrics_s.append(timed_get(f"http://{self.address}/metrics")[0])
             except OSError:
                 continue  # not listening yet
-            self.samples.append((time.perf_counter() - started, api_s, size))
+            self.samples.append((time.perf_counter() - started, api_s, len(body)))
+            if (json.loads(body)["round"] or {}).get("finished"):
+                self.finished.set()
 
 
 def page_loads(address: str, finished: threading.Event, screenshot: Path) -> dict:
@@ -94,15 +98,30 @@ def page_loads(address: str, finished: threading.Event, screenshot: Path) -> dic
             "redraw_ms": _spread(redraws)}
 
 
-def watch(screenshot: Path):
-    def probe(address: str, finished: threading.Event) -> dict:
-        api = ApiProbe(address, finished)
-        pages = page_loads(address, finished, screenshot)
-        api.thread.join(60)
-        return {**pages, "api_requests": len(api.samples), "api_s": _spread([s[1] for s in api.samples]),
-                "api_kb": round(max((s[2] for s in api.samples), default=0) / 1e3, 1),
-                "metrics_s": _spread(api.metrics_s), "api_timeline": [[round(t, 2), round(s, 4)] for t, s, _ in api.samples]}
-    return probe
+def watch(address: str, finished: threading.Event, screenshot: Path) -> dict:
+    """The page and the API, measured from the coordinator's start until its fleet finished."""
+    api = ApiProbe(address, finished)
+    pages = page_loads(address, finished, screenshot)
+    api.thread.join(60)
+    return {**pages, "api_requests": len(api.samples), "api_s": _spread([s[1] for s in api.samples]),
+            "api_kb": round(max((s[2] for s in api.samples), default=0) / 1e3, 1),
+            "metrics_s": _spread(api.metrics_s), "api_timeline": [[round(t, 2), round(s, 4)] for t, s, _ in api.samples]}
+
+
+def watched_fleet(agents: int, rounds: int, fleet_model: dict, spec, work: Path, screenshot: Path) -> dict:
+    """``fleet_load.run_fleet`` with the coordinator's ``[http]`` on and ``watch`` beside it."""
+    from coordinator.broker_setup import free_port
+
+    port, finished, outcome = free_port(), threading.Event(), {}
+    watcher = threading.Thread(target=lambda: outcome.update(watch(f"127.0.0.1:{port}", finished, screenshot)),
+                               daemon=True)
+    watcher.start()
+    try:
+        row = run_fleet(agents, rounds, {**fleet_model, "http": {"port": port}}, spec, work)
+    finally:
+        finished.set()
+        watcher.join(120)
+    return {**row, "dashboard": outcome}
 
 
 def _spread(values: list[float]) -> dict:
@@ -153,8 +172,9 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     for watched in (False, True):
         with tempfile.TemporaryDirectory() as tmp:
-            probe = watch(args.out / "dashboard_load_page.png") if watched else None
-            rows.append(run_fleet(cfg["agents"], cfg["rounds"], fleet_model, spec, Path(tmp), probe))
+            rows.append(watched_fleet(cfg["agents"], cfg["rounds"], fleet_model, spec, Path(tmp),
+                                      args.out / "dashboard_load_page.png") if watched
+                        else run_fleet(cfg["agents"], cfg["rounds"], fleet_model, spec, Path(tmp)))
         print(table({"rows": rows[-1:]}).splitlines()[-1], flush=True)
     cfg.update(load_average_after=os.getloadavg())
     summary = {"rows": rows, "config": run_config(cfg, args.quick, started)}

@@ -23,9 +23,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 from common import ROOT, bench_parser, configure, run_config, save_figure, write_report
@@ -73,13 +71,12 @@ def check_worker_envelopes(spec: FleetSpec, decode) -> None:
     assert (header.sender, header.round, header.campaign) == ("gw00001", 3, "c1") and tensors
 
 
-def coordinator_toml(work: Path, port: int, agents: int, rounds: int, fleet_model: dict, fleet: str,
-                     http: dict | None = None) -> Path:
+def coordinator_toml(work: Path, port: int, agents: int, rounds: int, fleet_model: dict, fleet: str) -> Path:
     from edge_agent.config import dump_toml
 
     data = {"fleet": fleet, "state_dir": str(work / "state"), "rounds": rounds, "min_clients": agents,
             "start_clients": agents, "round_timeout_s": float(TIMEOUT_S), "linger_s": 10.0, **fleet_model,
-            "broker": {"port": port}, **({"http": http} if http else {})}
+            "broker": {"port": port}}
     path = work / "coordinator.toml"
     path.write_text(dump_toml(data))
     return path
@@ -120,12 +117,9 @@ def collect(report, processes: list, wait_s: float) -> dict:
             "torch_in_gateways": torch_loaded}
 
 
-def run_fleet(agents: int, rounds: int, fleet_model: dict, spec: FleetSpec, work: Path,
-              watch: Callable[[str, threading.Event], dict] | None = None) -> dict:
-    """One N: raw throughput, then the fleet's rounds, timed and measured. ``watch`` (see
-    ``bench/dashboard_load.py``) is given the coordinator's dashboard address while the fleet runs;
-    what it returns is the row's ``dashboard``."""
-    from coordinator.broker_setup import MIN_QUEUED, QUEUED_PER_AGENT, free_port
+def run_fleet(agents: int, rounds: int, fleet_model: dict, spec: FleetSpec, work: Path) -> dict:
+    """One N: raw throughput, then the fleet's rounds, timed and measured."""
+    from coordinator.broker_setup import MIN_QUEUED, QUEUED_PER_AGENT
     from edge_agent.mqtt import COORDINATOR_RECEIVE_WINDOW
 
     size = len(spec.updates[0])
@@ -133,11 +127,10 @@ def run_fleet(agents: int, rounds: int, fleet_model: dict, spec: FleetSpec, work
         raw = raw_throughput(port, max(1000, min(agents, 5000)), size)
         spec = FleetSpec(port, spec.fleet, spec.hello, spec.updates)
         monitor = Monitor(port, spec.fleet)
-        http = {"port": free_port()} if watch else None
         log = open(work / "coordinator.log", "w")
         coordinator = subprocess.Popen(
             [sys.executable, "-m", "edgefl.cli", "coordinator", "serve", "--config",
-             str(coordinator_toml(work, port, agents, rounds, fleet_model, spec.fleet, http))],
+             str(coordinator_toml(work, port, agents, rounds, fleet_model, spec.fleet))],
             stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONPATH": str(ROOT)})
         probes = {"coordinator": ProcessProbe(coordinator.pid), "broker": ProcessProbe(bpid)}
         try:
@@ -145,7 +138,6 @@ def run_fleet(agents: int, rounds: int, fleet_model: dict, spec: FleetSpec, work
             report = multiprocessing.get_context("spawn").Queue()
             started = time.monotonic()
             processes = start_gateways(spec, agents, report)
-            watching = Watching(watch, f"127.0.0.1:{http['port']}", monitor.finished) if watch else None
             finished = monitor.wait_finished(TIMEOUT_S)
             gateways = collect(report, processes, 60 if finished else 5)
             coordinator.wait(60 if finished else 1)
@@ -158,26 +150,11 @@ def run_fleet(agents: int, rounds: int, fleet_model: dict, spec: FleetSpec, work
             for probe in probes.values():
                 probe.stop()
     row = measures(agents, rounds, size, raw, monitor, probes, started)
-    if watching:
-        row["dashboard"] = watching.result()
     row.update(gateways, store_mb=round(folder_bytes(work / "state") / 1e6, 1), completed=row["completed"] and finished)
     if not row["completed"]:
         ended = "the fleet finished" if finished else f"no finished announcement within {TIMEOUT_S} s"
         row["what_happened"] = f"{ended}; coordinator log ends: {(work / 'coordinator.log').read_text()[-1200:]}"
     return row
-
-
-class Watching:
-    """``watch(address, finished)`` in a thread beside the fleet's run."""
-
-    def __init__(self, watch: Callable[[str, threading.Event], dict], address: str, finished: threading.Event):
-        self.outcome: dict = {}
-        self.thread = threading.Thread(target=lambda: self.outcome.update(watch(address, finished)), daemon=True)
-        self.thread.start()
-
-    def result(self) -> dict:
-        self.thread.join(120)
-        return self.outcome
 
 
 def measures(agents: int, expected: int, size: int, raw: float, monitor: Monitor, probes: dict, started: float) -> dict:

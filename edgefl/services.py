@@ -67,7 +67,8 @@ def _print_event(kind: str, data: dict) -> None:
 def coordinator_serve(
     config: ConfigPath, verbose: bool = False,
     http: Annotated[Optional[str], typer.Option(
-        "--http", metavar="HOST:PORT", help="serve the dashboard, JSON API and /metrics here (overrides [http])")] = None,
+        "--http", metavar="HOST:PORT",
+        help="serve the dashboard, JSON API and /metrics here (instead of the config's http table)")] = None,
 ) -> None:
     """Run the rounds of a fleet until the last one is aggregated (resumes after a crash)."""
     from coordinator.config import CoordinatorConfig

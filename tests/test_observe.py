@@ -5,7 +5,10 @@ rules that keep the fleet's state private (token, loopback by default, GET only)
 from __future__ import annotations
 
 import json
+import os
 import socket
+import subprocess
+import sys
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -113,6 +116,15 @@ def test_listening_beyond_loopback_needs_a_long_token() -> None:
     with pytest.raises(ValueError, match="--http 'example.org:80': .*set a token"):
         HttpSettings.parse_address("example.org:80")
     assert HttpSettings.parse_address("[::1]:9100").host == "::1"
+
+
+def test_serve_refuses_an_open_address_without_a_token(tmp_path: Path) -> None:
+    config = tmp_path / "coordinator.toml"
+    config.write_text(f'fleet = "farm"\nstate_dir = "{tmp_path / "state"}"\n')
+    proc = subprocess.run([sys.executable, "-m", "edgefl.cli", "coordinator", "serve", "-c", str(config),
+                           "--http", "0.0.0.0:8008"], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "COLUMNS": "200"})
+    assert proc.returncode == 2 and "--http '0.0.0.0:8008'" in proc.stderr and "set a token" in proc.stderr
 
 
 def test_a_taken_port_stops_the_start_with_a_clear_error(tmp_path: Path) -> None:
