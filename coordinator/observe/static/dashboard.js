@@ -49,9 +49,11 @@ function showRound(view) {
   $("round-number").textContent = round.round;
   $("round-of").textContent = `of ${view.total_rounds}`;
   $("round-state").textContent = round.finished ? "finished" : round.open ? "open" : "closed";
-  $("round-deadline").textContent = round.open ? `${new Date(round.deadline * 1000).toLocaleTimeString()} (${ago(round.deadline)})` : "–";
+  const deadline = new Date(round.deadline * 1000).toLocaleTimeString();
+  $("round-deadline").textContent = round.open ? `${deadline} (${ago(round.deadline)})` : "–";
   $("round-reported").textContent = `${round.reported.length} / ${online.length} online`;
-  $("round-waiting").textContent = waiting.length ? waiting.slice(0, 20).join(", ") + (waiting.length > 20 ? ` … (+${waiting.length - 20})` : "") : "nobody";
+  const more = waiting.length > 20 ? ` … (+${waiting.length - 20})` : "";
+  $("round-waiting").textContent = waiting.length ? waiting.slice(0, 20).join(", ") + more : "nobody";
   panel.dataset.round = round.round;
   panel.dataset.open = round.open;
 }
