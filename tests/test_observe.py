@@ -63,8 +63,9 @@ def observer(tmp_path: Path):
     observer.stop()
 
 
-def get(url: str, token: str | None = TOKEN, method: str = "GET") -> tuple[int, bytes]:
-    request = urllib.request.Request(url, method=method, headers={"Authorization": f"Bearer {token}"} if token else {})
+def get(url: str, token: str | None = TOKEN, method: str = "GET", body: bytes | None = None) -> tuple[int, bytes]:
+    request = urllib.request.Request(url, method=method, data=body,
+                                     headers={"Authorization": f"Bearer {token}"} if token else {})
     try:
         with urllib.request.urlopen(request, timeout=10) as response:
             return response.status, response.read()
@@ -101,6 +102,7 @@ def test_the_token_guards_the_api_and_nothing_changes_state(observer: str) -> No
     assert get(f"{observer}/api/fleet?token=nope", token=None)[0] == 401
     assert get(f"{observer}/", token=None)[0] == 200  # the page itself holds no fleet data
     assert get(f"{observer}/api/fleet", method="POST")[0] == 405
+    assert get(f"{observer}/api/fleet", method="POST", body=b"x" * 100_000)[0] == 413  # refused unbuffered
     assert get(f"{observer}/api/rounds?last=0")[0] == 400
     assert b"unknown parameter" in get(f"{observer}/api/clients?drop=1")[1]
     assert get(f"{observer}/api/rounds?last=1&last=2")[0] == 400

@@ -29,6 +29,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("edgefl.dashboard")
 WORKER_THREADS = 4
+MAX_HEADER_BYTES = 16_384
+MAX_BODY_BYTES = 1_024  # no route takes a body; waitress refuses bigger ones (413) before buffering them
 
 
 class DashboardServer:
@@ -40,6 +42,7 @@ class DashboardServer:
         try:
             self.server = create_server(app, host=settings.host, port=settings.port, threads=WORKER_THREADS,
                                         ident="edgefl", channel_timeout=30, connection_limit=200,
+                                        max_request_header_size=MAX_HEADER_BYTES, max_request_body_size=MAX_BODY_BYTES,
                                         clear_untrusted_proxy_headers=True)
         except OSError as err:
             raise ConnectionError(f"[http]: cannot listen on {settings.host}:{settings.port}: {err}") from None
