@@ -79,11 +79,11 @@ class Coordinator:
     def serve(self, stop: Callable[[], bool] = lambda: False) -> None:
         """Resume or start the rounds and process messages until the last round is aggregated."""
         current = self._resume()
-        self.observer.start(self.campaign)
         self.connection.start()
         if not self.connection.connected.wait(30):
             raise ConnectionError(f"cannot reach the broker at {self.cfg.broker.host}:{self.cfg.broker.port}")
         try:
+            self.observer.start(self.campaign)
             current = self._await_fleet(current, stop)
             if stop():
                 return
