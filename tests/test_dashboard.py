@@ -98,7 +98,7 @@ def test_the_dashboard_shows_clients_rounds_a_frozen_agent_imputed_and_a_rejecti
         expect(page.locator(f'body:has(#round-panel[data-open="true"]) #clients tbody{reported}')).to_have_count(
             1, timeout=WAIT_MS)
         waiting_in = round_shown(page)
-        assert page.text_content("#round-waiting") == "client02"
+        expect(page.locator("#round-waiting")).to_have_text("client02")
         later = f'body:has(#round-panel:not([data-round="{waiting_in}"]))'  # the counter advances, never back
         expect(page.locator(f'{later} #clients tr[data-client="client02"][data-state="imputed"]')).to_have_count(
             1, timeout=WAIT_MS)
