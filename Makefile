@@ -3,7 +3,7 @@ PYTHON ?= python3.11
 VENV   := .venv
 BIN    := $(VENV)/bin
 
-.PHONY: demo test bench-quick robustness clean mosquitto iptables
+.PHONY: demo test bench-quick robustness clean mosquitto iptables chromium
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -24,13 +24,18 @@ $(VENV)/.installed-bench: pyproject.toml $(VENV)/.installed
 demo: $(VENV)/.installed mosquitto
 	$(BIN)/edgefl demo --rounds 5 --out runs/demo
 
-test: $(VENV)/.installed-test mosquitto
+test: $(VENV)/.installed-test mosquitto chromium
 	$(BIN)/python -m pytest
 
 # The service tests start their own mosquitto; install Debian's when it is missing.
 mosquitto:
 	@command -v mosquitto >/dev/null || test -x /usr/sbin/mosquitto || \
 		{ apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq mosquitto; }
+
+# The dashboard test opens the page in Debian's headless chromium (through playwright).
+chromium:
+	@test -x /usr/bin/chromium || \
+		{ apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; }
 
 # The fault bench drops a gateway's packets with iptables inside its network namespace.
 iptables:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import selectors
 import sys
 import time
+import zlib
 from collections import Counter
 from dataclasses import dataclass
 
@@ -36,6 +37,12 @@ class FleetSpec:
     fleet: str
     hello: bytes
     updates: tuple[bytes, ...]  # update envelopes with different bodies, assigned round-robin
+
+
+def station_place(gateway_id: str) -> dict[str, float]:
+    """A fixed made-up position per gateway, spread over western Europe (for the dashboard's map)."""
+    spread = zlib.crc32(gateway_id.encode())
+    return {"latitude": round(44 + (spread % 1200) / 100, 3), "longitude": round(-5 + (spread // 1200 % 2500) / 100, 3)}
 
 
 class Gateway:
@@ -73,7 +80,7 @@ class Gateway:
         self.tally["connected"] += 1
 
     def _hello(self) -> None:
-        self._publish("hello", restamp(self.spec.hello, sender=self.id))
+        self._publish("hello", restamp(self.spec.hello, sender=self.id, **station_place(self.id)))
 
     def _on_message(self, _c, _u, message: mqtt.MQTTMessage) -> None:
         if message.topic == self.coordinator_topic:

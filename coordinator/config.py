@@ -7,6 +7,7 @@ from typing import Literal
 
 from pydantic import ConfigDict, Field, model_validator
 
+from coordinator.observe.settings import HttpSettings
 from coordinator.pretraining import check_pretraining, with_fleet_foundation
 from coordinator.strategies import StrategySettings
 from coordinator.twins import TwinSettings
@@ -33,6 +34,7 @@ class CoordinatorConfig(FleetModel, TwinSettings, StrategySettings):
     linger_s: float = Field(30.0, ge=0, description="after the last round, how long to wait for the clients to say "
                             "they went offline (so status tells the truth)")
     broker: BrokerConfig = BrokerConfig()
+    http: HttpSettings | None = Field(None, description="the dashboard, JSON API and /metrics (off unless set)")
 
     @model_validator(mode="before")
     @classmethod

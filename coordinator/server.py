@@ -21,6 +21,7 @@ from functools import partial
 from coordinator.config import CoordinatorConfig
 from coordinator.engine import RoundEngine, RoundResult
 from coordinator.intake import STORAGE_ERRORS, Effects, Refusal, guarded, record, with_retries
+from coordinator.observe.service import Observer
 from coordinator.pretraining import write_foundation
 from coordinator.store import RoundRow, Store
 from coordinator.strategies import ClientInfo, ClientUpdate, make_strategy
@@ -58,7 +59,8 @@ class Coordinator:
         self.strategy = make_strategy(cfg, template.initial, cfg.seed)
         self.engine = RoundEngine(self.strategy, cfg, self.store.dir / "twins", robust=cfg.robust,
                                   on_time=self.store.last_on_time(), state_keys=template.initial)
-        self.on_event = on_event or (lambda kind, data: None)
+        self.observer = Observer.for_coordinator(cfg)  # metrics; the dashboard with [http]
+        self.on_event = self.observer.relay(on_event)
         self.connection = Connection(
             cfg.broker,
             client_id=f"edgefl-coordinator-{cfg.fleet}",
@@ -81,6 +83,7 @@ class Coordinator:
         if not self.connection.connected.wait(30):
             raise ConnectionError(f"cannot reach the broker at {self.cfg.broker.host}:{self.cfg.broker.port}")
         try:
+            self.observer.start(self.campaign)
             current = self._await_fleet(current, stop)
             if stop():
                 return
@@ -96,6 +99,7 @@ class Coordinator:
             self._await_goodbyes(stop)
         finally:
             self.connection.stop(self.topics.coordinator_status)
+            self.observer.stop()
             self.store.close()
 
     def _resume(self) -> RoundRow:
@@ -262,6 +266,7 @@ class Coordinator:
             return
         for effect in effects:
             effect()
+        self.on_event("ingested", {"messages": len(batch), "bytes": sum(len(m.payload) for m in batch)})
         for message in batch:
             self.connection.ack(message)
 

@@ -66,15 +66,23 @@ def _print_event(kind: str, data: dict) -> None:
 
 
 @coordinator_app.command("serve")
-def coordinator_serve(config: ConfigPath, verbose: bool = False) -> None:
+def coordinator_serve(
+    config: ConfigPath, verbose: bool = False,
+    http: Annotated[Optional[str], typer.Option(
+        "--http", metavar="HOST:PORT",
+        help="serve the dashboard, JSON API and /metrics here (instead of the config's http table)")] = None,
+) -> None:
     """Run the rounds of a fleet until the last one is aggregated (resumes after a crash)."""
     from coordinator.config import CoordinatorConfig
+    from coordinator.observe.settings import HttpSettings
     from coordinator.server import Coordinator
 
     _setup(verbose)
     try:
         cfg = load_config(config, CoordinatorConfig)
-    except ConfigError as err:
+        if http is not None:
+            cfg = cfg.model_copy(update={"http": HttpSettings.parse_address(http, cfg.http and cfg.http.token)})
+    except (ConfigError, ValueError) as err:
         _fail(str(err))
     try:
         coordinator = Coordinator(cfg, on_event=_print_event)

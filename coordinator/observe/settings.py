@@ -1,0 +1,52 @@
+"""``[http]`` of ``coordinator.toml``: where the dashboard and ``/metrics`` listen, and the token
+that guards them. Loopback only unless a token is set (the state of a fleet is not public)."""
+
+from __future__ import annotations
+
+import ipaddress
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
+
+LOOPBACK_NAMES = {"localhost"}
+MIN_TOKEN_CHARS = 16
+
+
+def is_loopback(host: str) -> bool:
+    """``127.0.0.0/8``, ``::1`` or ``localhost``; any other name or address reaches a network."""
+    if host in LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class HttpSettings(BaseModel):
+    """The dashboard's listener: ``host`` (default 127.0.0.1), ``port`` and an optional bearer token."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    host: str = Field("127.0.0.1", min_length=1, max_length=253)
+    port: int = Field(8008, ge=0, le=65535, description="0: any free port (logged at start)")
+    token: SecretStr | None = Field(None, description=f"at least {MIN_TOKEN_CHARS} characters; required "
+                                    "to listen on anything but loopback; sent as 'Authorization: Bearer' or ?token=")
+
+    @model_validator(mode="after")
+    def _guarded_off_loopback(self) -> "HttpSettings":
+        if self.token is not None and len(self.token.get_secret_value()) < MIN_TOKEN_CHARS:
+            raise ValueError(f"token: at least {MIN_TOKEN_CHARS} characters (e.g. `openssl rand -hex 16`)")
+        if self.token is None and not is_loopback(self.host):
+            raise ValueError(f"host {self.host!r} is reachable from the network: set a token "
+                             "(or listen on 127.0.0.1)")
+        return self
+
+    @classmethod
+    def parse_address(cls, address: str, token: SecretStr | None = None) -> "HttpSettings":
+        """``HOST:PORT`` (``[::1]:PORT`` for IPv6) from the command line, keeping the config's token."""
+        host, sep, port = address.rpartition(":")
+        if not sep or not port.isdigit():
+            raise ValueError(f"--http {address!r}: expected HOST:PORT")
+        try:
+            return cls(host=host.strip("[]") or "127.0.0.1", port=int(port), token=token)
+        except ValidationError as err:
+            raise ValueError(f"--http {address!r}: {'; '.join(e['msg'] for e in err.errors())}") from None
