@@ -1,4 +1,4 @@
-"""Every backbone kind, small and briefly trained: its MACs and ACs counted by hand from the layer
+"""Every backbone kind, small, untrained, BatchNorm statistics from real windows: its MACs and ACs counted by hand from the layer
 shapes (and, for spike-fed layers, the spikes that reach them) equal the counter's."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import torch
 from edge_agent.data import load_site, prepare_client
 from edge_agent.models import BACKBONES
 from export.opcount import measure
-from tests.conftest import trained
+from tests.conftest import calibrated
 
 WINDOWS = 16
 SIZES = dict(lookback=24, horizon=12, d_qap=16, hidden=16, d_ff=32, steps=4)  # tests/conftest.small_config
@@ -98,7 +98,7 @@ def test_every_registered_backbone_has_a_hand_count() -> None:
 
 @pytest.mark.parametrize("kind", sorted(BY_HAND))
 def test_backbone_ops_equal_the_hand_count(kind: str, site) -> None:
-    model = trained(kind, site, steps=5)
+    model = calibrated(kind, site)
     x, marks, _ = next(iter(site.test.batches(WINDOWS, shuffle=False)))
     seen: list[torch.Tensor] = []
     hook = model.shared["backbone"].register_forward_pre_hook(lambda _m, args: seen.append(args[0]))
