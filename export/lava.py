@@ -206,16 +206,18 @@ def simulate_cuba(netx: dict, spikes: np.ndarray) -> list[np.ndarray]:
     return outputs
 
 
-def encoder_spikes(model: Forecaster, x: torch.Tensor, marks: torch.Tensor) -> np.ndarray:
-    """The off-chip encoder's spikes for windows (B, L, F) as the chip's input (T, B * L, d_qap)."""
+def chip_input(model: Forecaster, stack: SpikingStack, x: torch.Tensor, marks: torch.Tensor) -> np.ndarray:
+    """The spikes that reach the stack's first layer for windows (B, L, F), from the forecaster's
+    own path (alignment, instance norm, encoder), as the chip's input (T, B * positions, inputs)."""
     captured: list[torch.Tensor] = []
-    hook = model.shared["backbone"].encoder.register_forward_hook(lambda _m, _i, out: captured.append(out))
+    first = model.get_submodule(stack.layers[0].name)
+    hook = first.register_forward_pre_hook(lambda _m, args: captured.append(args[0]))
     try:
         with torch.no_grad():
-            model(x, marks)  # the forecaster's own path to the encoder (alignment, instance norm)
+            model(x, marks)
     finally:
         hook.remove()
-    return captured[0].flatten(1, 2).numpy()
+    return captured[0].flatten(1, -2).numpy()
 
 
 def export_lava(model: Forecaster, out: Path, windows: WindowSet, n_windows: int = 64, *,
@@ -233,7 +235,7 @@ def export_lava(model: Forecaster, out: Path, windows: WindowSet, n_windows: int
     """
     stack = spiking_stack(model.eval().shared["backbone"])  # UnsupportedLayerError names the layer
     x, marks = sample_windows(windows, n_windows)
-    spikes = encoder_spikes(model, x, marks)
+    spikes = chip_input(model, stack, x, marks)
     path = Path(out)
     with verified_write(path) as partial:
         quantized = write_netx(stack, partial, steps=spikes.shape[0])
