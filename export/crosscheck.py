@@ -22,7 +22,7 @@ from torch import nn
 
 from edge_agent.models import Forecaster
 from edge_agent.models.backbones.spiking import LIF
-from export.opcount import measure
+from export.opcount import LayerOps, measure
 
 CONNECTIONS = (nn.Linear, nn.Conv2d)  # the modules both counters hook, of those our backbones use
 
@@ -82,7 +82,7 @@ def compare(model: Forecaster, x: torch.Tensor, marks: torch.Tensor) -> Comparis
         bench.cleanup_hooks()
     windows = len(x)
     names = {id(module): f"shared.backbone.{name}" for name, module in backbone.named_modules()}
-    layers = [_layer(ours[names[key]], module, *per_layer[key], windows)
+    layers = [_layer(ours[names[key]], *per_layer[key], windows)
               for key, module in ((id(m), m) for m in backbone.modules() if isinstance(m, CONNECTIONS))
               if names[key] in ours]
     counted = {layer.name for layer in layers}
@@ -96,9 +96,7 @@ def compare(model: Forecaster, x: torch.Tensor, marks: torch.Tensor) -> Comparis
     )
 
 
-def _layer(ours, module: nn.Module, inputs: torch.Tensor, ops: torch.Tensor, spiking: bool,
-           windows: int) -> LayerComparison:
-    fan_out = module.out_features if isinstance(module, nn.Linear) else None
-    nonzero = ours.active_inputs * fan_out / windows if fan_out and ours.cost == "ac" else None
+def _layer(ours: LayerOps, inputs: torch.Tensor, ops: torch.Tensor, spiking: bool, windows: int) -> LayerComparison:
+    nonzero = ours.active_inputs * ours.fan_out / windows if ours.cost == "ac" else None
     return LayerComparison(ours.name, ours.cost, (ours.macs + ours.acs) / windows, "ac" if spiking else "mac",
                            float(ops) / windows, nonzero, float(inputs.abs().max()))
