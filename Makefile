@@ -3,7 +3,7 @@ PYTHON ?= python3.11
 VENV   := .venv
 BIN    := $(VENV)/bin
 
-.PHONY: demo test bench-quick robustness clean mosquitto iptables neurobench lava-venv verify-lava
+.PHONY: demo test bench-quick robustness clean mosquitto iptables neurobench lava-venv
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -38,10 +38,7 @@ neurobench: $(VENV)/.installed
 # needs PyPI): every Lava release declares python<3.11, so it cannot be an extra of ours.
 lava-venv:
 	PYTHON=$(PYTHON) tools/lava/build_venv.sh .lava-venv
-
-# Export a model's stack to netx and compare Lava's spikes with export.lava.simulate_cuba, layer by layer.
-verify-lava: lava-venv $(VENV)/.installed
-	$(BIN)/edgefl export lava --site amsterdam --checkpoint $(CHECKPOINT) --out runs/verify.net --verify-in-lava
+# Then: edgefl export lava ... --verify-in-lava (Lava's spikes vs ours, layer by layer; README).
 
 # The service tests start their own mosquitto; install Debian's when it is missing.
 mosquitto:

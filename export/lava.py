@@ -38,7 +38,7 @@ import torch
 from edge_agent.data import WindowSet
 from edge_agent.models import Forecaster
 from export.contract import ExportMismatchError, ExportReport, sample_windows, verified_write
-from export.lava_check import run_in_lava
+from export.lava_check import lava_python, run_in_lava
 from export.stack import DenseLIF, SpikingStack, spiking_stack
 
 UNIT = 64  # Lava's 6-bit MSB alignment of synaptic input, bias (bias_exp=6) and threshold
@@ -234,6 +234,8 @@ def export_lava(model: Forecaster, out: Path, windows: WindowSet, n_windows: int
     agree with the fixed-point model in at least ``min_agreement`` of every layer's entries.
     """
     stack = spiking_stack(model.eval().shared["backbone"])  # UnsupportedLayerError names the layer
+    if lava_venv is not None:
+        lava_python(lava_venv)  # a missing Lava venv fails before anything is written
     x, marks = sample_windows(windows, n_windows)
     spikes = chip_input(model, stack, x, marks)
     path = Path(out)

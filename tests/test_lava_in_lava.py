@@ -23,6 +23,7 @@ def site():
 def test_a_missing_lava_venv_says_how_to_build_it(site, tmp_path) -> None:
     with pytest.raises(LavaUnavailableError, match="make lava-venv"):
         export_lava(calibrated("spikernn", site), tmp_path / "m.net", site.test, 8, lava_venv=tmp_path / "none")
+    assert not (tmp_path / "m.net").exists()  # refused before writing
 
 
 @pytest.mark.skipif(not (VENV / ".built").is_file(), reason="no .lava-venv: `make lava-venv` builds it (minutes, PyPI)")
