@@ -11,8 +11,9 @@ if [ -f "$VENV/.built" ]; then echo "$VENV is ready"; exit 0; fi
 $PYTHON -m venv "$VENV"
 "$VENV/bin/pip" install --quiet --upgrade pip
 "$VENV/bin/pip" install --quiet --no-deps --ignore-requires-python lava-nc==0.10.0 lava-dl==0.6.0
-"$VENV/bin/pip" install --quiet "numpy<2.5" "scipy<2" scikit-learn "networkx<=2.8.7" "asteval<0.10" \
-    h5py matplotlib torch==2.13.0
+# The versions verified together (lava-nc wants numpy<2, networkx<=2.8.7, asteval<0.10; numpy 2.4 works).
+"$VENV/bin/pip" install --quiet numpy==2.4.6 scipy==1.17.1 scikit-learn==1.9.1 networkx==2.8.7 asteval==0.9.33 \
+    h5py==3.16.0 matplotlib==3.11.2 torch==2.13.0
 "$VENV/bin/python" "$HERE/patch_lava.py"
 touch "$VENV/.built"
 echo "built $VENV: lava-nc 0.10.0 + lava-dl 0.6.0 on $("$VENV/bin/python" --version)"
