@@ -3,7 +3,7 @@ PYTHON ?= python3.11
 VENV   := .venv
 BIN    := $(VENV)/bin
 
-.PHONY: demo test bench-quick robustness clean mosquitto iptables chromium
+.PHONY: demo test bench-quick robustness clean mosquitto iptables chromium neurobench lava-venv
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -24,8 +24,21 @@ $(VENV)/.installed-bench: pyproject.toml $(VENV)/.installed
 demo: $(VENV)/.installed mosquitto
 	$(BIN)/edgefl demo --rounds 5 --out runs/demo
 
-test: $(VENV)/.installed-test mosquitto chromium
+test: $(VENV)/.installed-test mosquitto chromium neurobench
 	$(BIN)/python -m pytest
+
+# NeuroBench cross-checks our operation counts (tests/test_neurobench.py, export/crosscheck.py).
+# Installed without its declared dependencies: its metrics need only torch and snntorch (ours) and
+# tqdm, while its requirements would add torchaudio, numba, tonic and librosa for datasets we never load.
+NEUROBENCH := neurobench==2.3.0 tqdm==4.70.1
+neurobench: $(VENV)/.installed
+	@$(BIN)/python -c "import neurobench, tqdm" 2>/dev/null || $(BIN)/pip install --quiet --no-deps $(NEUROBENCH)
+
+# Lava's own netx loader and fixed-point simulator in a separate Python 3.11 venv (minutes, once;
+# needs PyPI): every Lava release declares python<3.11, so it cannot be an extra of ours.
+lava-venv:
+	PYTHON=$(PYTHON) tools/lava/build_venv.sh .lava-venv
+# Then: edgefl export lava ... --verify-in-lava (Lava's spikes vs ours, layer by layer; README).
 
 # The service tests start their own mosquitto; install Debian's when it is missing.
 mosquitto:

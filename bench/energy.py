@@ -9,7 +9,10 @@ deploy (``export.energy.chip_layers``); what they leave off-chip is priced on ``
 fp32 arithmetic, a stand-in for the gateway CPU: no sourced per-operation CPU figure is shipped).
 Each backbone here is trained briefly on one site so its firing rates are those of a
 trained model (BatchNorm statistics recomputed on the training windows, see
-``calibrate_batchnorm``), then counted on that site's held-out test windows. Usage:
+``calibrate_batchnorm``), then counted on that site's held-out test windows. Per backbone a
+per-layer table (input shape per window, fan-out, spikes in, MACs, ACs, pJ) lets a reader check
+every count by hand, and for the spiking backbones NeuroBench's counts sit beside ours
+(``export.crosscheck``; skipped when neurobench is not installed). Usage:
 
     python bench/energy.py --quick      # a few minutes on 2 cores
     python bench/energy.py              # longer training of the same paper-size models
@@ -57,6 +60,8 @@ def run_job(backbone: str, cfg: dict, threads: int) -> dict:
     positions = torch.linspace(0, len(data.test) - 1, cfg["test_windows"]).round().long().unique()
     test = dataclasses.replace(data.test, starts=data.test.starts[positions])  # evenly spread test windows
     layers, windows = count_ops(model, test)
+    cmos = energy_report(layers, windows, load_profile(HOST))
+    per_layer = [layer_row(layer, windows, cmos.layers[layer.name].pj) for layer in layers if layer.stage == "backbone"]
     rows, host = [], load_profile(HOST)
     for name in PROFILES:
         profile = load_profile(name)
@@ -77,7 +82,34 @@ def run_job(backbone: str, cfg: dict, threads: int) -> dict:
     for row in rows:
         row.update(onnx_speedup=timing["torch_ms"] / timing["onnx_ms"], torch_ms=timing["torch_ms"],
                    onnx_ms=timing["onnx_ms"], onnx_max_abs_error=onnx.max_abs_error)
-    return {"backbone": backbone, "rows": rows, "seconds": time.perf_counter() - started}
+    neurobench = crosscheck(model, test) if REGISTRY[backbone].kind == "snn" else None
+    return {"backbone": backbone, "rows": rows, "layers": per_layer, "neurobench": neurobench,
+            "seconds": time.perf_counter() - started}
+
+
+def layer_row(layer, windows: int, pj: float) -> dict:
+    """One backbone layer per window, as a reader checks it: ACs = spikes in x fan-out, MACs from shapes."""
+    shape = list(layer.input_shape)
+    if windows in shape:  # the batch axis (the first of that size: T or B leads every layout)
+        shape[shape.index(windows)] = 1
+    return {"name": layer.name.removeprefix("shared.backbone."), "cost": layer.cost, "input_shape": shape,
+            "calls": layer.calls, "fan_out": layer.fan_out, "input_spikes": layer.input_spikes / windows,
+            "input_rate": layer.input_rate, "macs": layer.macs / windows, "acs": layer.acs / windows,
+            "neuron_updates": layer.neuron_updates / windows, "spikes": layer.spikes / windows,
+            "firing_rate": layer.firing_rate, "pj": pj}
+
+
+def crosscheck(model, test, windows: int = 16) -> dict | None:
+    """NeuroBench's SynapticOperations and ActivationSparsity beside ours on ``windows`` test windows."""
+    import dataclasses
+
+    from export.contract import sample_windows
+    from export.crosscheck import compare
+
+    try:
+        return dataclasses.asdict(compare(model, *sample_windows(test, windows)))
+    except ImportError as err:
+        return {"skipped": f"neurobench not installed ({err})"}
 
 
 def markdown(summary: dict) -> str:
@@ -99,7 +131,40 @@ def markdown(summary: dict) -> str:
     for r in rows:
         if r["profile"] == PROFILES[0]:
             lines.append(f"| {r['backbone']} | {r['torch_ms']:.2f} | {r['onnx_ms']:.2f} | {r['onnx_speedup']:.2f}x |")
+    lines += neurobench_table(summary["neurobench"])
+    for backbone, layers in summary["layers"].items():
+        lines += layer_table(backbone, layers)
     return "\n".join(lines) + "\n"
+
+
+def layer_table(backbone: str, layers: list[dict]) -> list[str]:
+    """Per backbone layer, per window on cmos45nm: a Linear fed spikes costs spikes in x fan-out ACs."""
+    lines = ["", f"### {backbone}: backbone layers per window (cmos45nm)", "",
+             "| layer | op | input shape | fan-out | spikes in (rate) | MACs | ACs | neuron updates | spikes out (rate) | pJ |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in layers:
+        spikes_in = f"{r['input_spikes']:.4g} ({r['input_rate']:.3f})" if r["fan_out"] and r["acs"] else "-"
+        spikes_out = f"{r['spikes']:.4g} ({r['firing_rate']:.3f})" if r["firing_rate"] is not None else "-"
+        shape = "x".join(map(str, r["input_shape"])) + (f" x{r['calls']} calls" if r["calls"] > 1 else "")
+        lines.append(f"| {r['name']} | {r['cost']} | {shape} | {r['fan_out'] or '-'} | {spikes_in} | "
+                     f"{r['macs']:.4g} | {r['acs']:.4g} | {r['neuron_updates']:.4g} | {spikes_out} | {r['pj']:.4g} |")
+    return lines
+
+
+def neurobench_table(results: dict) -> list[str]:
+    """Our counts beside NeuroBench's on the spiking backbones' Linear/Conv layers (export.crosscheck)."""
+    lines = ["", "NeuroBench 2.3.0 beside our counter, per window (16 test windows; Linear and Conv layers):", "",
+             "| backbone | activation sparsity ours / NeuroBench | ACs ours | NeuroBench ACs | NeuroBench MACs "
+             "| our ACs on layers NeuroBench calls MAC | ops NeuroBench does not see |", "|---|---|---|---|---|---|---|"]
+    for backbone, r in results.items():
+        if "skipped" in r:
+            lines.append(f"| {backbone} | {r['skipped']} | | | | | |")
+            continue
+        acs = sum(layer["ops"] for layer in r["layers"] if layer["cost"] == "ac")
+        as_mac = sum(layer["ops"] for layer in r["layers"] if layer["cost"] == "ac" and layer["neurobench_cost"] == "mac")
+        lines.append(f"| {backbone} | {r['sparsity']:.6f} / {r['neurobench_sparsity']:.6f} | {acs:.4g} | "
+                     f"{r['neurobench_acs']:.4g} | {r['neurobench_macs']:.4g} | {as_mac:.4g} | {r['unseen_ops']:.4g} |")
+    return lines
 
 
 def plot(summary: dict, path: Path) -> None:
@@ -134,6 +199,8 @@ def main() -> None:
     cmos = {r["backbone"]: r["backbone_synaptic_pj"] for r in rows if r["profile"] == "cmos45nm"}
     summary = {
         "rows": rows,
+        "layers": {job["backbone"]: job["layers"] for job in sorted(jobs, key=lambda j: BACKBONES.index(j["backbone"]))},
+        "neurobench": {job["backbone"]: job["neurobench"] for job in jobs if job["neurobench"] is not None},
         "snn_vs_ann": {"measured": cmos["itransformer"] / cmos["ispikformer"], "paper": PAPER["itransformer"] /
                        PAPER["ispikformer"], "ispikformer_pj": cmos["ispikformer"], "itransformer_pj": cmos["itransformer"]},
         "config": run_config(cfg, args.quick, started),

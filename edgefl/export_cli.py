@@ -74,12 +74,13 @@ def run_export(fmt: str, out: Path, source: tuple[Forecaster, ClientData], windo
     a model the format cannot express or an artefact that does not reproduce it fails the command."""
     from export import exporter
     from export.contract import ExportMismatchError
+    from export.lava_check import LavaUnavailableError
     from export.stack import UnsupportedLayerError
 
     model, data = source
     try:
         report = exporter(fmt)(model, out, data.test, windows, **options)
-    except (UnsupportedLayerError, ExportMismatchError) as err:
+    except (UnsupportedLayerError, ExportMismatchError, LavaUnavailableError) as err:
         fail(f"{fmt} export refused: {err}")
     for line in report_lines(report):
         console.print(line, markup=False)
@@ -168,6 +169,12 @@ def export_lava_command(
     checkpoint: Checkpoint = None, agent_config: AgentConfigPath = None, site: Site = None, csv: Csv = None,
     windows: Windows = 64,
     min_agreement: Annotated[float, typer.Option(help="fail below this spike agreement with the quantized model")] = 0.99,
+    verify_in_lava: Annotated[bool, typer.Option(
+        help="also run the file in Lava's own fixed-point simulator (venv from `make lava-venv`)")] = False,
+    lava_venv: Annotated[Path, typer.Option(help="the Lava venv for --verify-in-lava")] = Path(".lava-venv"),
+    lava_windows: Annotated[int, typer.Option(help="windows Lava runs (its simulator is slow)")] = 8,
 ) -> None:
-    """A spiking backbone's Dense + LIF stack to Lava netx HDF5, checked by a fixed-point CUBA model."""
-    run_export("lava", out, model_and_data(checkpoint, agent_config, site, csv), windows, min_agreement=min_agreement)
+    """A spiking backbone's Dense + LIF stack to Lava netx HDF5, checked by a fixed-point CUBA model
+    (and, with --verify-in-lava, by Lava itself)."""
+    run_export("lava", out, model_and_data(checkpoint, agent_config, site, csv), windows, min_agreement=min_agreement,
+               lava_venv=lava_venv if verify_in_lava else None, lava_windows=lava_windows)

@@ -19,14 +19,14 @@ weights, bias and threshold are all multiplied by one ``scale > 0``, every layer
 the largest that keeps weights, bias, threshold and the 24-bit voltage in range (most precision).
 
 On Lava: ``Network(net_config=path, reset_interval=T, reset_offset=1)`` with each position's T
-input spike steps fed back to back. Each Dense synapse delays by one step, so layer i (1-based)
-answers step t of a position at step t + i + 1 of the run; netx resets layer i's state exactly
-before its first input (offset 1 + i), which removes the bias-only steps the delay would add.
+input spike steps fed back to back. Each Dense synapse delays by one step, so dense layer i
+(1-based) answers input step t at 0-based run step t + i (measured in Lava, ``export.lava_check``);
+netx resets layer i's state exactly before its first input, which removes the bias-only steps the
+delay would add.
 """
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,6 +38,7 @@ import torch
 from edge_agent.data import WindowSet
 from edge_agent.models import Forecaster
 from export.contract import ExportMismatchError, ExportReport, sample_windows, verified_write
+from export.lava_check import lava_python, run_in_lava
 from export.stack import DenseLIF, SpikingStack, spiking_stack
 
 UNIT = 64  # Lava's 6-bit MSB alignment of synaptic input, bias (bias_exp=6) and threshold
@@ -205,20 +206,22 @@ def simulate_cuba(netx: dict, spikes: np.ndarray) -> list[np.ndarray]:
     return outputs
 
 
-def encoder_spikes(model: Forecaster, x: torch.Tensor, marks: torch.Tensor) -> np.ndarray:
-    """The off-chip encoder's spikes for windows (B, L, F) as the chip's input (T, B * L, d_qap)."""
+def chip_input(model: Forecaster, stack: SpikingStack, x: torch.Tensor, marks: torch.Tensor) -> np.ndarray:
+    """The spikes that reach the stack's first layer for windows (B, L, F), from the forecaster's
+    own path (alignment, instance norm, encoder), as the chip's input (T, B * positions, inputs)."""
     captured: list[torch.Tensor] = []
-    hook = model.shared["backbone"].encoder.register_forward_hook(lambda _m, _i, out: captured.append(out))
+    first = model.get_submodule(stack.layers[0].name)
+    hook = first.register_forward_pre_hook(lambda _m, args: captured.append(args[0]))
     try:
         with torch.no_grad():
-            model(x, marks)  # the forecaster's own path to the encoder (alignment, instance norm)
+            model(x, marks)
     finally:
         hook.remove()
-    return captured[0].flatten(1, 2).numpy()
+    return captured[0].flatten(1, -2).numpy()
 
 
 def export_lava(model: Forecaster, out: Path, windows: WindowSet, n_windows: int = 64, *,
-                min_agreement: float = 0.99) -> ExportReport:
+                min_agreement: float = 0.99, lava_venv: Path | None = None, lava_windows: int = 8) -> ExportReport:
     """Write the on-chip stack of ``model`` to file ``out`` and check it on ``n_windows`` real windows.
 
     The file is read back and run by ``simulate_cuba``; in every layer its spikes must equal those
@@ -226,12 +229,15 @@ def export_lava(model: Forecaster, out: Path, windows: WindowSet, n_windows: int
     position, neuron) entries (``spike_agreement`` is the lowest layer's), or ``ExportMismatchError``
     names the layer and ``out`` keeps whatever it held before. Agreement with the unquantized model
     is the cost of 8-bit weights, reported per layer, not checked (measured 0.96-0.9996 per layer on
-    weather windows). Details: ``clipped_weights``, ``off_chip`` and, where lava-dl is installed,
-    ``netx_network`` (the file loaded by netx).
+    weather windows). Details: ``clipped_weights``, ``off_chip``. With ``lava_venv`` (built by
+    ``make lava-venv``) Lava itself runs the file on the first ``lava_windows`` windows and must
+    agree with the fixed-point model in at least ``min_agreement`` of every layer's entries.
     """
     stack = spiking_stack(model.eval().shared["backbone"])  # UnsupportedLayerError names the layer
+    if lava_venv is not None:
+        lava_python(lava_venv)  # a missing Lava venv fails before anything is written
     x, marks = sample_windows(windows, n_windows)
-    spikes = encoder_spikes(model, x, marks)
+    spikes = chip_input(model, stack, x, marks)
     path = Path(out)
     with verified_write(path) as partial:
         quantized = write_netx(stack, partial, steps=spikes.shape[0])
@@ -245,7 +251,8 @@ def export_lava(model: Forecaster, out: Path, windows: WindowSet, n_windows: int
         firing_rates={layer.name: float(s.mean()) for layer, s in zip(stack.layers, chip)},
         details={"clipped_weights": sum(q.clipped_weights for q in quantized), "off_chip": list(stack.off_chip)},
     )
-    load_with_netx(report, path, spikes.shape[0])
+    positions = lava_windows * spikes.shape[1] // len(x)  # the first windows' positions
+    check_in_lava(report, path, spikes[:, :positions], [s[:, :positions] for s in chip], lava_venv, min_agreement)
     return report
 
 
@@ -275,12 +282,17 @@ def layer_report(q: Quantized, layer: DenseLIF, agree_q: float, agree_f: float) 
     }
 
 
-def load_with_netx(report: ExportReport, path: Path, steps: int) -> None:
-    """Load the written file with lava-dl's netx where it is installed (``details["netx_network"]``),
-    else say in ``notes`` that only the fixed-point model checked it."""
-    try:
-        hdf5 = importlib.import_module("lava.lib.dl.netx.hdf5")
-    except ImportError:
-        report.notes.append("lava-dl not installed here, so the file was checked by the fixed-point model only")
+def check_in_lava(report: ExportReport, path: Path, spikes: np.ndarray, ours: list[np.ndarray],
+                  venv: Path | None, min_agreement: float) -> None:
+    """Run the written file in Lava (``export.lava_check``) when ``venv`` is given and record per
+    layer its agreement with ``simulate_cuba``; else note that only the fixed-point model checked it."""
+    if venv is None:
+        report.notes.append("checked by the fixed-point model; --verify-in-lava runs Lava itself (make lava-venv)")
         return
-    report.details["netx_network"] = str(hdf5.Network(net_config=str(path), reset_interval=steps, reset_offset=1))
+    check = run_in_lava(path, spikes, ours, venv)
+    report.details.update(lava_agreement=check.agreement, lava_spikes=check.lava_spikes,
+                          lava_positions=check.positions, lava_seconds=round(check.seconds, 1))
+    worst = min(check.agreement)
+    if worst < min_agreement:
+        raise ExportMismatchError(f"Lava's own simulator agrees with the fixed-point model in only {worst:.4%} "
+                                  f"of one layer's entries (per layer {check.agreement}); {path} was written")

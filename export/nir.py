@@ -149,18 +149,20 @@ def _lif(current: np.ndarray, tau: np.ndarray, r: np.ndarray, v_leak: np.ndarray
 
 
 def model_spikes(model: Forecaster, x: torch.Tensor, marks: torch.Tensor) -> tuple[np.ndarray, list[np.ndarray]]:
-    """Encoder spikes (T, B*L, d_qap) and each stack layer's spikes from the model's own eval forward.
+    """The chip's input spikes (T, B * positions, inputs) and each on-chip layer's spikes from the
+    model's own eval forward.
 
     Runs a float64 copy so that the check compares NIR semantics, not float32 rounding.
     """
     twin = copy.deepcopy(model).double().eval()
-    backbone, captured = twin.shared["backbone"], []
-    for module in (backbone.encoder, *backbone.stack):
+    layers = [twin.get_submodule(layer.name) for layer in spiking_stack(twin.shared["backbone"]).layers]
+    inputs, captured = [], []
+    layers[0].register_forward_pre_hook(lambda _module, args: inputs.append(args[0]))
+    for module in layers:
         module.register_forward_hook(lambda _module, _inputs, output: captured.append(output))
     with torch.no_grad():
         twin(x.double(), marks.double())
-    flat = [output.flatten(1, 2).numpy() for output in captured]
-    return flat[0], flat[1:]
+    return inputs[0].flatten(1, -2).numpy(), [output.flatten(1, -2).numpy() for output in captured]
 
 
 def export_nir(model: Forecaster, out: Path, windows: WindowSet, n_windows: int = 256) -> ExportReport:

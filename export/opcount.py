@@ -82,6 +82,9 @@ class LayerOps:
     inputs: float = 0.0  # inputs that reached a spike-fed layer, and how many were non-zero
     active_inputs: float = 0.0
     spikes: float = 0.0  # spikes a LIF layer emitted over ``neuron_updates`` steps
+    input_spikes: float = 0.0  # spikes that reached a spike-fed Linear (a 2 counts twice): ACs / fan_out
+    input_shape: tuple[int, ...] = ()  # of the first call, batch included
+    fan_out: int = 0  # outputs each input reaches (Linear: out_features; Conv: maps x kernel taps)
 
     @property
     def input_rate(self) -> float | None:
@@ -108,6 +111,7 @@ def _dense(ops: LayerOps, x: torch.Tensor, fan_out: int, fan_in: int) -> None:
     if ops.cost == "mac":
         ops.macs += rows * fan_in * fan_out
     else:
+        ops.input_spikes += float(x.sum())
         ops.acs += float(x.sum()) * fan_out
         ops.dense_macs += rows * fan_in * fan_out
         _inputs(ops, x)
@@ -253,11 +257,22 @@ def cost_of(name: str, module: nn.Module, fed_spikes: bool) -> str:
     return "mac"
 
 
+def fan_out(module: nn.Module) -> int:
+    """How many outputs one input of a Linear or Conv2d reaches (0 for other layers)."""
+    if isinstance(module, nn.Linear):
+        return module.out_features
+    if isinstance(module, nn.Conv2d):
+        return module.out_channels // module.groups * module.kernel_size[0] * module.kernel_size[1]
+    return 0
+
+
 def _hook(ops: LayerOps, rule: Rule, trace: SpikeTrace):
     def record(module: nn.Module, args: tuple, out: object) -> None:
         cost = cost_of(ops.name, module, trace.carries_spikes(args[0]))
         if ops.cost and cost != ops.cost:
             raise RuntimeError(f"{ops.name}: fed differently between calls ({ops.cost}, then {cost})")
+        if not ops.calls:
+            ops.input_shape, ops.fan_out = tuple(getattr(args[0], "shape", ())), fan_out(module)
         ops.cost = cost
         ops.calls += 1
         rule(ops, module, args, out)

@@ -1,10 +1,15 @@
 """The part of a spiking backbone a neuromorphic chip can run: Dense + LIF layers, BatchNorm folded.
 
-SpikeRNN splits in two: the conv spike encoder reads real values (a MAC workload, kept off-chip
-on the gateway's CPU) and emits spikes (T, B, L, d_qap); the stack of Linear + BatchNorm + LIF
-layers is applied to every one of the L positions with the same weights, so the on-chip network
-is one copy of that stack with d_qap input neurons, run once per position for T steps. Its last
-layer's spikes, averaged over T, feed the personal head (again off-chip).
+One partition for the exporters (``export lava``/``export nir`` deploy ``spiking_stack``) and the
+energy report (``on_chip_modules`` prices exactly those modules on the chip). The conv spike
+encoder reads real values (a MAC workload) and stays off-chip on the gateway's CPU, as do the
+mean over T and the personal head. SpikeRNN: the stack of Linear + BatchNorm + LIF layers runs on
+chip, one copy with d_qap input neurons per position (same weights at every position).
+Spikformer / iSpikformer: only the spiking embedding (Linear + LIF, fed binary encoder spikes; per
+position, resp. per channel for iSpikformer) runs on chip. Each block stays on the host: its
+attention multiplies two spike tensors (Q K^T, attn V), which no Dense/Conv + LIF layer expresses,
+and its q/k/v, out and MLP Linear + LIF layers read residual sums of spike tensors (x + attn(x):
+counts 0, 1, 2, ..., not binary spikes) or feed those products.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import numpy as np
 from torch import nn
 
 from edge_agent.models.backbones.spike_rnn import SpikeRNN
+from edge_agent.models.backbones.spikformer import ISpikformer, Spikformer
 from edge_agent.models.backbones.spiking import BETA, SpikingLinear
 
 
@@ -37,7 +43,8 @@ class DenseLIF:
 
 @dataclass(frozen=True)
 class SpikingStack:
-    """The on-chip layers in order, plus what stays off-chip around them."""
+    """The on-chip layers in order (each layer's ``name`` is its module in the forecaster; the
+    first one's input is the chip's input), plus what stays off-chip around them."""
 
     input_size: int
     layers: list[DenseLIF]
@@ -73,20 +80,27 @@ def fold_batchnorm(linear: nn.Linear, norm: nn.BatchNorm1d) -> tuple[np.ndarray,
 
 
 def spiking_stack(backbone: nn.Module, prefix: str = "shared.backbone") -> SpikingStack:
-    """Extract the Dense + LIF stack of ``backbone``, or fail naming the first layer that is not one."""
-    if not isinstance(backbone, SpikeRNN):
+    """The on-chip Dense + LIF stack of ``backbone`` (see the module docstring for what runs where),
+    or fail naming the first layer that is not one."""
+    if isinstance(backbone, SpikeRNN):
+        blocks = [(f"{prefix}.stack.{index}", block) for index, block in enumerate(backbone.stack)]
+        host = []
+    elif isinstance(backbone, (Spikformer, ISpikformer)):
+        blocks = [(f"{prefix}.embed", backbone.embed)]
+        host = [f"{prefix}.blocks.{index} (spiking self-attention: spike x spike products; Linear + LIF layers fed "
+                "residual spike sums)" for index in range(len(backbone.blocks))]
+    else:
         raise UnsupportedLayerError(_why_not(backbone, prefix))
     layers = []
-    for index, block in enumerate(backbone.stack):
+    for name, block in blocks:
         if not isinstance(block, SpikingLinear):
-            raise UnsupportedLayerError(f"{prefix}.stack.{index}: {type(block).__name__} is not Linear + LIF")
+            raise UnsupportedLayerError(f"{name}: {type(block).__name__} is not Linear + LIF")
         weight, bias = fold_batchnorm(block.linear, block.norm)
-        name = f"{prefix}.stack.{index}"
         modules = tuple(f"{name}.{part}" for part in ("linear", "norm", "lif"))
         layers.append(DenseLIF(name, weight, bias, BETA, float(block.lif.threshold), modules))
     return SpikingStack(
         input_size=layers[0].weight.shape[1], layers=layers,
-        off_chip=[f"{prefix}.encoder (conv on real values)", "mean over T and the personal head"],
+        off_chip=[f"{prefix}.encoder (conv on real values)", *host, "mean over T and the personal head"],
     )
 
 

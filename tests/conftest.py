@@ -35,6 +35,16 @@ def trained(backbone: str, data, steps: int = 25, **overrides: object) -> torch.
     return model.eval()
 
 
+def calibrated(backbone: str, data) -> torch.nn.Module:
+    """A small untrained model whose BatchNorm statistics come from ``data``'s training windows:
+    spiking layers then fire (about 15%) without the cost of training, enough to count operations."""
+    from edge_agent.models import build_forecaster
+    from edge_agent.train import calibrate_batchnorm
+
+    with torch.no_grad():
+        return calibrate_batchnorm(build_forecaster(small_config(backbone), data.n_features, 4, seed=3), data.train)
+
+
 @pytest.fixture
 def make_config():
     return small_config

@@ -7,11 +7,12 @@ import pytest
 
 from edge_agent.data import load_site, prepare_client
 from export.energy import chip_layers, energy_report
-from export.lava import write_netx
+from export.lava import export_lava, write_netx
+from export.nir import export_nir
 from export.opcount import count_ops
 from export.profiles import load_profile
 from export.stack import UnsupportedLayerError, spiking_stack
-from tests.conftest import trained
+from tests.conftest import calibrated, trained
 
 
 @pytest.fixture(scope="module")
@@ -53,12 +54,31 @@ def test_the_chip_prices_exactly_the_exported_spikernn_stack(profile: str, site,
 
 
 def test_a_backbone_the_exporters_refuse_runs_nothing_on_chip(site) -> None:
-    model = trained("spikformer", site)
+    model = trained("dlinear", site)
     with pytest.raises(UnsupportedLayerError):
         spiking_stack(model.shared["backbone"])
     report = report_for(model, site, "loihi")
     assert report.on_chip == [] and on_chip(report) == set() and report.chip_pj == 0
     assert report.host_pj == pytest.approx(report_for(model, site, "cmos45nm").total_pj)
+
+
+@pytest.mark.parametrize("kind", ["spikformer", "ispikformer"])
+def test_a_spikformer_runs_its_embedding_on_chip_and_its_blocks_on_the_host(kind: str, site, tmp_path) -> None:
+    """Spike x spike attention and the residual-fed layers around it stay on the host; the spiking
+    embedding is what export lava/nir write and what the chip is priced for."""
+    model = calibrated(kind, site)
+    stack = spiking_stack(model.shared["backbone"])
+    assert [layer.name for layer in stack.layers] == ["shared.backbone.embed"]
+    assert any("blocks.1 (spiking self-attention" in part for part in stack.off_chip)
+    report = report_for(model, site, "loihi")
+    assert on_chip(report) == set(report.on_chip) == exported_layers(model, tmp_path) == {
+        "shared.backbone.embed.linear", "shared.backbone.embed.lif"}
+    attention = report.layers["shared.backbone.blocks.0.attn"]
+    assert attention.off_chip["acs"] > 0 and attention.host_pj > 0 and report.chip_pj > 0
+    nir = export_nir(model, tmp_path / "m.nir", site.test, n_windows=8)
+    lava = export_lava(model, tmp_path / "m.net", site.test, n_windows=8)
+    assert nir.spike_agreement == 1.0 and lava.spike_agreement >= 0.99
+    assert nir.details["off_chip"] == lava.details["off_chip"] == stack.off_chip
 
 
 def test_a_neuromorphic_target_without_its_partition_is_refused(site) -> None:

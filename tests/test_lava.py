@@ -195,12 +195,9 @@ def test_a_file_that_does_not_reproduce_the_model_is_refused(model, client, tmp_
         export_lava(model, tmp_path / "net.h5", client.test, n_windows=16)
 
 
-@pytest.mark.parametrize(
-    ("backbone", "reason"), [("spikformer", "spiking self-attention"), ("dlinear", "ANN backbone")]
-)
-def test_unsupported_backbone_names_the_layer(backbone, reason, client, tmp_path):
-    model = build_forecaster(small_config(backbone), client.n_features, TIME_FEATURES, seed=1)
-    with pytest.raises(UnsupportedLayerError, match=reason) as err:
+def test_unsupported_backbone_names_the_layer(client, tmp_path):
+    model = build_forecaster(small_config("dlinear"), client.n_features, TIME_FEATURES, seed=1)
+    with pytest.raises(UnsupportedLayerError, match="ANN backbone") as err:
         export_lava(model.eval(), tmp_path / "net.h5", client.test, n_windows=4)
     assert str(err.value).startswith("shared.backbone")
     assert not (tmp_path / "net.h5").exists()

@@ -169,18 +169,10 @@ def test_export_nir_refuses_a_file_that_does_not_reproduce_the_model(model, data
     assert path.read_bytes() == b"previous export" and list(tmp_path.iterdir()) == [path]
 
 
-@pytest.mark.parametrize(
-    "backbone, layer",
-    [("dlinear", "shared.backbone: DLinear is an ANN backbone"), ("ispikformer", "spiking self-attention")],
-)
-def test_unsupported_backbones_name_the_layer(backbone: str, layer: str, data, tmp_path) -> None:
-    model = build_forecaster(small_config(backbone), len(COLUMNS), TIME_FEATURES, seed=1).eval()
-    modules = model.shared["backbone"].named_modules()
-    names = [name for name, module in modules if type(module).__name__ == "SpikingSelfAttention"]
-    with pytest.raises(UnsupportedLayerError, match=layer) as err:
+def test_an_ann_backbone_is_refused_naming_it(data, tmp_path) -> None:
+    model = build_forecaster(small_config("dlinear"), len(COLUMNS), TIME_FEATURES, seed=1).eval()
+    with pytest.raises(UnsupportedLayerError, match="shared.backbone: DLinear is an ANN backbone"):
         export_nir(model, tmp_path / "model.nir", data.test, n_windows=4)
-    if names:
-        assert f"shared.backbone.{names[0]}:" in str(err.value)
     assert list(tmp_path.iterdir()) == []
 
 
