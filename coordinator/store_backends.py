@@ -25,6 +25,11 @@ except ImportError:  # PostgreSQL support is the optional ``postgres`` extra
 STORAGE_ERRORS = (OSError, sqlite3.OperationalError, *POSTGRES_ERRORS)
 
 
+class LeaseLost(BaseException):
+    """The leader's database session ended, and with it the leader lease: stop at once, commit
+    nothing more (a ``BaseException`` so that no per-message guard takes it for a bad message)."""
+
+
 class SqliteDatabase:
     """``coordinator.sqlite3`` in the state folder: WAL, full sync, autocommit between the
     explicit transactions the store opens."""

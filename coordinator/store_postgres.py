@@ -14,6 +14,7 @@ from psycopg import pq
 from safetensors.torch import load as load_tensors
 from safetensors.torch import save as save_tensors
 
+from coordinator.store_backends import LeaseLost
 from edge_agent.storage import StateDirError
 from edge_agent.tensors import TensorDict
 
@@ -26,11 +27,6 @@ CONNECT_TIMEOUT_S = 10
 # with it the lease) within about 25 s instead of the kernel's two hours.
 KEEPALIVES = {"keepalives": 1, "keepalives_idle": 10, "keepalives_interval": 5, "keepalives_count": 3,
               "options": "-c tcp_keepalives_idle=10 -c tcp_keepalives_interval=5 -c tcp_keepalives_count=3"}
-
-
-class LeaseLost(BaseException):
-    """The leader's database session ended, and with it the leader lease: stop at once, commit
-    nothing more (a ``BaseException`` so that no per-message guard takes it for a bad message)."""
 
 
 def where(url: str) -> str:

@@ -58,7 +58,7 @@ def _print_event(kind: str, data: dict) -> None:
     elif kind == "foundation":
         console.print(f"round {data['round']}: foundation checkpoint {data['path']} (sha256 {data['sha256']})",
                       soft_wrap=True)
-    elif kind in ("rejected", "resumed", "registered", "campaign", "cleared", "ignored") or (
+    elif kind in ("rejected", "resumed", "registered", "campaign", "cleared", "ignored", "standby", "leading") or (
             kind == "presence" and not data["online"]):
         console.print(f"{kind}: {data}")
 
@@ -67,18 +67,24 @@ def _print_event(kind: str, data: dict) -> None:
 def coordinator_serve(config: ConfigPath, verbose: bool = False) -> None:
     """Run the rounds of a fleet until the last one is aggregated (resumes after a crash)."""
     from coordinator.config import CoordinatorConfig
+    from coordinator.lease import take_lead
     from coordinator.server import Coordinator
+    from coordinator.store_backends import LeaseLost
 
     _setup(verbose)
     try:
         cfg = load_config(config, CoordinatorConfig)
     except ConfigError as err:
         _fail(str(err))
+    stop = _Stopper()
     try:
-        coordinator = Coordinator(cfg, on_event=_print_event)
-        coordinator.serve(stop=_Stopper())
+        store = take_lead(cfg, stop, _print_event)
+        if store is not None:
+            Coordinator(cfg, on_event=_print_event, store=store).serve(stop=stop)
     except (ConnectionError, StateDirError) as err:
         _fail(str(err))
+    except LeaseLost as err:
+        _fail(f"{err}; stopped (a standby coordinator takes over)")
 
 
 @coordinator_app.command("status")
@@ -92,7 +98,7 @@ def coordinator_status(config: ConfigPath) -> None:
     except ConfigError as err:
         _fail(str(err))
     try:
-        store = Store(cfg.state_dir)
+        store = Store(cfg.state_dir, cfg.store.url)
     except StateDirError as err:
         _fail(str(err))
     rounds = Table("round", "state", "updates", "late", "imputed", "dropped", "loss", "closed by",
