@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 from pathlib import Path
 
 from coordinator.store import Store
 from tests.fleet import agent_config, coordinator_config, start, wait_for, write_client_csvs
 from tests.test_service import assert_rounds_equal, finish, replay, served_rounds, state
 
-ROUNDS = 3
+ROUNDS = 2
 
 
 def coordinator_on(folder: Path, port: int, url: str) -> Path:
@@ -38,9 +40,9 @@ def test_standby_takes_over_from_a_killed_leader_with_every_accepted_update(
     leader = start(tmp_path, "leader", "coordinator", "serve", "-c", str(leader_config))
     wait_for(lambda: "leading fleet test" in log_of(tmp_path, "leader"), 60, "the leader to take the lease")
     standby = start(tmp_path, "standby", "coordinator", "serve", "-c", str(standby_config))
+    first = start(tmp_path, "agent0", "agent", "run", "-c", str(agent_config(tmp_path, mosquitto.port, 0, paths[0])))
     wait_for(lambda: "standing by: fleet test is led by edgefl-coordinator" in log_of(tmp_path, "standby"), 60,
              "the standby to stand by")
-    first = start(tmp_path, "agent0", "agent", "run", "-c", str(agent_config(tmp_path, mosquitto.port, 0, paths[0])))
     db = tmp_path / "leader" / "coordinator"
     wait_for(state(db, lambda s: s.latest_round() and s.updates(1), postgres_url), 90, "an update in round 1")
     os.kill(leader.pid, signal.SIGKILL)
@@ -61,6 +63,9 @@ def test_standby_takes_over_from_a_killed_leader_with_every_accepted_update(
     finally:
         store.close()
     assert not list((tmp_path / "standby" / "coordinator").rglob("*.safetensors"))  # all in the database
+    status = subprocess.run([sys.executable, "-m", "edgefl.cli", "coordinator", "status", "-c", str(standby_config)],
+                            capture_output=True, text=True, timeout=120, env={**os.environ, "COLUMNS": "250"})
+    assert status.returncode == 0 and status.stdout.count("all online clients reported") == ROUNDS, status.stdout
     assert_rounds_equal(served_rounds(db, postgres_url), replay(db, paths, ROUNDS, postgres_url).states)
 
 
