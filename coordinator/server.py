@@ -60,7 +60,7 @@ class Coordinator:
         self.initial, self.signature = template.initial, template.signature
         self.update_layout = template.update_layout  # global state + what updates carry beyond it (core-sets)
         self.strategy = make_strategy(cfg, template.initial, cfg.seed)
-        self.engine = RoundEngine(self.strategy, cfg, self.store.dir / "twins", robust=cfg.robust,
+        self.engine = RoundEngine(self.strategy, cfg, self.store.tensors, robust=cfg.robust,
                                   on_time=self.store.last_on_time(), state_keys=template.initial)
         self.on_event = on_event or (lambda kind, data: None)
         self.connection = Connection(

@@ -82,8 +82,8 @@ class Store:
             self.db.create(SCHEMA)
         except STORAGE_ERRORS as err:
             self.db.close()
-            raise StateDirError(f"{url and 'store.url' or 'state_dir ' + str(self.dir)}: cannot create the tables: "
-                                f"{err}") from None
+            where = "store.url" if url else f"state_dir {self.dir}"
+            raise StateDirError(f"{where}: cannot create the tables: {err}") from None
 
     @contextmanager
     def batch(self):

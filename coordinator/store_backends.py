@@ -83,6 +83,9 @@ class TensorFiles:
     def exists(self, name: str) -> bool:
         return (self.folder / name).is_file()
 
+    def delete(self, name: str) -> None:
+        (self.folder / name).unlink(missing_ok=True)
+
     def names(self, folder: str) -> list[str]:
         """The names of the tensor files directly in ``folder``, sorted."""
         return [str(PurePosixPath(folder) / path.name) for path in sorted((self.folder / folder).glob("*.safetensors"))]

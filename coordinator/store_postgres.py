@@ -100,6 +100,9 @@ class TensorTable:
     def exists(self, name: str) -> bool:
         return self.database.execute("SELECT 1 FROM tensors WHERE name=?", (name,)).fetchone() is not None
 
+    def delete(self, name: str) -> None:
+        self.database.execute("DELETE FROM tensors WHERE name=?", (name,))
+
     def names(self, folder: str) -> list[str]:
         """The names directly below ``folder``, sorted (as ``TensorFiles.names``)."""
         prefix = folder.rstrip("/") + "/"

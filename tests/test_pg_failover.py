@@ -21,9 +21,9 @@ ROUNDS = 2
 
 def coordinator_on(folder: Path, port: int, url: str) -> Path:
     """A coordinator config with its own state_dir below ``folder`` and the shared database:
-    round 1 needs both clients, so it stays open with the first one's update."""
+    round 1 needs both clients, so it stays open with the first one's update; twins keep history."""
     folder.mkdir()
-    return coordinator_config(folder, port, ROUNDS, min_clients=2, linger_s=10.0, store={"url": url})
+    return coordinator_config(folder, port, ROUNDS, min_clients=2, linger_s=10.0, twin="maf", store={"url": url})
 
 
 def log_of(folder: Path, name: str) -> str:
@@ -62,11 +62,11 @@ def test_standby_takes_over_from_a_killed_leader_with_every_accepted_update(
         assert [row.metrics["clients"] for row in closed] == [["client00", "client01"]] * ROUNDS
     finally:
         store.close()
-    assert not list((tmp_path / "standby" / "coordinator").rglob("*.safetensors"))  # all in the database
+    assert not list(tmp_path.glob("*/coordinator/**/*.safetensors"))  # tensors and twins: all in the database
     status = subprocess.run([sys.executable, "-m", "edgefl.cli", "coordinator", "status", "-c", str(standby_config)],
                             capture_output=True, text=True, timeout=120, env={**os.environ, "COLUMNS": "250"})
     assert status.returncode == 0 and status.stdout.count("all online clients reported") == ROUNDS, status.stdout
-    assert_rounds_equal(served_rounds(db, postgres_url), replay(db, paths, ROUNDS, postgres_url).states)
+    assert_rounds_equal(served_rounds(db, postgres_url), replay(db, paths, ROUNDS, postgres_url, twin="maf").states)
 
 
 def accepted_updates(db: Path, url: str) -> list[tuple[int, str]]:
