@@ -37,8 +37,8 @@ class Refusal:
     @classmethod
     def of(cls, code: str, reason: str) -> "Refusal":
         """A refusal whose reason is storable and sendable whatever the message held (bounded
-        length, no lone surrogates from JSON escapes)."""
-        return cls(code, reason.encode("utf-8", "replace").decode("utf-8")[:MAX_REASON])
+        length, no lone surrogates from JSON escapes, no NUL: PostgreSQL text cannot hold one)."""
+        return cls(code, reason.encode("utf-8", "replace").decode("utf-8").replace("\x00", "\\x00")[:MAX_REASON])
 
 
 def guarded(store: Store, handle: Callable[[], Effects], client: str) -> Effects | Refusal:

@@ -11,7 +11,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from coordinator.store_backends import STORAGE_ERRORS, open_backend
+from coordinator.store_backends import STORAGE_ERRORS, SqliteDatabase, TensorFiles
 from edge_agent.protocol import HelloHeader, TensorDict
 from edge_agent.storage import StateDirError, writable_folder
 
@@ -106,7 +106,11 @@ class Store:
     @contextmanager
     def savepoint(self):
         """One message's writes inside a ``batch``: if it fails, its rows roll back and its
-        files are removed while the rest of the batch stands."""
+        files are removed while the rest of the batch stands. Outside a batch: a batch of its own."""
+        if not self.db.in_transaction:
+            with self.batch(), self.savepoint():
+                yield
+            return
         mark = self.tensors.mark()
         self.db.execute("SAVEPOINT message")
         try:
@@ -308,3 +312,14 @@ class Store:
         keys = ("at", "client_id", "round", "kind", "accepted", "code", "reason")
         out = [dict(zip(keys, r)) for r in rows]
         return [e for e in out if accepted is None or bool(e["accepted"]) == accepted]
+
+
+def open_backend(folder: Path, url: str | None, connection=None):
+    """The database and tensor storage of a store: SQLite and files in ``folder`` when ``url``
+    is None, else PostgreSQL at ``url`` (on ``connection`` when the leader lease already opened one)."""
+    if url is None:
+        return SqliteDatabase(folder), TensorFiles(folder)
+    from coordinator.store_postgres import PostgresDatabase, TensorTable
+
+    database = PostgresDatabase(url, connection)
+    return database, TensorTable(database)

@@ -109,13 +109,3 @@ class TensorFiles:
         self._unsynced.clear()
         self._written.clear()
 
-
-def open_backend(folder: Path, url: str | None, connection=None):
-    """The database and tensor storage of a store: SQLite and files in ``folder`` when ``url``
-    is None, else PostgreSQL at ``url`` (on ``connection`` when the leader lease already opened one)."""
-    if url is None:
-        return SqliteDatabase(folder), TensorFiles(folder)
-    from coordinator.store_postgres import PostgresDatabase, TensorTable
-
-    database = PostgresDatabase(url, connection)
-    return database, TensorTable(database)

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from coordinator.intake import Refusal, record
 from coordinator.store import Store
 from edge_agent.protocol import HelloHeader
 from safetensors.torch import save
@@ -98,5 +99,14 @@ def test_a_failed_message_or_batch_leaves_nothing_behind(tmp_path: Path, url: st
         assert [e["client_id"] for e in store.events()] == ["kept"]
         assert store.tensors.names("updates/round_00001") == ["updates/round_00001/kept.safetensors"]
         assert store.tensors.names("updates/round_00002") == []
+    finally:
+        store.close()
+
+
+def test_a_refusal_whatever_its_reason_holds_is_logged(tmp_path: Path, url: str | None) -> None:
+    store = Store(tmp_path, url)
+    try:
+        record(store, "update", "a", Refusal.of("internal", "a NUL \x00 and a lone surrogate \ud800"))
+        assert [e["reason"] for e in store.events(accepted=False)] == ["a NUL \\x00 and a lone surrogate ?"]
     finally:
         store.close()
