@@ -11,23 +11,21 @@ import psycopg
 import pytest
 from pydantic import ValidationError
 
-from coordinator.config import StoreSettings
+from coordinator.broker_setup import free_port
+from coordinator.config import CoordinatorConfig, StoreSettings
 from coordinator.lease import take_lead
+from coordinator.server import Coordinator
 from coordinator.store import Store
 from coordinator.store_backends import LeaseLost
-from edge_agent.config import dump_toml
 from edge_agent.storage import StateDirError
 from edge_agent.toml_config import load_config
-from tests.fleet import MODEL
+from edge_agent.mqtt import Incoming
+from tests.fleet import MODEL, coordinator_config
+from tests.test_hostile import hello_of, update_of
 
 
-def config(folder: Path, url: str, fleet: str = "test"):
-    from coordinator.config import CoordinatorConfig
-
-    path = folder / f"{fleet}.toml"
-    path.write_text(dump_toml({"fleet": fleet, "state_dir": str(folder / fleet), "model": MODEL,
-                               "store": {"url": url}}))
-    return load_config(path, CoordinatorConfig)
+def config(folder: Path, url: str, fleet: str = "test") -> CoordinatorConfig:
+    return load_config(coordinator_config(folder, free_port(), 2, fleet=fleet, store={"url": url}), CoordinatorConfig)
 
 
 def test_one_leader_per_fleet_a_standby_stops_cleanly_and_a_dead_session_fences_the_leader(
@@ -41,8 +39,7 @@ def test_one_leader_per_fleet_a_standby_stops_cleanly_and_a_dead_session_fences_
                      on_event=lambda kind, data: waited.append({kind: data})) is None
     assert len(waited) == 1 and "edgefl-coordinator" in waited[0]["standby"]["leader"]
     campaign = leader.campaign()
-    with psycopg.connect(postgres_url, autocommit=True) as admin:
-        admin.execute("SELECT pg_terminate_backend(%s)", (leader.db.connection.info.backend_pid,))
+    end_session(leader, postgres_url)
     with pytest.raises(LeaseLost):
         leader.client_count()
     deadline = time.time() + 30  # the terminated session lets go of the lock as it exits
@@ -50,6 +47,33 @@ def test_one_leader_per_fleet_a_standby_stops_cleanly_and_a_dead_session_fences_
     assert successor is not None and successor.campaign() == campaign
     for store in (leader, other_fleet, successor):
         store.close()
+
+
+def end_session(store: Store, url: str) -> None:
+    """What a crash or a lost network does to the leader's database session."""
+    with psycopg.connect(url, autocommit=True) as admin:
+        admin.execute("SELECT pg_terminate_backend(%s)", (store.db.connection.info.backend_pid,))
+
+
+def test_a_leader_whose_session_ended_acknowledges_nothing_more_and_a_standby_resumes(
+    tmp_path: Path, postgres_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cfg = config(tmp_path, postgres_url)
+    leader = Coordinator(cfg)  # takes the free lease
+    leader._resume()
+    acked: list[Incoming] = []
+    monkeypatch.setattr(leader.connection, "ack", acked.append)
+    leader._process([hello_of(leader, "a")])
+    end_session(leader.store, postgres_url)
+    with pytest.raises(LeaseLost):
+        leader._process([hello_of(leader, "b"), update_of(leader, "a")])
+    assert len(acked) == 1
+    successor = Coordinator(cfg)  # stands by until the ended session has let go of the lease
+    try:
+        assert set(successor.store.clients()) == {"a"} and successor._resume().round == 1
+        assert successor.store.updates(1) == [] and successor.campaign == leader.campaign
+    finally:
+        successor.store.close()
 
 
 def test_an_unreachable_server_is_named_in_the_error(tmp_path: Path) -> None:
