@@ -17,10 +17,10 @@ from coordinator.lease import take_lead
 from coordinator.server import Coordinator
 from coordinator.store import Store
 from coordinator.store_backends import LeaseLost
+from edge_agent.mqtt import Incoming
 from edge_agent.storage import StateDirError
 from edge_agent.toml_config import load_config
-from edge_agent.mqtt import Incoming
-from tests.fleet import MODEL, coordinator_config
+from tests.fleet import coordinator_config
 from tests.test_hostile import hello_of, update_of
 
 
