@@ -18,6 +18,7 @@ from collections.abc import Callable
 
 from coordinator.config import CoordinatorConfig
 from coordinator.store import Store
+from edge_agent.storage import StateDirError
 
 log = logging.getLogger("edgefl.coordinator")
 POLL_S = 0.5
@@ -37,23 +38,37 @@ def take_lead(cfg: CoordinatorConfig, stop: Callable[[], bool] = lambda: False,
     state_dir), on PostgreSQL once this process holds the lease; None if stopped while standing by."""
     if cfg.store.url is None:
         return Store(cfg.state_dir)
-    from coordinator.store_postgres import connect, where
+    import psycopg
+
+    from coordinator.store_postgres import connect, one_line, where
 
     connection = connect(cfg.store.url)
-    key, shown = lease_key(cfg.fleet), None
-    while not connection.execute("SELECT pg_try_advisory_lock(%s)", (key,)).fetchone()[0]:
-        leader = holder(connection, key)
-        if leader != shown:
-            log.info("standing by: fleet %s is led by %s", cfg.fleet, leader)
-            on_event("standby", {"fleet": cfg.fleet, "leader": leader})
-            shown = leader
-        if stop():
+    try:
+        if not stand_by(connection, cfg.fleet, stop, on_event):
             connection.close()
             return None
-        time.sleep(POLL_S)
+    except psycopg.OperationalError as err:
+        raise StateDirError(f"store.url: lost PostgreSQL at {where(cfg.store.url)} while standing by: "
+                            f"{one_line(err)}") from None
     log.info("leading fleet %s (lease on %s)", cfg.fleet, where(cfg.store.url))
     on_event("leading", {"fleet": cfg.fleet, "store": where(cfg.store.url)})
     return Store(cfg.state_dir, cfg.store.url, connection)
+
+
+def stand_by(connection, fleet: str, stop: Callable[[], bool], on_event: Callable[[str, dict], None]) -> bool:
+    """Poll for the fleet's lease on ``connection``, saying whom we wait for: whether we got it
+    (False: stopped first)."""
+    key, shown = lease_key(fleet), None
+    while not connection.execute("SELECT pg_try_advisory_lock(%s)", (key,)).fetchone()[0]:
+        leader = holder(connection, key)
+        if leader != shown:
+            log.info("standing by: fleet %s is led by %s", fleet, leader)
+            on_event("standby", {"fleet": fleet, "leader": leader})
+            shown = leader
+        if stop():
+            return False
+        time.sleep(POLL_S)
+    return True
 
 
 def holder(connection, key: int) -> str:

@@ -43,8 +43,12 @@ def connect(url: str) -> psycopg.Connection:
         return psycopg.connect(url, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S, application_name=name,
                                **KEEPALIVES)
     except psycopg.Error as err:
-        reason = str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__
-        raise StateDirError(f"store.url: cannot reach PostgreSQL at {where(url)}: {reason}") from None
+        raise StateDirError(f"store.url: cannot reach PostgreSQL at {where(url)}: {one_line(err)}") from None
+
+
+def one_line(err: Exception) -> str:
+    """libpq's message (several lines, never the password) on one line."""
+    return " ".join(line.strip() for line in str(err).splitlines() if line.strip()) or type(err).__name__
 
 
 class PostgresDatabase:

@@ -88,3 +88,18 @@ def test_an_unreachable_server_is_named_in_the_error(tmp_path: Path) -> None:
 def test_store_urls_are_validated(url: str, why: str) -> None:
     with pytest.raises(ValidationError, match=why):
         StoreSettings(url=url)
+
+
+def test_a_standby_that_loses_the_database_stops_with_a_clear_error(tmp_path: Path, postgres_url: str) -> None:
+    leader = take_lead(config(tmp_path, postgres_url))
+
+    def cut_standby_off(kind: str, data: dict) -> None:
+        """As the standby announces that it waits, end every session but the leader's."""
+        with psycopg.connect(postgres_url, autocommit=True) as admin:
+            admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = current_database() "
+                          "AND pid NOT IN (pg_backend_pid(), %s)", (leader.db.connection.info.backend_pid,))
+
+    with pytest.raises(StateDirError, match=r"store.url: lost PostgreSQL at 127.0.0.1:5432/edgefl_test_\w+ while "
+                                            r"standing by: .*terminat"):
+        take_lead(config(tmp_path, postgres_url), on_event=cut_standby_off)
+    leader.close()
