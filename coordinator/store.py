@@ -68,10 +68,11 @@ class ClientRow:
 
 class Store:
     """All coordinator state, safe to reopen after ``kill -9``: SQLite and safetensors files
-    below ``state_dir`` (the default), or PostgreSQL at ``url`` with every tensor in the database
-    in the same transaction as its row (``coordinator.store_backends``), so a standby on another
-    host can resume. ``connection``: the leader lease's session (``coordinator.lease``), which then
-    carries every write. ``state_dir`` still holds the twins' history and foundation checkpoints.
+    below ``state_dir`` (the default), or PostgreSQL at ``url``. There every tensor (global states,
+    updates, strategy state, personal messages, twins' history) is a row of ``tensors``, written in
+    the same transaction as the rows naming it, so a standby on another host, which cannot read the
+    leader's files, resumes from the database alone. ``connection``: the leader lease's session
+    (``coordinator.lease``), which then carries every write.
 
     Raises ``StateDirError`` naming the path (or ``store.url``) when the state cannot be opened."""
 

@@ -1,8 +1,9 @@
 """Coordinator failover on PostgreSQL with real processes: a leader and a standby coordinator on
 one database (each with its own state_dir, as on two hosts), agents over a real mosquitto. The
 leader is killed with SIGKILL while round 1 holds an accepted update; the standby takes the lease,
-resumes round 1 with that update, picks up what the broker queued meanwhile, finishes the run,
-and every round equals the in-process simulation of what the fleet did."""
+resumes round 1 with that update, takes over the coordinator's broker session (with the second
+agent, started after the kill), finishes the run, and every round equals the in-process
+simulation of what the fleet did."""
 
 from __future__ import annotations
 
