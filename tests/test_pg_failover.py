@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
+from typer.testing import CliRunner
+
 from coordinator.store import Store
+from edgefl.cli import app
 from tests.fleet import agent_config, coordinator_config, start, wait_for, write_client_csvs
 from tests.test_service import assert_rounds_equal, finish, replay, served_rounds, state
 
@@ -64,9 +65,8 @@ def test_standby_takes_over_from_a_killed_leader_with_every_accepted_update(
     finally:
         store.close()
     assert not list(tmp_path.glob("*/coordinator/**/*.safetensors"))  # tensors and twins: all in the database
-    status = subprocess.run([sys.executable, "-m", "edgefl.cli", "coordinator", "status", "-c", str(standby_config)],
-                            capture_output=True, text=True, timeout=120, env={**os.environ, "COLUMNS": "250"})
-    assert status.returncode == 0 and status.stdout.count("all online clients reported") == ROUNDS, status.stdout
+    status = CliRunner(env={"COLUMNS": "250"}).invoke(app, ["coordinator", "status", "-c", str(standby_config)])
+    assert status.exit_code == 0 and status.stdout.count("all online clients reported") == ROUNDS, status.output
     assert_rounds_equal(served_rounds(db, postgres_url), replay(db, paths, ROUNDS, postgres_url, twin="maf").states)
 
 
