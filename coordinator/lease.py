@@ -60,7 +60,7 @@ def stand_by(connection, fleet: str, stop: Callable[[], bool], on_event: Callabl
     (False: stopped first)."""
     key, shown = lease_key(fleet), None
     while not connection.execute("SELECT pg_try_advisory_lock(%s)", (key,)).fetchone()[0]:
-        leader = holder(connection, key)
+        leader = holder(connection, key) or "a coordinator that is letting go"
         if leader != shown:
             log.info("standing by: fleet %s is led by %s", fleet, leader)
             on_event("standby", {"fleet": fleet, "leader": leader})
@@ -71,11 +71,16 @@ def stand_by(connection, fleet: str, stop: Callable[[], bool], on_event: Callabl
     return True
 
 
-def holder(connection, key: int) -> str:
+def leader_of(store: Store, fleet: str) -> str | None:
+    """Who leads ``fleet`` on the PostgreSQL ``store`` right now (None: nobody)."""
+    return holder(store.db.connection, lease_key(fleet))
+
+
+def holder(connection, key: int) -> str | None:
     """Who holds the lease: the leader's connection name (host and pid) and address."""
     unsigned = key & 0xFFFF_FFFF_FFFF_FFFF
     row = connection.execute(HOLDER, (unsigned >> 32, unsigned & 0xFFFF_FFFF)).fetchone()
     if row is None:
-        return "a coordinator that is letting go"
+        return None
     name, address = row
     return f"{name or 'an unnamed session'} ({address or 'local socket'})"

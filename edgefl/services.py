@@ -120,6 +120,12 @@ def coordinator_status(config: ConfigPath) -> None:
                         _ago(client.last_seen), str(last.get(client.client_id, "-")),
                         _serves(latest.get(client.client_id, {})))
     Console().print(clients)
+    if cfg.store.url is not None:
+        from coordinator.lease import leader_of
+        from coordinator.store_postgres import where
+
+        Console().print(f"store {where(cfg.store.url)}: fleet {cfg.fleet} is led by "
+                        f"{leader_of(store, cfg.fleet) or 'no coordinator'}", soft_wrap=True)
     for event in store.events(accepted=False)[-10:]:
         Console().print(f"rejected {event['kind']} from {event['client_id']} (round {event['round']}): {event['reason']}")
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import psycopg
 import pytest
 from pydantic import ValidationError
+from typer.testing import CliRunner
 
 from coordinator.broker_setup import free_port
 from coordinator.config import CoordinatorConfig, StoreSettings
@@ -20,6 +21,7 @@ from coordinator.store_backends import LeaseLost
 from edge_agent.mqtt import Incoming
 from edge_agent.storage import StateDirError
 from edge_agent.toml_config import load_config
+from edgefl.cli import app
 from tests.fleet import coordinator_config
 from tests.test_hostile import hello_of, update_of
 
@@ -38,6 +40,8 @@ def test_one_leader_per_fleet_a_standby_stops_cleanly_and_a_dead_session_fences_
     assert take_lead(config(tmp_path, postgres_url), stop=lambda: next(polls) == 2,
                      on_event=lambda kind, data: waited.append({kind: data})) is None
     assert len(waited) == 1 and "edgefl-coordinator" in waited[0]["standby"]["leader"]
+    status = CliRunner().invoke(app, ["coordinator", "status", "-c", str(tmp_path / "coordinator.toml")])
+    assert status.exit_code == 0 and "test is led by edgefl-coordinator " in status.stdout, status.output
     campaign = leader.campaign()
     end_session(leader, postgres_url)
     with pytest.raises(LeaseLost):
