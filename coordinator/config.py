@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 from typing import Literal
+from urllib.parse import urlsplit
 
-from pydantic import ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from coordinator.observe.settings import HttpSettings
 from coordinator.pretraining import check_pretraining, with_fleet_foundation
@@ -14,6 +15,34 @@ from coordinator.twins import TwinSettings
 from edge_agent.config import FleetModel
 from edge_agent.mqtt import DEFAULT_MAX_PAYLOAD_BYTES, BrokerConfig
 from edge_agent.protocol import MAX_ROUND, NAME_PATTERN
+
+
+class StoreSettings(BaseModel):
+    """``[store]``: where the coordinator keeps its state. Without ``url``: SQLite and files in
+    ``state_dir``; with a PostgreSQL URL: that database, so a standby coordinator can take over."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    url: str | None = Field(None, max_length=2048,
+                            description="postgresql://user[:password]@host[:port]/database (one database per fleet)")
+
+    @field_validator("url")
+    @classmethod
+    def _postgres_url(cls, url: str | None) -> str | None:
+        if url is None:
+            return None
+        try:
+            parts = urlsplit(url)
+            parts.port  # noqa: B018 - raises on a port that is not a number in range
+        except ValueError as err:
+            raise ValueError(f"not a URL: {err}") from None
+        if parts.scheme not in ("postgresql", "postgres"):
+            raise ValueError(f"scheme {parts.scheme!r}: only postgresql:// URLs are supported (leave url out for SQLite)")
+        if not parts.hostname:
+            raise ValueError("no host: write postgresql://user@host:port/database")
+        if not parts.path.strip("/") or "/" in parts.path.strip("/"):
+            raise ValueError("no database name: write postgresql://user@host:port/database")
+        return url
 
 
 class CoordinatorConfig(FleetModel, TwinSettings, StrategySettings):
@@ -35,6 +64,7 @@ class CoordinatorConfig(FleetModel, TwinSettings, StrategySettings):
                             "they went offline (so status tells the truth)")
     broker: BrokerConfig = BrokerConfig()
     http: HttpSettings | None = Field(None, description="the dashboard, JSON API and /metrics (off unless set)")
+    store: StoreSettings = StoreSettings()
 
     @model_validator(mode="before")
     @classmethod

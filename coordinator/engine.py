@@ -16,11 +16,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from coordinator.strategies import ClientInfo, ClientUpdate, RobustSettings, Strategy
 from coordinator.strategies.bounds import screen
 from coordinator.twins import TwinHistory, TwinSettings, impute_missing, make_forecaster
+from coordinator.twins.history import TensorStorage
 from edge_agent.tensors import TensorDict
 
 
@@ -51,16 +51,16 @@ class RoundResult:
 class RoundEngine:
     """Runs a strategy with digital twins of the clients."""
 
-    def __init__(self, strategy: Strategy, twins: TwinSettings, history_folder: Path | None = None, *,
+    def __init__(self, strategy: Strategy, twins: TwinSettings, history: TensorStorage | None = None, *,
                  robust: RobustSettings, on_time: dict[str, int] | None = None, state_keys: Iterable[str] = ()):
-        """``history_folder``: keep the twins' history on disk there (the service), else in memory;
-        ``robust``: how updates are screened before the strategy sees them; ``on_time``: each
+        """``history``: the store's tensor storage, to keep the twins' history there (the service),
+        else it stays in memory; ``robust``: how updates are screened before the strategy sees them; ``on_time``: each
         client's newest closed round with an accepted on-time update (a service resuming);
         ``state_keys``: the global state's tensor names, known before a close (a service resuming
         takes late updates before its first close); else learnt from the first close."""
         self.strategy, self.max_age, self.robust = strategy, twins.twin_max_age, robust
         self.forecaster = make_forecaster(twins.twin)
-        self.history = TwinHistory(self.forecaster.window, history_folder)
+        self.history = TwinHistory(self.forecaster.window, history)
         self.on_time = dict(on_time or {})
         self.state_keys: frozenset[str] = frozenset(state_keys)
 

@@ -2,7 +2,7 @@
 
 A handler runs inside its own savepoint of the open batch and returns what to do once the batch
 is durable (replies, events, in-memory state). A ``ProtocolError`` becomes a refusal with its
-code; a storage error (``OSError``: read-only folder, full disk; SQLite ``OperationalError``)
+code; a storage error (``OSError``: read-only folder, full disk; a database's ``OperationalError``)
 is retried a few times, then refused as ``storage``; any other exception is logged with its
 traceback and refused as ``internal``. A failed attempt leaves nothing behind: its rows roll back
 and its files are removed (``Store.savepoint``), while the other messages of the batch stand.
@@ -11,18 +11,17 @@ and its files are removed (``Store.savepoint``), while the other messages of the
 from __future__ import annotations
 
 import logging
-import sqlite3
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
 from coordinator.store import Store
+from coordinator.store_backends import STORAGE_ERRORS
 from edge_agent.protocol import MAX_REASON, ProtocolError
 
 log = logging.getLogger("edgefl.coordinator")
 Effects = list[Callable[[], object]]
-STORAGE_ERRORS = (OSError, sqlite3.OperationalError)
 STORAGE_ATTEMPTS = 3
 RETRY_PAUSE_S = 0.05
 T = TypeVar("T")
@@ -38,8 +37,8 @@ class Refusal:
     @classmethod
     def of(cls, code: str, reason: str) -> "Refusal":
         """A refusal whose reason is storable and sendable whatever the message held (bounded
-        length, no lone surrogates from JSON escapes)."""
-        return cls(code, reason.encode("utf-8", "replace").decode("utf-8")[:MAX_REASON])
+        length, no lone surrogates from JSON escapes, no NUL: PostgreSQL text cannot hold one)."""
+        return cls(code, reason.encode("utf-8", "replace").decode("utf-8").replace("\x00", "\\x00")[:MAX_REASON])
 
 
 def guarded(store: Store, handle: Callable[[], Effects], client: str) -> Effects | Refusal:

@@ -22,8 +22,10 @@ from coordinator.config import CoordinatorConfig
 from coordinator.engine import RoundEngine, RoundResult
 from coordinator.intake import STORAGE_ERRORS, Effects, Refusal, guarded, record, with_retries
 from coordinator.observe.service import Observer
+from coordinator.lease import take_lead
 from coordinator.pretraining import write_foundation
 from coordinator.store import RoundRow, Store
+from coordinator.store_backends import LeaseLost
 from coordinator.strategies import ClientInfo, ClientUpdate, make_strategy
 from edge_agent.learners import fleet_template
 from edge_agent.mqtt import COORDINATOR_RECEIVE_WINDOW, Connection, Incoming
@@ -49,15 +51,17 @@ SENDER = "coordinator"
 class Coordinator:
     """Runs the rounds of one fleet until the last one is aggregated."""
 
-    def __init__(self, cfg: CoordinatorConfig, on_event: Callable[[str, dict], None] | None = None):
+    def __init__(self, cfg: CoordinatorConfig, on_event: Callable[[str, dict], None] | None = None,
+                 store: Store | None = None):
+        """``store``: as ``lease.take_lead`` gave it (taken here, waiting for the lease, if None)."""
         self.cfg = cfg
         self.topics = Topics(cfg.fleet)
-        self.store = Store(cfg.state_dir)
+        self.store = store or take_lead(cfg)
         template = fleet_template(cfg, cfg.seed)
         self.initial, self.signature = template.initial, template.signature
         self.update_layout = template.update_layout  # global state + what updates carry beyond it (core-sets)
         self.strategy = make_strategy(cfg, template.initial, cfg.seed)
-        self.engine = RoundEngine(self.strategy, cfg, self.store.dir / "twins", robust=cfg.robust,
+        self.engine = RoundEngine(self.strategy, cfg, self.store.tensors, robust=cfg.robust,
                                   on_time=self.store.last_on_time(), state_keys=template.initial)
         self.observer = Observer.for_coordinator(cfg)  # metrics; the dashboard with [http]
         self.on_event = self.observer.relay(on_event)
@@ -78,7 +82,7 @@ class Coordinator:
 
     def serve(self, stop: Callable[[], bool] = lambda: False) -> None:
         """Resume or start the rounds and process messages until the last round is aggregated."""
-        current = self._resume()
+        current, goodbye = self._resume(), self.topics.coordinator_status
         self.connection.start()
         if not self.connection.connected.wait(30):
             raise ConnectionError(f"cannot reach the broker at {self.cfg.broker.host}:{self.cfg.broker.port}")
@@ -97,8 +101,11 @@ class Coordinator:
                     self._process(batch)
                 current = self._maybe_close(current)
             self._await_goodbyes(stop)
+        except LeaseLost:
+            goodbye = None  # another coordinator leads now: not ours to say the coordinator went offline
+            raise
         finally:
-            self.connection.stop(self.topics.coordinator_status)
+            self.connection.stop(goodbye)
             self.observer.stop()
             self.store.close()
 

@@ -1,26 +1,19 @@
-"""Durable coordinator state: SQLite (WAL) for clients, rounds, updates and the accept/reject log,
-safetensors files for tensors, each written atomically so a crash never leaves half a file."""
+"""Durable coordinator state: clients, rounds, updates, tensors and the accept/reject log, in
+SQLite (WAL) with safetensors files written atomically (a crash never leaves half a file), or in
+PostgreSQL with the tensors in the database (``coordinator.store_backends``)."""
 
 from __future__ import annotations
 
 import json
 import secrets
-import sqlite3
 import time
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
-from safetensors.torch import load_file
-
+from coordinator.store_backends import STORAGE_ERRORS, SqliteDatabase, TensorFiles
 from edge_agent.protocol import HelloHeader, TensorDict
-from edge_agent.storage import (
-    StateDirError,
-    fsync_folder,
-    writable_folder,
-    write_bytes_atomically,
-    write_tensors_atomically,
-)
+from edge_agent.storage import StateDirError, writable_folder
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS clients (
@@ -74,65 +67,61 @@ class ClientRow:
 
 
 class Store:
-    """All coordinator state below one directory; safe to reopen after ``kill -9``.
+    """All coordinator state, safe to reopen after ``kill -9``: SQLite and safetensors files
+    below ``state_dir`` (the default), or PostgreSQL at ``url``. There every tensor (global states,
+    updates, strategy state, personal messages, twins' history) is a row of ``tensors``, written in
+    the same transaction as the rows naming it, so a standby on another host, which cannot read the
+    leader's files, resumes from the database alone. ``connection``: the leader lease's session
+    (``coordinator.lease``), which then carries every write.
 
-    Raises ``StateDirError`` naming the path when the folder or its database cannot be opened
-    for writing."""
+    Raises ``StateDirError`` naming the path (or ``store.url``) when the state cannot be opened."""
 
-    def __init__(self, state_dir: Path):
+    def __init__(self, state_dir: Path, url: str | None = None, connection=None):
         self.dir = writable_folder(state_dir, "state_dir")
-        path = self.dir / "coordinator.sqlite3"
+        self.db, self.tensors = open_backend(self.dir, url, connection)
         try:
-            self.db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-            self.db.execute("PRAGMA journal_mode=WAL")
-            self.db.execute("PRAGMA synchronous=FULL")
-            self.db.executescript(SCHEMA)
-        except sqlite3.Error as err:
-            raise StateDirError(f"state_dir {self.dir}: cannot open the database {path.name}: {err}") from None
-        self._unsynced: set[Path] = set()
-        self._written: list[Path] = []  # update files of the open batch, removed if it rolls back
+            self.db.create(SCHEMA)
+        except STORAGE_ERRORS as err:
+            self.db.close()
+            where = "store.url" if url else f"state_dir {self.dir}"
+            raise StateDirError(f"{where}: cannot create the tables: {err}") from None
 
     @contextmanager
     def batch(self):
-        """One transaction for many writes: update files are fsynced as written, their folders
-        once at the end, then the rows commit together (group commit). On failure the rows roll
-        back and the batch's update files are removed (no file without its row)."""
+        """One transaction for many writes (group commit): with files, update bodies are fsynced
+        as written and their folders once at the end, then the rows commit together. On failure
+        the rows roll back and the batch's update files are removed (no file without its row)."""
         self.db.execute("BEGIN")
         try:
             yield
-            for folder in self._unsynced:
-                fsync_folder(folder)
+            self.tensors.before_commit()
             self.db.execute("COMMIT")
         except BaseException:
             if self.db.in_transaction:
                 self.db.execute("ROLLBACK")
-            self._discard(self._written)
+            self.tensors.discard()
             raise
         finally:
-            self._unsynced.clear()
-            self._written.clear()
+            self.tensors.settle()
 
     @contextmanager
     def savepoint(self):
         """One message's writes inside a ``batch``: if it fails, its rows roll back and its
-        files are removed while the rest of the batch stands."""
-        mark = len(self._written)
+        files are removed while the rest of the batch stands. Outside a batch: a batch of its own."""
+        if not self.db.in_transaction:
+            with self.batch(), self.savepoint():
+                yield
+            return
+        mark = self.tensors.mark()
         self.db.execute("SAVEPOINT message")
         try:
             yield
         except BaseException:
-            self.db.execute("ROLLBACK TO message")
-            self.db.execute("RELEASE message")
-            self._discard(self._written[mark:])
-            del self._written[mark:]
+            self.db.execute("ROLLBACK TO SAVEPOINT message")
+            self.db.execute("RELEASE SAVEPOINT message")
+            self.tensors.discard(mark)
             raise
-        self.db.execute("RELEASE message")
-
-    @staticmethod
-    def _discard(paths: list[Path]) -> None:
-        for path in paths:
-            with suppress(OSError):
-                path.unlink(missing_ok=True)
+        self.db.execute("RELEASE SAVEPOINT message")
 
     def close(self) -> None:
         self.db.close()
@@ -187,30 +176,29 @@ class Store:
         """The id of the federation run this state belongs to, made on first use (a fresh state
         starts a new campaign): UTC time of creation plus random digits."""
         fresh = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + "-" + secrets.token_hex(3)
-        self.db.execute("INSERT OR IGNORE INTO meta VALUES ('campaign', ?)", (fresh,))
+        self.db.execute("INSERT INTO meta VALUES ('campaign', ?) ON CONFLICT DO NOTHING", (fresh,))
         return self.db.execute("SELECT value FROM meta WHERE key='campaign'").fetchone()[0]
 
     # rounds ----------------------------------------------------------------------------------
 
     def open_first_round(self, deadline: float, global_state: TensorDict) -> RoundRow:
-        """Persist the initial global parameters (file first, then the row)."""
+        """Persist the initial global parameters (a file is written before the row commits)."""
         name = "global/round_00001.safetensors"
-        write_tensors_atomically(self.dir / name, global_state)
-        self.db.execute(
-            "INSERT OR IGNORE INTO rounds VALUES (1, ?, ?, NULL, ?, NULL, NULL)", (time.time(), deadline, name)
-        )
+        with self.batch():
+            self.tensors.write(name, global_state)
+            self.db.execute("INSERT INTO rounds VALUES (1, ?, ?, NULL, ?, NULL, NULL) ON CONFLICT DO NOTHING",
+                            (time.time(), deadline, name))
         return self.round(1)
 
     def finish_round(
         self, number: int, metrics: dict, result: TensorDict, next_deadline: float | None
     ) -> None:
         """Close ``number`` with its aggregate and, unless it was the last, open the next round
-        on that aggregate, in one transaction (the result file is written before it)."""
+        on that aggregate, in one transaction (a result file is written before it commits)."""
         name = f"global/round_{number + 1:05d}.safetensors"
-        write_tensors_atomically(self.dir / name, result)
         now = time.time()
-        with self.db:
-            self.db.execute("BEGIN")
+        with self.batch():
+            self.tensors.write(name, result)
             self.db.execute(
                 "UPDATE rounds SET closed_at=?, metrics=?, result_file=? WHERE round=?",
                 (now, json.dumps(metrics), name, number),
@@ -235,7 +223,7 @@ class Store:
         self.db.execute("UPDATE rounds SET deadline=? WHERE round=?", (deadline, number))
 
     def load_file(self, name: str) -> TensorDict:
-        return load_file(str(self.dir / name))
+        return self.tensors.read(name)
 
     # updates ---------------------------------------------------------------------------------
 
@@ -250,11 +238,9 @@ class Store:
         """Keep one client's update: its verified safetensors body as received (no re-encoding),
         then its row; durable once the enclosing ``batch`` commits. The caller checks duplicates."""
         name = f"updates/round_{number:05d}/{client_id}.safetensors"
-        self._written.append(self.dir / name)
-        write_bytes_atomically(self.dir / name, body, sync_folder=False)
-        self._unsynced.add((self.dir / name).parent)
+        self.tensors.write_body(name, body)
         self.db.execute(
-            "INSERT OR IGNORE INTO updates VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            "INSERT INTO updates VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
             (number, client_id, n_samples, name, sha256, json.dumps(metrics), time.time(), int(late)),
         )
 
@@ -285,7 +271,7 @@ class Store:
     def updates(self, number: int, include_late: bool = False) -> list[UpdateRow]:
         rows = self.db.execute(
             "SELECT round, client_id, n_samples, file, sha256, metrics FROM updates "
-            "WHERE round=? AND (late=0 OR ?) ORDER BY client_id",
+            "WHERE round=? AND (late=0 OR ?=1) ORDER BY client_id",
             (number, int(include_late)),
         )
         return [UpdateRow(*r[:5], json.loads(r[5])) for r in rows]
@@ -299,19 +285,19 @@ class Store:
         """What the strategy keeps between rounds, as of the close of ``number`` (written before the
         round is marked closed, so a restart finds the state that matches the last close)."""
         if state:
-            write_tensors_atomically(self.dir / f"strategy/round_{number:05d}.safetensors", state)
+            self.tensors.write(f"strategy/round_{number:05d}.safetensors", state)
 
     def strategy_state(self, number: int) -> TensorDict | None:
-        path = self.dir / f"strategy/round_{number:05d}.safetensors"
-        return load_file(str(path)) if path.is_file() else None
+        name = f"strategy/round_{number:05d}.safetensors"
+        return self.tensors.read(name) if self.tensors.exists(name) else None
 
     def save_personal(self, number: int, client_id: str, tensors: TensorDict) -> None:
-        write_tensors_atomically(self.dir / f"personal/round_{number:05d}/{client_id}.safetensors", tensors)
+        self.tensors.write(f"personal/round_{number:05d}/{client_id}.safetensors", tensors)
 
     def personal_messages(self, number: int) -> dict[str, TensorDict]:
         """The per-client messages of round ``number`` by client id (none for most strategies)."""
-        folder = self.dir / f"personal/round_{number:05d}"
-        return {path.stem: load_file(str(path)) for path in sorted(folder.glob("*.safetensors"))}
+        names = self.tensors.names(f"personal/round_{number:05d}")
+        return {PurePosixPath(name).stem: self.tensors.read(name) for name in names}
 
     # accept / reject log ---------------------------------------------------------------------
 
@@ -327,3 +313,14 @@ class Store:
         keys = ("at", "client_id", "round", "kind", "accepted", "code", "reason")
         out = [dict(zip(keys, r)) for r in rows]
         return [e for e in out if accepted is None or bool(e["accepted"]) == accepted]
+
+
+def open_backend(folder: Path, url: str | None, connection=None):
+    """The database and tensor storage of a store: SQLite and files in ``folder`` when ``url``
+    is None, else PostgreSQL at ``url`` (on ``connection`` when the leader lease already opened one)."""
+    if url is None:
+        return SqliteDatabase(folder), TensorFiles(folder)
+    from coordinator.store_postgres import PostgresDatabase, TensorTable
+
+    database = PostgresDatabase(url, connection)
+    return database, TensorTable(database)

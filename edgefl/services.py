@@ -57,7 +57,7 @@ def _print_event(kind: str, data: dict) -> None:
                 f"loss {data['loss']:.4f} ({data['why']})")
     elif kind == "foundation":
         line = f"round {data['round']}: foundation checkpoint {data['path']} (sha256 {data['sha256']})"
-    elif kind in ("rejected", "resumed", "registered", "campaign", "cleared", "ignored") or (
+    elif kind in ("rejected", "resumed", "registered", "campaign", "cleared", "ignored", "standby", "leading") or (
             kind == "presence" and not data["online"]):
         line = f"{kind}: {data}"
     else:
@@ -75,7 +75,9 @@ def coordinator_serve(
     """Run the rounds of a fleet until the last one is aggregated (resumes after a crash)."""
     from coordinator.config import CoordinatorConfig
     from coordinator.observe.settings import HttpSettings
+    from coordinator.lease import take_lead
     from coordinator.server import Coordinator
+    from coordinator.store_backends import LeaseLost
 
     _setup(verbose)
     try:
@@ -84,11 +86,15 @@ def coordinator_serve(
             cfg = cfg.model_copy(update={"http": HttpSettings.parse_address(http, cfg.http and cfg.http.token)})
     except (ConfigError, ValueError) as err:
         _fail(str(err))
+    stop = _Stopper()
     try:
-        coordinator = Coordinator(cfg, on_event=_print_event)
-        coordinator.serve(stop=_Stopper())
+        store = take_lead(cfg, stop, _print_event)
+        if store is not None:
+            Coordinator(cfg, on_event=_print_event, store=store).serve(stop=stop)
     except (ConnectionError, StateDirError) as err:
         _fail(str(err))
+    except LeaseLost as err:
+        _fail(f"{err}; stopped (a standby coordinator takes over)")
 
 
 @coordinator_app.command("status")
@@ -102,7 +108,7 @@ def coordinator_status(config: ConfigPath) -> None:
     except ConfigError as err:
         _fail(str(err))
     try:
-        store = Store(cfg.state_dir)
+        store = Store(cfg.state_dir, cfg.store.url)
     except StateDirError as err:
         _fail(str(err))
     rounds = Table("round", "state", "updates", "late", "imputed", "dropped", "loss", "closed by",
@@ -124,6 +130,12 @@ def coordinator_status(config: ConfigPath) -> None:
                         _ago(client.last_seen), str(last.get(client.client_id, "-")),
                         _serves(latest.get(client.client_id, {})))
     Console().print(clients)
+    if cfg.store.url is not None:
+        from coordinator.lease import leader_of
+        from coordinator.store_postgres import where
+
+        Console().print(f"store {where(cfg.store.url)}: fleet {cfg.fleet} is led by "
+                        f"{leader_of(store, cfg.fleet) or 'no coordinator'}", soft_wrap=True)
     for event in store.events(accepted=False)[-10:]:
         Console().print(f"rejected {event['kind']} from {event['client_id']} (round {event['round']}): {event['reason']}")
 

@@ -69,6 +69,15 @@ def mosquitto(tmp_path):
     broker.stop()
 
 
+@pytest.fixture
+def postgres_url():
+    """A fresh PostgreSQL database for one test (skipped where no server runs)."""
+    from tests.postgres import fresh_database
+
+    with fresh_database() as url:
+        yield url
+
+
 def train_clients(learners, state, round_number: int, indices=None) -> list:
     """What the chosen learners (default all) upload for ``round_number`` after installing
     ``state``: the updates the round engine would receive, built by hand."""

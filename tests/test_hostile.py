@@ -239,7 +239,7 @@ def test_a_batch_that_cannot_commit_is_retried_then_left_unacknowledged(
             failures[0] -= 1
             raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr("coordinator.store.fsync_folder", full_disk)
+    monkeypatch.setattr("coordinator.store_backends.fsync_folder", full_disk)
     coordinator._process([hello_of(coordinator, "a"), hello_of(coordinator, "b")])
     coordinator._process([update_of(coordinator, "a")])
     assert [u.client_id for u in coordinator.store.updates(1)] == ["a"] and len(acked) == 3

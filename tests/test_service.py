@@ -39,10 +39,10 @@ ROUNDS = 3
 PROMPT_SITES = ("amsterdam", "miami", "greensboro")
 
 
-def replay(db: Path, paths: list[Path], rounds: int, **federation: object):
+def replay(db: Path, paths: list[Path], rounds: int, url: str | None = None, **federation: object):
     """The in-process simulation of what the fleet did: same seeds, same participation (read from
-    the coordinator's store), same twins."""
-    store = Store(db)
+    the coordinator's store, in ``db`` or at ``url``), same twins."""
+    store = Store(db, url)
     try:
         happened = recorded(store, [f"client{i:02d}" for i in range(len(paths))])
     finally:
@@ -54,9 +54,9 @@ def replay(db: Path, paths: list[Path], rounds: int, **federation: object):
     return run_federation(simulation_clients(paths), ModelConfig(**MODEL), fed, participation=happened)
 
 
-def served_rounds(db: Path) -> list[dict[str, torch.Tensor]]:
+def served_rounds(db: Path, url: str | None = None) -> list[dict[str, torch.Tensor]]:
     """The global state each closed round produced, as the coordinator stored it."""
-    store = Store(db)
+    store = Store(db, url)
     try:
         return [store.load_file(row.result_file) for row in store.rounds() if row.closed_at is not None]
     finally:
@@ -71,11 +71,11 @@ def assert_rounds_equal(served: list[dict[str, torch.Tensor]], simulated: list[d
             torch.testing.assert_close(mine[name], theirs[name], rtol=1e-5, atol=1e-6, msg=f"round {number}: {name}")
 
 
-def state(db: Path, predicate: Callable) -> Callable[[], bool]:
+def state(db: Path, predicate: Callable, url: str | None = None) -> Callable[[], bool]:
     """A check for ``wait_for`` that opens the coordinator's store, asks, and closes it."""
 
     def check() -> bool:
-        store = Store(db)
+        store = Store(db, url)
         try:
             return bool(predicate(store))
         finally:

@@ -9,6 +9,8 @@ import torch
 from coordinator.simulation.federation import FederationConfig, head_learners, run_federation
 from coordinator.simulation.participation import SCENARIOS, Participation, participation
 from coordinator.strategies import weighted_mean
+from coordinator.store import Store
+from coordinator.store_backends import TensorFiles
 from coordinator.twins import TWIN_FORECASTERS, TwinHistory, impute_missing, make_forecaster
 from edge_agent.data import prepare_client, synthetic_clients
 from edge_agent.learners.head import initial_shared_state
@@ -54,10 +56,10 @@ def test_drop_never_imputes_and_unknown_names_list_the_choices() -> None:
 
 
 def test_imputed_update_keeps_sample_weight_and_integer_dtypes(tmp_path) -> None:
-    history = TwinHistory(2, folder=tmp_path)
+    history = TwinHistory(2, TensorFiles(tmp_path))
     for k, state in enumerate(states(5), start=1):
         history.observe("gw-1", k, state)
-    assert len(list((tmp_path / "gw-1").glob("*.safetensors"))) == 2  # bounded on disk
+    assert len(list((tmp_path / "twins" / "gw-1").glob("*.safetensors"))) == 2  # bounded on disk
     imputation = impute_missing([("gw-1", 37)], history, make_forecaster("maf"))
     (update,) = imputation.updates
     assert update.client_id == "gw-1" and update.n_samples == 37
@@ -65,9 +67,9 @@ def test_imputed_update_keeps_sample_weight_and_integer_dtypes(tmp_path) -> None
     assert update.params["count"].dtype == torch.int64 and int(update.params["count"]) == 45
 
 
-@pytest.mark.parametrize("on_disk", [False, True])
-def test_a_client_unseen_for_more_than_max_age_rounds_is_dropped(tmp_path, on_disk: bool) -> None:
-    history = TwinHistory(2, folder=tmp_path if on_disk else None)
+@pytest.mark.parametrize("kept", ["memory", "files", "postgres"])
+def test_a_client_unseen_for_more_than_max_age_rounds_is_dropped(tmp_path, request, kept: str) -> None:
+    history = TwinHistory(2, tensor_storage(kept, tmp_path, request))
     for k, state in zip((2, 1), states(2)):  # a late round-1 update arrives after round 2's
         history.observe("gw-1", k, state)
     assert history.last_round("gw-1") == 2 and history.last_round("gw-2") is None
@@ -77,6 +79,15 @@ def test_a_client_unseen_for_more_than_max_age_rounds_is_dropped(tmp_path, on_di
     assert impute_missing([("gw-1", 5)], history, stale, round_number=4, max_age=2).imputed == ["gw-1"]
     dropped = impute_missing([("gw-1", 5), ("gw-2", 5)], history, stale, round_number=4, max_age=1)
     assert dropped.updates == [] and dropped.dropped == ["gw-1", "gw-2"]
+
+
+def tensor_storage(kind: str, folder, request):
+    """None (in memory), safetensors files in ``folder``, or rows of a fresh PostgreSQL database."""
+    if kind == "postgres":
+        store = Store(folder, request.getfixturevalue("postgres_url"))
+        request.addfinalizer(store.close)
+        return store.tensors
+    return TensorFiles(folder) if kind == "files" else None
 
 
 def test_memory_history_is_bounded_and_detached() -> None:

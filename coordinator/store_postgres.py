@@ -1,0 +1,126 @@
+"""The PostgreSQL backend of the coordinator's ``Store`` (psycopg 3): the same tables as SQLite
+plus ``tensors`` (name, safetensors bytes), so every tensor is written in the same transaction
+as its row and a standby coordinator on another host reads everything the leader committed."""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+from urllib.parse import urlsplit
+
+import psycopg
+from psycopg import pq
+from safetensors.torch import load as load_tensors
+from safetensors.torch import save as save_tensors
+
+from coordinator.store_backends import LeaseLost
+from edge_agent.storage import StateDirError
+from edge_agent.tensors import TensorDict
+
+# SQLite's types in the shared schema, and what PostgreSQL calls them (applied in this order).
+POSTGRES_TYPES = (("INTEGER PRIMARY KEY AUTOINCREMENT", "BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY"),
+                  ("INTEGER", "BIGINT"), ("REAL", "DOUBLE PRECISION"))
+TENSOR_TABLE = "CREATE TABLE IF NOT EXISTS tensors (name TEXT PRIMARY KEY, body BYTEA NOT NULL);"
+CONNECT_TIMEOUT_S = 10
+# Server and client TCP keepalives: a leader cut off from the database loses its session (and
+# with it the lease) within about 25 s instead of the kernel's two hours.
+KEEPALIVES = {"keepalives": 1, "keepalives_idle": 10, "keepalives_interval": 5, "keepalives_count": 3,
+              "options": "-c tcp_keepalives_idle=10 -c tcp_keepalives_interval=5 -c tcp_keepalives_count=3"}
+
+
+def where(url: str) -> str:
+    """``host:port/database`` of a URL, for messages (never the password)."""
+    parts = urlsplit(url)
+    return f"{parts.hostname or 'localhost'}:{parts.port or 5432}{parts.path or '/'}"
+
+
+def connect(url: str) -> psycopg.Connection:
+    """An autocommit connection named after this process (a standby shows whom it waits for).
+    Raises ``StateDirError`` naming ``store.url`` when the server cannot be reached."""
+    name = f"edgefl-coordinator {socket.gethostname()} pid {os.getpid()}"
+    try:
+        return psycopg.connect(url, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S, application_name=name,
+                               **KEEPALIVES)
+    except psycopg.Error as err:
+        raise StateDirError(f"store.url: cannot reach PostgreSQL at {where(url)}: {one_line(err)}") from None
+
+
+def one_line(err: Exception) -> str:
+    """libpq's message (several lines, never the password) on one line."""
+    return " ".join(line.strip() for line in str(err).splitlines() if line.strip()) or type(err).__name__
+
+
+class PostgresDatabase:
+    """One autocommit connection between the explicit transactions the store opens. On the
+    leader's connection (the one holding the lease) a dropped session raises ``LeaseLost``."""
+
+    def __init__(self, url: str, connection: psycopg.Connection | None = None):
+        self.leading = connection is not None
+        self.connection = connection or connect(url)
+        self.url = url
+
+    def execute(self, sql: str, params: tuple = (), binary: bool = False) -> psycopg.Cursor:
+        try:
+            return self.connection.execute(sql.replace("?", "%s"), params, binary=binary)
+        except psycopg.OperationalError:
+            if self.leading and self.connection.broken:
+                raise LeaseLost(f"the database session at {where(self.url)} ended: the leader lease is lost") from None
+            raise
+
+    def create(self, schema: str) -> None:
+        for sqlite_type, postgres_type in POSTGRES_TYPES:
+            schema = re.sub(rf"\b{sqlite_type}\b", postgres_type, schema)
+        self.execute(schema + TENSOR_TABLE)
+
+    @property
+    def in_transaction(self) -> bool:
+        return self.connection.info.transaction_status != pq.TransactionStatus.IDLE
+
+    def close(self) -> None:
+        self.connection.close()
+
+
+class TensorTable:
+    """Tensors as rows of ``tensors`` (safetensors bytes): written inside the open transaction,
+    so a rollback takes them back with their rows and nothing needs syncing or removing."""
+
+    def __init__(self, database: PostgresDatabase):
+        self.database = database
+
+    def write(self, name: str, tensors: TensorDict) -> None:
+        self.write_body(name, save_tensors(tensors))
+
+    def write_body(self, name: str, body: bytes) -> None:
+        self.database.execute(
+            "INSERT INTO tensors VALUES (?, ?) ON CONFLICT (name) DO UPDATE SET body=excluded.body", (name, body))
+
+    def read(self, name: str) -> TensorDict:
+        row = self.database.execute("SELECT body FROM tensors WHERE name=?", (name,), binary=True).fetchone()
+        if row is None:
+            raise FileNotFoundError(f"no tensors named {name!r} in the database at {where(self.database.url)}")
+        return load_tensors(bytes(row[0]))
+
+    def exists(self, name: str) -> bool:
+        return self.database.execute("SELECT 1 FROM tensors WHERE name=?", (name,)).fetchone() is not None
+
+    def delete(self, name: str) -> None:
+        self.database.execute("DELETE FROM tensors WHERE name=?", (name,))
+
+    def names(self, folder: str) -> list[str]:
+        """The names directly below ``folder``, sorted (as ``TensorFiles.names``)."""
+        prefix = folder.rstrip("/") + "/"
+        rows = self.database.execute("SELECT name FROM tensors WHERE starts_with(name, ?) ORDER BY name", (prefix,))
+        return [name for (name,) in rows if "/" not in name[len(prefix):]]
+
+    def mark(self) -> int:
+        return 0
+
+    def before_commit(self) -> None:
+        """Nothing to sync: the rows carry the bytes."""
+
+    def discard(self, mark: int = 0) -> None:
+        """Nothing to remove: the rollback took the bytes back."""
+
+    def settle(self) -> None:
+        """Nothing kept between batches."""
