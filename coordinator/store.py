@@ -1,6 +1,5 @@
-"""Durable coordinator state: clients, rounds, updates, tensors and the accept/reject log, in
-SQLite (WAL) with safetensors files written atomically (a crash never leaves half a file), or in
-PostgreSQL with the tensors in the database (``coordinator.store_backends``)."""
+"""Durable coordinator state: clients, rounds, updates, tensors and the accept/reject log, in one
+database: SQLite (WAL) in the state folder, or PostgreSQL (``coordinator.store_backends``)."""
 
 from __future__ import annotations
 
@@ -11,7 +10,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from coordinator.store_backends import STORAGE_ERRORS, SqliteDatabase, TensorFiles
+from coordinator.store_backends import STORAGE_ERRORS, SqliteDatabase, TensorTable
 from edge_agent.protocol import HelloHeader, TensorDict
 from edge_agent.storage import StateDirError, writable_folder
 
@@ -30,6 +29,7 @@ CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS events (
     id INTEGER PRIMARY KEY AUTOINCREMENT, at REAL NOT NULL, client_id TEXT, round INTEGER,
     kind TEXT NOT NULL, accepted INTEGER NOT NULL, code TEXT, reason TEXT);
+CREATE TABLE IF NOT EXISTS tensors (name TEXT PRIMARY KEY, body BLOB NOT NULL);
 """
 
 
@@ -67,12 +67,12 @@ class ClientRow:
 
 
 class Store:
-    """All coordinator state, safe to reopen after ``kill -9``: SQLite and safetensors files
-    below ``state_dir`` (the default), or PostgreSQL at ``url``. There every tensor (global states,
-    updates, strategy state, personal messages, twins' history) is a row of ``tensors``, written in
-    the same transaction as the rows naming it, so a standby on another host, which cannot read the
-    leader's files, resumes from the database alone. ``connection``: the leader lease's session
-    (``coordinator.lease``), which then carries every write.
+    """All coordinator state, safe to reopen after ``kill -9``: SQLite in ``state_dir`` (the
+    default), or PostgreSQL at ``url``. Every tensor (global states, updates as received, strategy
+    state, personal messages, twins' history) is a row of ``tensors`` (safetensors bytes), written
+    in the same transaction as the rows naming it: a batch of updates is durable with one sync, and
+    a standby on another host resumes from the database alone. ``connection``: the leader lease's
+    session (``coordinator.lease``), which then carries every write.
 
     Raises ``StateDirError`` naming the path (or ``store.url``) when the state cannot be opened."""
 
@@ -85,41 +85,45 @@ class Store:
             self.db.close()
             where = "store.url" if url else f"state_dir {self.dir}"
             raise StateDirError(f"{where}: cannot create the tables: {err}") from None
+        self._check_tensors_present(url)
+
+    def _check_tensors_present(self, url: str | None) -> None:
+        """Rounds whose first global state is not in the database: a state folder of an edgefl
+        that kept tensors as files (before 0.2). Say so instead of failing at the first read."""
+        if self.latest_round() is not None and not self.tensors.exists(self.round(1).global_file):
+            self.db.close()
+            where = "store.url" if url else f"state_dir {self.dir}"
+            raise StateDirError(f"{where}: its rounds have no tensors in the database (a state written by an "
+                                "edgefl that kept them as files?): finish that campaign with that version, "
+                                "or start this one in a new state_dir")
 
     @contextmanager
     def batch(self):
-        """One transaction for many writes (group commit): with files, update bodies are fsynced
-        as written and their folders once at the end, then the rows commit together. On failure
-        the rows roll back and the batch's update files are removed (no file without its row)."""
+        """One transaction for many writes (group commit: the rows and update bodies of a whole
+        batch reach the disk with one sync). On failure all of it rolls back."""
         self.db.execute("BEGIN")
         try:
             yield
-            self.tensors.before_commit()
             self.db.execute("COMMIT")
         except BaseException:
             if self.db.in_transaction:
                 self.db.execute("ROLLBACK")
-            self.tensors.discard()
             raise
-        finally:
-            self.tensors.settle()
 
     @contextmanager
     def savepoint(self):
-        """One message's writes inside a ``batch``: if it fails, its rows roll back and its
-        files are removed while the rest of the batch stands. Outside a batch: a batch of its own."""
+        """One message's writes inside a ``batch``: if it fails, its rows and tensors roll back
+        while the rest of the batch stands. Outside a batch: a batch of its own."""
         if not self.db.in_transaction:
             with self.batch(), self.savepoint():
                 yield
             return
-        mark = self.tensors.mark()
         self.db.execute("SAVEPOINT message")
         try:
             yield
         except BaseException:
             self.db.execute("ROLLBACK TO SAVEPOINT message")
             self.db.execute("RELEASE SAVEPOINT message")
-            self.tensors.discard(mark)
             raise
         self.db.execute("RELEASE SAVEPOINT message")
 
@@ -276,6 +280,14 @@ class Store:
         )
         return [UpdateRow(*r[:5], json.loads(r[5])) for r in rows]
 
+    def update_bytes(self, number: int) -> int:
+        """The size of round ``number``'s stored updates as received (on time and late)."""
+        return self.tensors.bytes_below(f"updates/round_{number:05d}")
+
+    def size_bytes(self) -> int:
+        """The state's size in its database (on disk for SQLite, as PostgreSQL reports it)."""
+        return self.db.size_bytes()
+
     def load_update(self, row: UpdateRow) -> TensorDict:
         return self.load_file(row.file)
 
@@ -316,11 +328,12 @@ class Store:
 
 
 def open_backend(folder: Path, url: str | None, connection=None):
-    """The database and tensor storage of a store: SQLite and files in ``folder`` when ``url``
-    is None, else PostgreSQL at ``url`` (on ``connection`` when the leader lease already opened one)."""
+    """The database of a store and its tensor table: SQLite in ``folder`` when ``url`` is None,
+    else PostgreSQL at ``url`` (on ``connection`` when the leader lease already opened one)."""
     if url is None:
-        return SqliteDatabase(folder), TensorFiles(folder)
-    from coordinator.store_postgres import PostgresDatabase, TensorTable
+        database = SqliteDatabase(folder)
+    else:
+        from coordinator.store_postgres import PostgresDatabase
 
-    database = PostgresDatabase(url, connection)
+        database = PostgresDatabase(url, connection)
     return database, TensorTable(database)

@@ -1,17 +1,17 @@
 """Where the coordinator's ``Store`` keeps its rows and tensors: SQLite (WAL) in the state folder
-with tensors as safetensors files beside it, or PostgreSQL with tensors in the database
-(``coordinator.store_postgres``). Both backends take the same SQL (``?`` placeholders,
-``ON CONFLICT``) and explicit ``BEGIN``/``COMMIT``/``SAVEPOINT`` statements."""
+or PostgreSQL (``coordinator.store_postgres``), tensors in the same database either way. Both
+backends take the same SQL (``?`` placeholders, ``ON CONFLICT``) and explicit ``BEGIN``/
+``COMMIT``/``SAVEPOINT`` statements."""
 
 from __future__ import annotations
 
 import sqlite3
-from contextlib import suppress
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 
-from safetensors.torch import load_file
+from safetensors.torch import load as load_tensors
+from safetensors.torch import save as save_tensors
 
-from edge_agent.storage import StateDirError, fsync_folder, write_bytes_atomically, write_tensors_atomically
+from edge_agent.storage import StateDirError
 from edge_agent.tensors import TensorDict
 
 try:
@@ -36,6 +36,7 @@ class SqliteDatabase:
 
     def __init__(self, folder: Path):
         path = folder / "coordinator.sqlite3"
+        self.path, self.where = path, f"the database {path}"
         try:
             self.connection = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
             self.connection.execute("PRAGMA journal_mode=WAL")
@@ -43,7 +44,8 @@ class SqliteDatabase:
         except sqlite3.Error as err:
             raise StateDirError(f"state_dir {folder}: cannot open the database {path.name}: {err}") from None
 
-    def execute(self, sql: str, params: tuple = ()) -> sqlite3.Cursor:
+    def execute(self, sql: str, params: tuple = (), binary: bool = False) -> sqlite3.Cursor:
+        """``binary`` (PostgreSQL's binary results) changes nothing here: SQLite returns bytes."""
         return self.connection.execute(sql, params)
 
     def create(self, schema: str) -> None:
@@ -53,59 +55,54 @@ class SqliteDatabase:
     def in_transaction(self) -> bool:
         return self.connection.in_transaction
 
+    def size_bytes(self) -> int:
+        """The database's size on disk (main file and write-ahead log)."""
+        return sum(path.stat().st_size for path in self.path.parent.glob(self.path.name + "*") if path.is_file())
+
     def close(self) -> None:
         self.connection.close()
 
 
-class TensorFiles:
-    """Tensors as safetensors files below the state folder, each written atomically. Update
-    bodies written inside a batch are fsynced as written and their folders once before the
-    commit; the files of a batch or savepoint that rolls back are removed (no file without its row)."""
+class TensorTable:
+    """Tensors as rows of ``tensors`` (safetensors bytes) in the store's own database: written
+    inside the open transaction, so they commit with the rows naming them (one sync per batch,
+    not one per update file) and a rollback takes them back; nothing to sync or remove."""
 
-    def __init__(self, folder: Path):
-        self.folder = folder
-        self._unsynced: set[Path] = set()
-        self._written: list[Path] = []
+    def __init__(self, database):
+        self.database = database
 
     def write(self, name: str, tensors: TensorDict) -> None:
-        write_tensors_atomically(self.folder / name, tensors)
+        self.write_body(name, save_tensors(tensors))
 
     def write_body(self, name: str, body: bytes) -> None:
-        """A verified safetensors body as received, durable once the enclosing batch commits."""
-        path = self.folder / name
-        self._written.append(path)
-        write_bytes_atomically(path, body, sync_folder=False)
-        self._unsynced.add(path.parent)
+        """A verified safetensors body as received (no re-encoding)."""
+        self.database.execute(
+            "INSERT INTO tensors VALUES (?, ?) ON CONFLICT (name) DO UPDATE SET body=excluded.body", (name, body))
 
     def read(self, name: str) -> TensorDict:
-        return load_file(str(self.folder / name))
+        row = self.database.execute("SELECT body FROM tensors WHERE name=?", (name,), binary=True).fetchone()
+        if row is None:
+            raise FileNotFoundError(f"no tensors named {name!r} in {self.database.where}")
+        return load_tensors(bytes(row[0]))
 
     def exists(self, name: str) -> bool:
-        return (self.folder / name).is_file()
+        return self.database.execute("SELECT 1 FROM tensors WHERE name=?", (name,)).fetchone() is not None
 
     def delete(self, name: str) -> None:
-        (self.folder / name).unlink(missing_ok=True)
+        self.database.execute("DELETE FROM tensors WHERE name=?", (name,))
 
     def names(self, folder: str) -> list[str]:
-        """The names of the tensor files directly in ``folder``, sorted."""
-        return [str(PurePosixPath(folder) / path.name) for path in sorted((self.folder / folder).glob("*.safetensors"))]
+        """The names directly below ``folder``, sorted."""
+        prefix = folder.rstrip("/") + "/"
+        rows = self.database.execute(
+            "SELECT name FROM tensors WHERE substr(name, 1, ?) = ? ORDER BY name", (len(prefix), prefix))
+        return [name for (name,) in rows if "/" not in name[len(prefix):]]
 
-    def mark(self) -> int:
-        return len(self._written)
+    def bytes_below(self, folder: str) -> int:
+        """The total size of the bodies below ``folder`` (e.g. one round's updates)."""
+        prefix = folder.rstrip("/") + "/"
+        row = self.database.execute(
+            "SELECT SUM(length(body)) FROM tensors WHERE substr(name, 1, ?) = ?", (len(prefix), prefix)).fetchone()
+        return int(row[0] or 0)
 
-    def before_commit(self) -> None:
-        for folder in self._unsynced:
-            fsync_folder(folder)
-
-    def discard(self, mark: int = 0) -> None:
-        """Remove the bodies written since ``mark`` (their rows rolled back)."""
-        for path in self._written[mark:]:
-            with suppress(OSError):
-                path.unlink(missing_ok=True)
-        del self._written[mark:]
-
-    def settle(self) -> None:
-        """The batch is over (committed or discarded): forget what it wrote."""
-        self._unsynced.clear()
-        self._written.clear()
 

@@ -11,17 +11,13 @@ from urllib.parse import urlsplit
 
 import psycopg
 from psycopg import pq
-from safetensors.torch import load as load_tensors
-from safetensors.torch import save as save_tensors
 
 from coordinator.store_backends import LeaseLost
 from edge_agent.storage import StateDirError
-from edge_agent.tensors import TensorDict
 
 # SQLite's types in the shared schema, and what PostgreSQL calls them (applied in this order).
 POSTGRES_TYPES = (("INTEGER PRIMARY KEY AUTOINCREMENT", "BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY"),
-                  ("INTEGER", "BIGINT"), ("REAL", "DOUBLE PRECISION"))
-TENSOR_TABLE = "CREATE TABLE IF NOT EXISTS tensors (name TEXT PRIMARY KEY, body BYTEA NOT NULL);"
+                  ("INTEGER", "BIGINT"), ("REAL", "DOUBLE PRECISION"), ("BLOB", "BYTEA"))
 CONNECT_TIMEOUT_S = 10
 # Server and client TCP keepalives: a leader cut off from the database loses its session (and
 # with it the lease) within about 25 s instead of the kernel's two hours.
@@ -58,7 +54,7 @@ class PostgresDatabase:
     def __init__(self, url: str, connection: psycopg.Connection | None = None):
         self.leading = connection is not None
         self.connection = connection or connect(url)
-        self.url = url
+        self.url, self.where = url, f"the database at {where(url)}"
 
     def execute(self, sql: str, params: tuple = (), binary: bool = False) -> psycopg.Cursor:
         try:
@@ -71,56 +67,14 @@ class PostgresDatabase:
     def create(self, schema: str) -> None:
         for sqlite_type, postgres_type in POSTGRES_TYPES:
             schema = re.sub(rf"\b{sqlite_type}\b", postgres_type, schema)
-        self.execute(schema + TENSOR_TABLE)
+        self.execute(schema)
 
     @property
     def in_transaction(self) -> bool:
         return self.connection.info.transaction_status != pq.TransactionStatus.IDLE
 
+    def size_bytes(self) -> int:
+        return int(self.execute("SELECT pg_database_size(current_database())").fetchone()[0])
+
     def close(self) -> None:
         self.connection.close()
-
-
-class TensorTable:
-    """Tensors as rows of ``tensors`` (safetensors bytes): written inside the open transaction,
-    so a rollback takes them back with their rows and nothing needs syncing or removing."""
-
-    def __init__(self, database: PostgresDatabase):
-        self.database = database
-
-    def write(self, name: str, tensors: TensorDict) -> None:
-        self.write_body(name, save_tensors(tensors))
-
-    def write_body(self, name: str, body: bytes) -> None:
-        self.database.execute(
-            "INSERT INTO tensors VALUES (?, ?) ON CONFLICT (name) DO UPDATE SET body=excluded.body", (name, body))
-
-    def read(self, name: str) -> TensorDict:
-        row = self.database.execute("SELECT body FROM tensors WHERE name=?", (name,), binary=True).fetchone()
-        if row is None:
-            raise FileNotFoundError(f"no tensors named {name!r} in the database at {where(self.database.url)}")
-        return load_tensors(bytes(row[0]))
-
-    def exists(self, name: str) -> bool:
-        return self.database.execute("SELECT 1 FROM tensors WHERE name=?", (name,)).fetchone() is not None
-
-    def delete(self, name: str) -> None:
-        self.database.execute("DELETE FROM tensors WHERE name=?", (name,))
-
-    def names(self, folder: str) -> list[str]:
-        """The names directly below ``folder``, sorted (as ``TensorFiles.names``)."""
-        prefix = folder.rstrip("/") + "/"
-        rows = self.database.execute("SELECT name FROM tensors WHERE starts_with(name, ?) ORDER BY name", (prefix,))
-        return [name for (name,) in rows if "/" not in name[len(prefix):]]
-
-    def mark(self) -> int:
-        return 0
-
-    def before_commit(self) -> None:
-        """Nothing to sync: the rows carry the bytes."""
-
-    def discard(self, mark: int = 0) -> None:
-        """Nothing to remove: the rollback took the bytes back."""
-
-    def settle(self) -> None:
-        """Nothing kept between batches."""

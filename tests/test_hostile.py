@@ -9,6 +9,7 @@ import hashlib
 import json
 import os
 import queue
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -180,9 +181,9 @@ def test_a_hostile_device_cannot_stop_the_fleet(tmp_path: Path, mosquitto) -> No
         assert kept == ["late_no_twin", ""]
         assert [row.metrics["clients"] for row in store.rounds()] == [["client00", "client01"]] * 3
         assert [row.metrics["rejected"] for row in store.rounds()] == [{}, {}, {HOSTILE: "norm_outlier"}]
+        assert store.tensors.names(f"twins/{HOSTILE}") == []
     finally:
         store.close()
-    assert not (tmp_path / "coordinator" / "twins" / HOSTILE).exists()
     assert "Traceback" not in (tmp_path / "coordinator.log").read_text()
 
 
@@ -209,45 +210,58 @@ def update_of(coordinator: Coordinator, client: str) -> Incoming:
     return message(client, "update", encode(header, coordinator.initial))
 
 
-def test_storage_errors_are_retried_then_refused_and_the_rest_of_the_batch_stands(tmp_path: Path) -> None:
+def stored_updates(coordinator: Coordinator, number: int = 1) -> list[str]:
+    """The update bodies the store holds for round ``number`` (rows of its tensor table)."""
+    return [name.rsplit("/", 1)[-1] for name in coordinator.store.tensors.names(f"updates/round_{number:05d}")]
+
+
+def test_storage_errors_are_retried_then_refused_and_the_rest_of_the_batch_stands(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     coordinator = offline_coordinator(tmp_path)
-    state = tmp_path / "coordinator"
     coordinator._process([hello_of(coordinator, "a")])
-    (state / "updates").write_text("not a folder")  # as if updates/ were read-only or the disk full
+    write_body = coordinator.store.tensors.write_body
+
+    def disk_full(name: str, body: bytes) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(coordinator.store.tensors, "write_body", disk_full)
     coordinator._process([update_of(coordinator, "a"), hello_of(coordinator, "b")])
     assert set(coordinator.store.clients()) == {"a", "b"}
     assert [e["code"] for e in coordinator.store.events(accepted=False)] == ["storage"]
-    (state / "updates").unlink()
+    monkeypatch.setattr(coordinator.store.tensors, "write_body", write_body)
     coordinator._process([update_of(coordinator, "a")])
     assert [u.client_id for u in coordinator.store.updates(1)] == ["a"]
-    assert [p.name for p in (state / "updates").rglob("*") if p.is_file()] == ["a.safetensors"]
+    assert stored_updates(coordinator) == ["a.safetensors"]
     coordinator.store.close()
 
 
 def test_a_batch_that_cannot_commit_is_retried_then_left_unacknowledged(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The disk fills up at the batch's folder sync: tried again, committed once it can be;
-    never acknowledged (so redelivered later) while it cannot, and no file is left behind."""
+    """The disk fills up at the batch's commit: tried again, committed once it can be; never
+    acknowledged (so redelivered later) while it cannot, and no update body is left behind."""
     coordinator = offline_coordinator(tmp_path)
     acked: list[Incoming] = []
     monkeypatch.setattr(coordinator.connection, "ack", acked.append)
     failures = [2]
+    database = coordinator.store.db
+    execute = database.execute
 
-    def full_disk(folder: Path) -> None:
-        if failures[0] > 0:
+    def full_disk_at_commit(sql: str, *args, **kwargs):
+        if sql == "COMMIT" and failures[0] > 0:
             failures[0] -= 1
-            raise OSError(28, "No space left on device")
+            raise sqlite3.OperationalError("database or disk is full")
+        return execute(sql, *args, **kwargs)
 
-    monkeypatch.setattr("coordinator.store_backends.fsync_folder", full_disk)
+    monkeypatch.setattr(database, "execute", full_disk_at_commit)
     coordinator._process([hello_of(coordinator, "a"), hello_of(coordinator, "b")])
     coordinator._process([update_of(coordinator, "a")])
     assert [u.client_id for u in coordinator.store.updates(1)] == ["a"] and len(acked) == 3
     failures[0] = 3
     coordinator._process([update_of(coordinator, "b")])
     assert [u.client_id for u in coordinator.store.updates(1)] == ["a"] and len(acked) == 3
-    files = [p.name for p in (tmp_path / "coordinator" / "updates").rglob("*") if p.is_file()]
-    assert files == ["a.safetensors"]
+    assert stored_updates(coordinator) == ["a.safetensors"]
     coordinator.store.close()
 
 
@@ -276,7 +290,7 @@ def test_decoding_any_poison_raises_nothing_but_protocol_errors() -> None:
             pass
 
 
-def test_an_unexpected_failure_is_refused_as_internal_and_leaves_no_orphan_file(
+def test_an_unexpected_failure_is_refused_as_internal_and_leaves_no_orphan_body(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     coordinator = offline_coordinator(tmp_path)
@@ -294,8 +308,7 @@ def test_an_unexpected_failure_is_refused_as_internal_and_leaves_no_orphan_file(
     assert [(e["client_id"], e["code"]) for e in refused] == [("a", "internal")]
     assert "OverflowError" in refused[0]["reason"]
     assert [u.client_id for u in coordinator.store.updates(1)] == ["b"]
-    files = sorted(p.name for p in (tmp_path / "coordinator" / "updates").rglob("*") if p.is_file())
-    assert files == ["b.safetensors"]
+    assert stored_updates(coordinator) == ["b.safetensors"]
     coordinator.store.close()
 
 

@@ -267,7 +267,7 @@ def test_every_round_with_a_frozen_agent_equals_the_simulation_of_what_happened(
         assert record["closed_by"] == "deadline" and record["twin"] == twin
         assert record["imputed" if twin != "drop" else "dropped"] == ["client02"]
         assert any(e["code"] == "late" and e["client_id"] == "client02" for e in store.events(accepted=True))
-        assert len(list((db / "twins" / "client02").glob("*.safetensors"))) == make_forecaster(twin).window
+        assert len(store.tensors.names("twins/client02")) == make_forecaster(twin).window
     finally:
         store.close()
     assert_rounds_equal(served_rounds(db), replay(db, write_client_csvs(tmp_path, 3), rounds, twin=twin).states)

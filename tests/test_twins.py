@@ -10,7 +10,6 @@ from coordinator.simulation.federation import FederationConfig, head_learners, r
 from coordinator.simulation.participation import SCENARIOS, Participation, participation
 from coordinator.strategies import weighted_mean
 from coordinator.store import Store
-from coordinator.store_backends import TensorFiles
 from coordinator.twins import TWIN_FORECASTERS, TwinHistory, impute_missing, make_forecaster
 from edge_agent.data import prepare_client, synthetic_clients
 from edge_agent.learners.head import initial_shared_state
@@ -55,11 +54,12 @@ def test_drop_never_imputes_and_unknown_names_list_the_choices() -> None:
         FederationConfig(twin="kalman")
 
 
-def test_imputed_update_keeps_sample_weight_and_integer_dtypes(tmp_path) -> None:
-    history = TwinHistory(2, TensorFiles(tmp_path))
+def test_imputed_update_keeps_sample_weight_and_integer_dtypes(tmp_path, request) -> None:
+    storage = tensor_storage("sqlite", tmp_path, request)
+    history = TwinHistory(2, storage)
     for k, state in enumerate(states(5), start=1):
         history.observe("gw-1", k, state)
-    assert len(list((tmp_path / "twins" / "gw-1").glob("*.safetensors"))) == 2  # bounded on disk
+    assert len(storage.names("twins/gw-1")) == 2  # bounded in the store
     imputation = impute_missing([("gw-1", 37)], history, make_forecaster("maf"))
     (update,) = imputation.updates
     assert update.client_id == "gw-1" and update.n_samples == 37
@@ -67,7 +67,7 @@ def test_imputed_update_keeps_sample_weight_and_integer_dtypes(tmp_path) -> None
     assert update.params["count"].dtype == torch.int64 and int(update.params["count"]) == 45
 
 
-@pytest.mark.parametrize("kept", ["memory", "files", "postgres"])
+@pytest.mark.parametrize("kept", ["memory", "sqlite", "postgres"])
 def test_a_client_unseen_for_more_than_max_age_rounds_is_dropped(tmp_path, request, kept: str) -> None:
     history = TwinHistory(2, tensor_storage(kept, tmp_path, request))
     for k, state in zip((2, 1), states(2)):  # a late round-1 update arrives after round 2's
@@ -82,12 +82,13 @@ def test_a_client_unseen_for_more_than_max_age_rounds_is_dropped(tmp_path, reque
 
 
 def tensor_storage(kind: str, folder, request):
-    """None (in memory), safetensors files in ``folder``, or rows of a fresh PostgreSQL database."""
-    if kind == "postgres":
-        store = Store(folder, request.getfixturevalue("postgres_url"))
-        request.addfinalizer(store.close)
-        return store.tensors
-    return TensorFiles(folder) if kind == "files" else None
+    """None (in memory), or the tensor table of a store in SQLite (in ``folder``) or in a fresh
+    PostgreSQL database."""
+    if kind == "memory":
+        return None
+    store = Store(folder, request.getfixturevalue("postgres_url") if kind == "postgres" else None)
+    request.addfinalizer(store.close)
+    return store.tensors
 
 
 def test_memory_history_is_bounded_and_detached() -> None:

@@ -8,30 +8,16 @@ last build), so a large state cannot keep a core busy however often the page pol
 from __future__ import annotations
 
 import math
-import os
 import threading
 import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 from coordinator.store import RoundRow, Store, UpdateRow
 
 RECENT_REJECTIONS = 20
 STORE_SIZE_EVERY_S = 30.0
-
-
-def folder_bytes(folder: Path) -> int:
-    """Bytes of the files below ``folder`` (the coordinator's whole state)."""
-    total = 0
-    for root, _dirs, files in os.walk(folder):
-        for name in files:
-            try:
-                total += os.stat(os.path.join(root, name)).st_size
-            except OSError:
-                continue  # removed while we walked (an atomic write's temporary file)
-    return total
 
 
 class FleetView:
@@ -96,7 +82,7 @@ class FleetView:
                 "clients": len(metrics.get("clients", [])), "imputed": metrics.get("imputed", []),
                 "dropped": metrics.get("dropped", []), "rejected": sorted(metrics.get("rejected", {})),
                 "twin": metrics.get("twin"), "closed_by": metrics.get("closed_by"),
-                "update_bytes": _update_bytes(store, store.updates(row.round))}
+                "update_bytes": store.update_bytes(row.round)}
 
     def _current_round(self, store: Store, latest: RoundRow | None, recent: "Recent") -> dict | None:
         if latest is None:
@@ -104,7 +90,7 @@ class FleetView:
         return {"round": latest.round, "open": latest.closed_at is None, "opened_at": latest.opened_at,
                 "deadline": latest.deadline, "reported": [u.client_id for u in recent.open],
                 "finished": latest.closed_at is not None and latest.round >= self.about["total_rounds"],
-                "update_bytes": _update_bytes(store, recent.open)}
+                "update_bytes": store.update_bytes(latest.round)}
 
     @staticmethod
     def _clients(store: Store, recent: "Recent", rounds: list[dict]) -> list[dict]:
@@ -134,7 +120,7 @@ class FleetView:
     def _state_size(self, store: Store) -> int:
         size, measured = self._store_bytes
         if time.monotonic() - measured >= STORE_SIZE_EVERY_S or not measured:
-            self._store_bytes = size, measured = folder_bytes(store.dir), time.monotonic()
+            self._store_bytes = size, measured = store.size_bytes(), time.monotonic()
         return size
 
 
@@ -163,17 +149,6 @@ class Recent:
     def metrics(self) -> dict[str, dict]:
         """Each client's metrics from its newest update of these two rounds."""
         return {u.client_id: u.metrics for u in (*self.closed, *self.open)}
-
-
-def _update_bytes(store: Store, updates: list[UpdateRow]) -> int:
-    """Bytes of these update bodies as received (the store keeps them unchanged)."""
-    total = 0
-    for update in updates:
-        try:
-            total += (store.dir / update.file).stat().st_size
-        except OSError:
-            continue
-    return total
 
 
 def _finite(value: float | None) -> float | None:

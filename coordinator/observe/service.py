@@ -76,7 +76,7 @@ class Observer:
 
     @classmethod
     def for_coordinator(cls, cfg: "CoordinatorConfig") -> "Observer":
-        return cls(cfg.http, partial(Store, cfg.state_dir), cfg.fleet, cfg.rounds, cfg.min_clients)
+        return cls(cfg.http, partial(Store, cfg.state_dir, cfg.store.url), cfg.fleet, cfg.rounds, cfg.min_clients)
 
     def relay(self, on_event: Callable[[str, dict], None] | None) -> Callable[[str, dict], None]:
         """An event hook that counts each event, then hands it to ``on_event``."""
