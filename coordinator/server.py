@@ -59,18 +59,25 @@ class Coordinator:
         self.engine = RoundEngine(self.strategy, cfg, self.store.dir / "twins", robust=cfg.robust,
                                   on_time=self.store.last_on_time(), state_keys=template.initial)
         self.on_event = on_event or (lambda kind, data: None)
-        self.connection = Connection(
-            cfg.broker,
-            client_id=f"edgefl-coordinator-{cfg.fleet}",
-            will_topic=self.topics.coordinator_status,
-            subscriptions=[*(self.topics.agents(leaf) for leaf in ("hello", "update", "status")), self.topics.round],
-            manual_ack=True,
-            receive_maximum=COORDINATOR_RECEIVE_WINDOW,
-        )
+        self.connection = self._connection(f"edgefl-coordinator-{cfg.fleet}")
         self.connection.on_connected.append(self._announce_presence)
         self._decoded: dict[tuple[int, str], dict] = {}  # this round's accepted tensors, kept for aggregation
-        self.campaign = self.store.campaign()
+        self.campaign = self._campaign()
         self._announced: RoundRow | None = None  # the round on the broker as of our last announcement
+
+    def _connection(self, client_id: str, *extra_subscriptions: str) -> Connection:
+        """The broker session: every agent's hello/update/status and the round topic, acknowledged
+        by hand once stored; plus ``extra_subscriptions`` (a site's uplink topics)."""
+        return Connection(
+            self.cfg.broker, client_id=client_id, will_topic=self.topics.coordinator_status,
+            subscriptions=[*(self.topics.agents(leaf) for leaf in ("hello", "update", "status")), self.topics.round,
+                           *extra_subscriptions],
+            manual_ack=True, receive_maximum=COORDINATOR_RECEIVE_WINDOW,
+        )
+
+    def _campaign(self) -> str:
+        """This fleet's campaign id (a site aggregator takes the central coordinator's)."""
+        return self.store.campaign()
 
     # lifecycle -------------------------------------------------------------------------------
 
@@ -155,7 +162,10 @@ class Coordinator:
     def _announce(self, row: RoundRow) -> None:
         """Publish the round (retained) so agents that join late get it too."""
         finished = row.closed_at is not None
-        state = self.store.load_file(row.result_file if finished else row.global_file)
+        self._publish_round(row, row.result_file if finished else row.global_file, finished)
+
+    def _publish_round(self, row: RoundRow, state_file: str, finished: bool) -> None:
+        state = self.store.load_file(state_file)
         header = RoundHeader(
             fleet=self.cfg.fleet, sender=SENDER, round=row.round, deadline_unix=row.deadline,
             model_signature=self.signature, finished=finished, campaign=self.campaign,
@@ -182,8 +192,18 @@ class Coordinator:
         return self.store.round(row.round)
 
     def _close(self, row: RoundRow, updates: list, why: str) -> RoundRow:
-        """Run the round engine, make its result durable, then send personal messages and the
-        next announcement."""
+        """Aggregate and store the round, then send personal messages and the next announcement."""
+        last = row.round >= self.cfg.rounds
+        result = self._aggregate(row, updates, why, None if last else time.time() + self.cfg.round_timeout_s)
+        self._write_foundation(row.round)
+        self._send_personal(row.round, result.personal)
+        following = self.store.round(row.round if last else row.round + 1)
+        self._announce(following)
+        return following
+
+    def _aggregate(self, row: RoundRow, updates: list, why: str, next_deadline: float | None) -> RoundResult:
+        """Run the round engine on ``updates`` and make its result durable (one transaction),
+        opening the next round with ``next_deadline`` unless it is None."""
         on_time = [
             ClientUpdate(u.client_id, self._decoded.pop((row.round, u.client_id), None) or self.store.load_update(u),
                          u.n_samples, u.metrics)
@@ -197,19 +217,13 @@ class Coordinator:
             self.store.save_personal(row.round, client, tensors)
         metrics = {"clients": list(result.on_time), "imputed": list(result.imputed), "dropped": list(result.dropped),
                    "twin": result.twin, "loss": result.loss, "closed_by": why, "rejected": result.rejected,
-                   "clipped": list(result.clipped), **result.metrics}
-        last = row.round >= self.cfg.rounds
-        self.store.finish_round(row.round, metrics, result.global_state,
-                                None if last else time.time() + self.cfg.round_timeout_s)
+                   "clipped": list(result.clipped), "weight": result.weight, **result.metrics}
+        self.store.finish_round(row.round, metrics, result.global_state, next_deadline)
         for client, code in result.rejected.items():
             self.store.log("update", client, row.round, False, code, "left out of the round by the engine's screening")
             self.on_event("rejected", {"client": client, "code": code, "reason": "screening"})
         self._report_close(row.round, result, why)
-        self._write_foundation(row.round)
-        self._send_personal(row.round, result.personal)
-        following = self.store.round(row.round if last else row.round + 1)
-        self._announce(following)
-        return following
+        return result
 
     def _report_close(self, number: int, result: RoundResult, why: str) -> None:
         rejected = sum(1 for e in self.store.events(accepted=False) if e["round"] == number)

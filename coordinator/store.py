@@ -183,23 +183,41 @@ class Store:
 
     # campaign --------------------------------------------------------------------------------
 
+    def meta(self, key: str) -> str | None:
+        row = self.db.execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()
+        return row[0] if row else None
+
+    def set_meta(self, key: str, value: str) -> None:
+        self.db.execute("INSERT INTO meta VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value=excluded.value",
+                        (key, value))
+
     def campaign(self) -> str:
         """The id of the federation run this state belongs to, made on first use (a fresh state
         starts a new campaign): UTC time of creation plus random digits."""
         fresh = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + "-" + secrets.token_hex(3)
         self.db.execute("INSERT OR IGNORE INTO meta VALUES ('campaign', ?)", (fresh,))
-        return self.db.execute("SELECT value FROM meta WHERE key='campaign'").fetchone()[0]
+        return self.meta("campaign")
 
     # rounds ----------------------------------------------------------------------------------
 
     def open_first_round(self, deadline: float, global_state: TensorDict) -> RoundRow:
         """Persist the initial global parameters (file first, then the row)."""
         name = "global/round_00001.safetensors"
-        write_tensors_atomically(self.dir / name, global_state)
+        self.save_tensors(name, global_state)
+        return self.open_round(1, deadline, name)
+
+    def open_round(self, number: int, deadline: float, global_file: str) -> RoundRow:
+        """Open round ``number`` on the global state stored in ``global_file`` (a site aggregator
+        opens each round the central coordinator announced)."""
         self.db.execute(
-            "INSERT OR IGNORE INTO rounds VALUES (1, ?, ?, NULL, ?, NULL, NULL)", (time.time(), deadline, name)
+            "INSERT OR IGNORE INTO rounds VALUES (?, ?, ?, NULL, ?, NULL, NULL)",
+            (number, time.time(), deadline, global_file),
         )
-        return self.round(1)
+        return self.round(number)
+
+    def save_tensors(self, name: str, tensors: TensorDict) -> None:
+        """A tensor file below the state folder, written atomically."""
+        write_tensors_atomically(self.dir / name, tensors)
 
     def finish_round(
         self, number: int, metrics: dict, result: TensorDict, next_deadline: float | None

@@ -1,4 +1,4 @@
-"""``edgefl coordinator ...`` and ``edgefl agent ...``: the two long-running services."""
+"""``edgefl coordinator ...``, ``edgefl aggregator ...`` and ``edgefl agent ...``: the long-running services."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from edge_agent.storage import StateDirError
 
 console = Console(stderr=True)
 coordinator_app = typer.Typer(help="The coordinator service.", no_args_is_help=True)
+aggregator_app = typer.Typer(help="A site aggregator next to a site broker.", no_args_is_help=True)
 agent_app = typer.Typer(help="The edge agent on a gateway.", no_args_is_help=True)
 ConfigPath = Annotated[Path, typer.Option("--config", "-c", help="TOML configuration file")]
 
@@ -58,9 +59,24 @@ def _print_event(kind: str, data: dict) -> None:
     elif kind == "foundation":
         console.print(f"round {data['round']}: foundation checkpoint {data['path']} (sha256 {data['sha256']})",
                       soft_wrap=True)
-    elif kind in ("rejected", "resumed", "registered", "campaign", "cleared", "ignored") or (
+    elif kind == "sent":
+        console.print(f"round {data['round']}: site update sent up ({data['n_samples']} samples)")
+    elif kind in ("rejected", "resumed", "registered", "campaign", "cleared", "ignored", "delivered", "refused") or (
             kind == "presence" and not data["online"]):
         console.print(f"{kind}: {data}")
+
+
+def _serve(config: Path, verbose: bool, settings: type, service: type) -> None:
+    """Load ``config`` as ``settings`` and run ``service`` on it until it ends or is stopped."""
+    _setup(verbose)
+    try:
+        cfg = load_config(config, settings)
+    except ConfigError as err:
+        _fail(str(err))
+    try:
+        service(cfg, on_event=_print_event).serve(stop=_Stopper())
+    except (ConnectionError, StateDirError) as err:
+        _fail(str(err))
 
 
 @coordinator_app.command("serve")
@@ -69,16 +85,17 @@ def coordinator_serve(config: ConfigPath, verbose: bool = False) -> None:
     from coordinator.config import CoordinatorConfig
     from coordinator.server import Coordinator
 
-    _setup(verbose)
-    try:
-        cfg = load_config(config, CoordinatorConfig)
-    except ConfigError as err:
-        _fail(str(err))
-    try:
-        coordinator = Coordinator(cfg, on_event=_print_event)
-        coordinator.serve(stop=_Stopper())
-    except (ConnectionError, StateDirError) as err:
-        _fail(str(err))
+    _serve(config, verbose, CoordinatorConfig, Coordinator)
+
+
+@aggregator_app.command("serve")
+def aggregator_serve(config: ConfigPath, verbose: bool = False) -> None:
+    """Serve the central coordinator's rounds to this site's gateways and send one combined update
+    per round up the bridge (resumes after a crash)."""
+    from coordinator.config import AggregatorConfig
+    from coordinator.site import SiteAggregator
+
+    _serve(config, verbose, AggregatorConfig, SiteAggregator)
 
 
 @coordinator_app.command("status")
