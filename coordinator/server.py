@@ -20,7 +20,9 @@ from collections.abc import Callable
 from functools import partial
 from coordinator.config import CoordinatorConfig
 from coordinator.engine import RoundEngine, RoundResult
-from coordinator.intake import STORAGE_ERRORS, Effects, Refusal, guarded, record, with_retries
+from coordinator.intake import (
+    STORAGE_ERRORS, Effects, Refusal, check_sender, guarded, record, stale_round, with_retries,
+)
 from coordinator.pretraining import write_foundation
 from coordinator.store import RoundRow, Store
 from coordinator.strategies import ClientInfo, ClientUpdate, make_strategy
@@ -313,17 +315,9 @@ class Coordinator:
         """A retained round of another campaign (or unreadable) left on the broker would tell new
         agents the fleet is finished or on another model: overwrite it with ours (or clear it
         until we announce) and say what was there. Our own announcements echo back: ignored."""
-        if not message.retain or not message.payload:
+        stale = stale_round(message, self.campaign, self.cfg.max_payload_bytes)
+        if stale is None:
             return []
-        try:
-            header, _ = decode(message.payload, self.cfg.max_payload_bytes)
-        except ProtocolError as err:
-            stale = f"an unreadable round message ({err})"
-        else:
-            if header.campaign == self.campaign:
-                return []
-            ended = " (finished)" if isinstance(header, RoundHeader) and header.finished else ""
-            stale = f"round {header.round}{ended} of campaign {header.campaign or '(none)'}"
         log.warning("cleared the retained %s from the broker: this is campaign %s", stale, self.campaign)
         replace = (partial(self.connection.publish, self.topics.round, b"", retain=True) if self._announced is None
                    else partial(self._announce, self._announced))
@@ -337,7 +331,7 @@ class Coordinator:
 
     def _on_envelope(self, client: str, leaf: str, payload: bytes) -> Effects:
         header, tensors = decode(payload, self.cfg.max_payload_bytes)
-        self._check_sender(client, leaf, header)
+        check_sender(header, client, leaf, self.cfg.fleet)
         if isinstance(header, HelloHeader):
             return self._register(header)
         return self._accept_update(header, tensors, payload[len(payload) - header.body_bytes :])
@@ -350,14 +344,6 @@ class Coordinator:
         about = leaf if leaf in ("hello", "update") else "other"
         return [self._reply(client, about, claimed_round(message.payload), False, refusal.code, refusal.reason),
                 partial(self.on_event, "rejected", {"client": client, "code": refusal.code, "reason": refusal.reason})]
-
-    def _check_sender(self, client: str, leaf: str, header) -> None:
-        if header.kind != leaf:
-            raise ProtocolError("wrong_kind", f"a {header.kind!r} message on an {leaf!r} topic")
-        if header.fleet != self.cfg.fleet:
-            raise ProtocolError("wrong_fleet", f"message for fleet {header.fleet!r}, this is {self.cfg.fleet!r}")
-        if header.sender != client:
-            raise ProtocolError("wrong_sender", f"sender {header.sender!r} does not match topic client {client!r}")
 
     def _register(self, hello: HelloHeader) -> Effects:
         if self.cfg.registration == "closed" and hello.sender not in self.cfg.allowed_clients:

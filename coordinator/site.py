@@ -115,11 +115,11 @@ class SiteAggregator(Coordinator):
                 return
             latest = self._close(latest, self.store.updates(latest.round), "the central round moved on")
         if central["finished"]:
-            if latest is not None and not self._ended:
+            if latest is not None:
                 self._announce(latest)
-                self._ended = True
-                log.info("site %s: the central coordinator finished the campaign with round %d", self.site,
-                         central["round"])
+            self._ended = True
+            log.info("site %s: the central coordinator finished the campaign with round %d", self.site,
+                     central["round"])
             return
         if latest is None or central["round"] > latest.round:
             deadline = min(central["deadline"] - self.cfg.deadline_margin_s, time.time() + self.cfg.round_timeout_s)

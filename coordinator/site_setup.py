@@ -60,13 +60,13 @@ def bridge_section(fleet: str, site: str, host: str, port: int, credentials: dic
 
 def write_site_setup(
     fleet: str, site: str, gateway_ids: list[str], out: Path, uplink: str, central: Path,
-    host: str = "127.0.0.1", port: int = 1883, max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+    host: str = "127.0.0.1", port: int = 1883, tls: bool = False, max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
 ) -> dict[str, Path]:
     """Write the site broker's config (with the bridge), passwords, ACL, ``aggregator.toml`` and
     one agent config per gateway; returns what was written."""
     uplink_host, uplink_port = parse_uplink(uplink)
     credentials = read_site_credentials(central, site)
-    written = write_fleet_setup(fleet, gateway_ids, out, host, port, max_payload_bytes=max_payload_bytes)
+    written = write_fleet_setup(fleet, gateway_ids, out, host, port, tls, max_payload_bytes=max_payload_bytes)
     uplink_topics = Topics(fleet, UPLINK)
     (out / "acl").write_text(acl_text(fleet, gateway_ids, (f"topic readwrite {uplink_topics.root}/#",)))
     conf = written["mosquitto.conf"]  # holds the bridge's password from now on: owner only

@@ -109,7 +109,7 @@ def broker_config(
     if site is not None and (uplink is None or central is None):
         fail("--site needs --uplink HOST[:PORT] and --central FOLDER (the central setup written with --sites)")
     try:
-        written = (write_site_setup(fleet, site, ids, out, uplink, central, host, port, max_payload_bytes)
+        written = (write_site_setup(fleet, site, ids, out, uplink, central, host, port, tls, max_payload_bytes)
                    if site is not None else
                    write_fleet_setup(fleet, ids, out, host, port, tls, max_payload_bytes=max_payload_bytes,
                                      sites=site_ids))
