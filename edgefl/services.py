@@ -66,13 +66,18 @@ def _print_event(kind: str, data: dict) -> None:
         console.print(f"{kind}: {data}")
 
 
+def _load(config: Path, settings: type):
+    """``config`` as ``settings``; a bad file ends the command with the error naming it."""
+    try:
+        return load_config(config, settings)
+    except ConfigError as err:
+        _fail(str(err))
+
+
 def _serve(config: Path, verbose: bool, settings: type, service: type) -> None:
     """Load ``config`` as ``settings`` and run ``service`` on it until it ends or is stopped."""
     _setup(verbose)
-    try:
-        cfg = load_config(config, settings)
-    except ConfigError as err:
-        _fail(str(err))
+    cfg = _load(config, settings)
     try:
         service(cfg, on_event=_print_event).serve(stop=_Stopper())
     except (ConnectionError, StateDirError) as err:
@@ -102,12 +107,22 @@ def aggregator_serve(config: ConfigPath, verbose: bool = False) -> None:
 def coordinator_status(config: ConfigPath) -> None:
     """Print the rounds, clients and rejections recorded in the coordinator's state."""
     from coordinator.config import CoordinatorConfig
+
+    _print_status(_load(config, CoordinatorConfig))
+
+
+@aggregator_app.command("status")
+def aggregator_status(config: ConfigPath) -> None:
+    """Print the site's rounds (as the central coordinator numbered them), its gateways and rejections."""
+    from coordinator.config import AggregatorConfig
+
+    _print_status(_load(config, AggregatorConfig))
+
+
+def _print_status(cfg) -> None:
+    """The rounds, clients and latest rejections in a coordinator's (or site aggregator's) state."""
     from coordinator.store import Store
 
-    try:
-        cfg = load_config(config, CoordinatorConfig)
-    except ConfigError as err:
-        _fail(str(err))
     try:
         store = Store(cfg.state_dir)
     except StateDirError as err:
@@ -156,10 +171,7 @@ def _serves(metrics: dict) -> str:
 def _agent_config(config: Path):
     from edge_agent.config import AgentConfig
 
-    try:
-        return load_config(config, AgentConfig)
-    except ConfigError as err:
-        _fail(str(err))
+    return _load(config, AgentConfig)
 
 
 def _print_agent_event(kind: str, data: dict) -> None:
