@@ -172,7 +172,8 @@ def write_fleet_setup(
         "fleet": fleet, "state_dir": str(state_root / "coordinator"), "rounds": 10,
         "max_payload_bytes": max_payload_bytes,
         "min_clients": max(1, len(clients) // 2),
-        "start_clients": max(1, len(clients) // 2), "registration": "closed", "allowed_clients": clients,
+        "start_clients": max(1, len(agent_ids) // 2 + len(sites)),  # every site: each stands for many gateways
+        "registration": "closed", "allowed_clients": clients,
         "broker": {**broker, "username": COORDINATOR_USER, "password": users[COORDINATOR_USER]},
         **({"robust": {"site_clients": sites}} if sites else {}),
     }

@@ -120,6 +120,7 @@ def test_sites_equal_the_flat_run_and_a_killed_site_aggregator_loses_no_update(t
         store = Store(aggregator_db(tmp_path, site))
         assert [r.metrics["clients"] for r in store.rounds()] == [gateways] * ROUNDS, site
         weights[site] = sum(c.n_samples for c in store.clients().values())
+        assert store.meta("delivered") == str(ROUNDS), site  # the central coordinator answered every upload
         if site == "site-a":
             assert accepted_before <= {(u.round, u.client_id) for r in range(1, ROUNDS + 1) for u in store.updates(r)}
         store.close()
