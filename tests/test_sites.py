@@ -165,3 +165,31 @@ def test_uplink_is_host_and_optional_port() -> None:
     for bad in ("central:", ":1883", "central:99999", "central:x"):
         with pytest.raises(ValueError, match="--uplink"):
             parse_uplink(bad)
+
+
+def test_broker_config_writes_a_central_setup_with_sites_and_a_bridged_site(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from edgefl.cli import app
+
+    cli = CliRunner()
+    central = cli.invoke(app, ["broker-config", "--fleet", "farm", "--agents", "0", "--sites", "north,south",
+                               "--out", str(tmp_path / "central")])
+    assert central.exit_code == 0, central.output
+    coordinator = read_toml(tmp_path / "central" / "coordinator.toml")
+    assert coordinator["robust"]["site_clients"] == coordinator["allowed_clients"] == ["north", "south"]
+    assert coordinator["start_clients"] == 2
+    unbridged = cli.invoke(app, ["broker-config", "--fleet", "farm", "--site", "north", "--out", str(tmp_path / "x")])
+    assert unbridged.exit_code == 2 and "--site needs --uplink" in unbridged.output
+    site = cli.invoke(app, ["broker-config", "--fleet", "farm", "--site", "north", "--uplink", "10.0.0.5", "--central",
+                            str(tmp_path / "central"), "--names", "n1,n2", "--out", str(tmp_path / "north")])
+    assert site.exit_code == 0, site.output
+    assert "edgefl aggregator serve --config" in site.output
+    conf = (tmp_path / "north" / "mosquitto.conf").read_text()
+    password = read_toml(tmp_path / "central" / "sites" / "north.toml")["password"]
+    assert "address 10.0.0.5:1883" in conf and f"remote_password {password}" in conf
+    assert 'topic edgefl/farm/agents/north/update out 1 uplink/ ""' in conf
+    assert (tmp_path / "north" / "mosquitto.conf").stat().st_mode & 0o077 == 0
+    aggregator = AggregatorConfig(**read_toml(tmp_path / "north" / "aggregator.toml"))
+    assert (aggregator.site, aggregator.allowed_clients, aggregator.start_clients) == ("north", ["n1", "n2"], 2)
+    assert not (tmp_path / "north" / "coordinator.toml").exists()
