@@ -59,13 +59,14 @@ def mosquitto_password_hash(password: str, salt: bytes | None = None) -> str:
     return f"$7$101${base64.b64encode(salt).decode()}${base64.b64encode(digest).decode()}"
 
 
-def acl_text(fleet: str, agent_ids: list[str]) -> str:
-    """One block per user: least privilege for each agent, the coordinator's role for itself."""
+def acl_text(fleet: str, agent_ids: list[str], coordinator_extra: tuple[str, ...] = ()) -> str:
+    """One block per user: least privilege for each agent, the coordinator's role for itself
+    (plus ``coordinator_extra`` ACL lines: a site aggregator's uplink topics)."""
     topics = Topics(fleet)
     lines = [f"user {COORDINATOR_USER}"]
     lines += [f"topic read {topics.agents(leaf)}" for leaf in ("hello", "update", "status")]
     lines += [f"topic write {topics.root}/agents/+/task", f"topic readwrite {topics.round}",
-              f"topic readwrite {topics.coordinator_status}", ""]
+              f"topic readwrite {topics.coordinator_status}", *coordinator_extra, ""]
     for agent in agent_ids:
         lines += [
             f"user {agent}",
@@ -142,38 +143,53 @@ def mosquitto_conf(out: Path, listener: list[str], n_agents: int, max_payload_by
 def write_fleet_setup(
     fleet: str, agent_ids: list[str], out: Path, host: str = "127.0.0.1", port: int = 1883,
     tls: bool = False, state_root: Path | None = None, max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+    sites: list[str] | None = None,
 ) -> dict[str, Path]:
-    """Write mosquitto.conf, passwords, acl and one TOML per service; returns what was written."""
+    """Write mosquitto.conf, passwords, acl and one TOML per service; returns what was written.
+    ``sites``: clients that are site aggregators (``edgefl aggregator serve``, bridged in): each
+    gets the agent ACL and ``sites/<site>.toml`` with its bridge credentials instead of an agent
+    config, and the coordinator weighs them by their summed count (``robust.site_clients``)."""
     out.mkdir(parents=True, exist_ok=True)
-    users = {COORDINATOR_USER: secrets.token_urlsafe(18), **{a: secrets.token_urlsafe(18) for a in agent_ids}}
+    sites = sites or []
+    clients = [*agent_ids, *sites]
+    if len(set(clients)) != len(clients) or COORDINATOR_USER in clients:
+        raise ValueError(f"client ids must be unique and not {COORDINATOR_USER!r}: {clients}")
+    users = {COORDINATOR_USER: secrets.token_urlsafe(18), **{a: secrets.token_urlsafe(18) for a in clients}}
     write_bytes_atomically(out / "passwords", "".join(
         f"{user}:{mosquitto_password_hash(password)}\n" for user, password in users.items()
     ).encode(), mode=SECRET_MODE)
-    (out / "acl").write_text(acl_text(fleet, agent_ids))
+    (out / "acl").write_text(acl_text(fleet, clients))
     tls_files = make_tls(out, host) if tls else None
     listener = [f"listener {port} {host}"]
     if tls_files:
         listener += [f"cafile {tls_files.ca_cert}", f"certfile {tls_files.server_cert}",
                      f"keyfile {tls_files.server_key}", "tls_version tlsv1.2"]
-    (out / "mosquitto.conf").write_text(mosquitto_conf(out, listener, len(agent_ids), max_payload_bytes))
+    (out / "mosquitto.conf").write_text(mosquitto_conf(out, listener, len(clients), max_payload_bytes))
     state_root = state_root or out / "state"
     broker = {"host": host, "port": port, "tls_ca": str(tls_files.ca_cert) if tls_files else None}
     written = {"mosquitto.conf": out / "mosquitto.conf", "passwords": out / "passwords", "acl": out / "acl"}
     coordinator = {
         "fleet": fleet, "state_dir": str(state_root / "coordinator"), "rounds": 10,
         "max_payload_bytes": max_payload_bytes,
-        "min_clients": max(1, len(agent_ids) // 2),
-        "start_clients": max(1, len(agent_ids) // 2), "registration": "closed", "allowed_clients": agent_ids,
+        "min_clients": max(1, len(clients) // 2),
+        "start_clients": max(1, len(agent_ids) // 2 + len(sites)),  # every site: each stands for many gateways
+        "registration": "closed", "allowed_clients": clients,
         "broker": {**broker, "username": COORDINATOR_USER, "password": users[COORDINATOR_USER]},
+        **({"robust": {"site_clients": sites}} if sites else {}),
     }
     written["coordinator.toml"] = out / "coordinator.toml"
     write_bytes_atomically(written["coordinator.toml"], dump_toml(coordinator).encode(), mode=SECRET_MODE)
-    sites = list_sites()
+    for site in sites:
+        written[f"{site}.toml"] = out / "sites" / f"{site}.toml"
+        written[f"{site}.toml"].parent.mkdir(exist_ok=True)
+        credentials = {"username": site, "password": users[site], "tls_ca": broker["tls_ca"]}
+        write_bytes_atomically(written[f"{site}.toml"], dump_toml(credentials).encode(), mode=SECRET_MODE)
+    stations = list_sites()
     for index, agent in enumerate(agent_ids):
         config = {
             "fleet": fleet, "client_id": agent, "state_dir": str(state_root / agent), "client_index": index,
             "max_payload_bytes": max_payload_bytes,
-            "data": {"site": sites[index % len(sites)]},
+            "data": {"site": stations[index % len(stations)]},
             "broker": {**broker, "username": agent, "password": users[agent]},
         }
         written[f"{agent}.toml"] = out / "agents" / f"{agent}.toml"

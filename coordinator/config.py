@@ -90,3 +90,31 @@ class CoordinatorConfig(FleetModel, TwinSettings, StrategySettings):
             raise ValueError(f"start_clients: {self.start_clients} can never register; "
                              f"allowed_clients lists {len(self.allowed_clients)}")
         return self
+
+
+UPLINK = "uplink/"  # on a site broker, the central broker's topics appear under this prefix (the bridge maps them)
+
+
+class AggregatorConfig(CoordinatorConfig):
+    """``aggregator.toml``: a site aggregator (``edgefl aggregator serve``). The coordinator's
+    fields for its own gateways and broker; the rounds are the central coordinator's, which
+    reaches it through the site broker's bridge (topics under ``uplink/``)."""
+
+    site: str = Field(pattern=NAME_PATTERN, description="this site's client id at the central coordinator")
+    deadline_margin_s: float = Field(10.0, ge=0, description="close a round this long before the central "
+                                     "deadline, so the site's update arrives in time")
+
+    @model_validator(mode="after")
+    def _site_rules(self) -> "AggregatorConfig":
+        if self.mode == "prompt":
+            raise ValueError("mode 'prompt' (FedPoD) is not supported over sites yet: its personal messages are "
+                             "per gateway; run prompt-mode gateways on the central broker")
+        if self.strategy != "fedavg":
+            raise ValueError(f"strategy {self.strategy!r}: a site combines its gateways with 'fedavg' only (a "
+                             "partial weighted mean); set the fleet's strategy at the central coordinator")
+        if "rounds" in self.model_fields_set:
+            raise ValueError("rounds: the central coordinator decides the rounds")
+        if self.store.url is not None:
+            raise ValueError("store.url: a site aggregator keeps its state in SQLite in state_dir (the leader "
+                             "lease on PostgreSQL is per fleet, which the central coordinator holds)")
+        return self

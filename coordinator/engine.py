@@ -33,7 +33,8 @@ class RoundResult:
     history; ``rejected`` maps the clients whose update or forecast failed screening to a code
     (``not_finite``, ``norm_outlier``, ``unregistered``); ``clipped`` ones entered with their delta
     scaled back. ``loss`` is the sample-weighted training loss the accepted on-time clients
-    reported (NaN without any)."""
+    reported (NaN without any); ``weight`` is the sample count the aggregate stands for (the
+    bounded counts of the on-time and imputed updates it combined: what a site reports upward)."""
 
     round: int
     global_state: TensorDict
@@ -46,6 +47,7 @@ class RoundResult:
     metrics: dict[str, float] = field(default_factory=dict)
     rejected: dict[str, str] = field(default_factory=dict)
     clipped: tuple[str, ...] = ()
+    weight: int = 0
 
 
 class RoundEngine:
@@ -102,7 +104,8 @@ class RoundEngine:
             self.on_time[update.client_id] = round_number
         return RoundResult(round_number, state, personal, tuple(u.client_id for u in accepted),
                            tuple(u.client_id for u in imputed), tuple(imputation.dropped), _mean_loss(accepted),
-                           self.forecaster.name, metrics, screened.rejected, screened.clipped)
+                           self.forecaster.name, metrics, screened.rejected, screened.clipped,
+                           sum(u.n_samples for u in screened.accepted))
 
 
 def _model_part(params: TensorDict, state: frozenset[str]) -> TensorDict:

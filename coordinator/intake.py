@@ -18,7 +18,8 @@ from typing import TypeVar
 
 from coordinator.store import Store
 from coordinator.store_backends import STORAGE_ERRORS
-from edge_agent.protocol import MAX_REASON, ProtocolError
+from edge_agent.mqtt import Incoming
+from edge_agent.protocol import MAX_REASON, Header, ProtocolError, RoundHeader, decode
 
 log = logging.getLogger("edgefl.coordinator")
 Effects = list[Callable[[], object]]
@@ -80,3 +81,28 @@ def record(store: Store, kind: str, client: str, refusal: Refusal) -> None:
             store.log(kind, client, current.round if current else None, False, refusal.code, refusal.reason)
     except STORAGE_ERRORS as err:
         log.error("could not log the refusal of a %s from %s (%s): %s", kind, client, refusal.code, err)
+
+
+def check_sender(header: Header, client: str, leaf: str, fleet: str) -> None:
+    """A message on ``agents/<client>/<leaf>`` must be of that kind, fleet and sender."""
+    if header.kind != leaf:
+        raise ProtocolError("wrong_kind", f"a {header.kind!r} message on an {leaf!r} topic")
+    if header.fleet != fleet:
+        raise ProtocolError("wrong_fleet", f"message for fleet {header.fleet!r}, this is {fleet!r}")
+    if header.sender != client:
+        raise ProtocolError("wrong_sender", f"sender {header.sender!r} does not match topic client {client!r}")
+
+
+def stale_round(message: Incoming, campaign: str, max_bytes: int) -> str | None:
+    """What a retained round message of another campaign (or an unreadable one) holds, in words;
+    None for our own announcements and anything not retained."""
+    if not message.retain or not message.payload:
+        return None
+    try:
+        header, _ = decode(message.payload, max_bytes)
+    except ProtocolError as err:
+        return f"an unreadable round message ({err})"
+    if header.campaign == campaign:
+        return None
+    ended = " (finished)" if isinstance(header, RoundHeader) and header.finished else ""
+    return f"round {header.round}{ended} of campaign {header.campaign or '(none)'}"

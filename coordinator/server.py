@@ -20,9 +20,11 @@ from collections.abc import Callable
 from functools import partial
 from coordinator.config import CoordinatorConfig
 from coordinator.engine import RoundEngine, RoundResult
-from coordinator.intake import STORAGE_ERRORS, Effects, Refusal, guarded, record, with_retries
-from coordinator.observe.service import Observer
+from coordinator.intake import (
+    STORAGE_ERRORS, Effects, Refusal, check_sender, guarded, record, stale_round, with_retries,
+)
 from coordinator.lease import take_lead
+from coordinator.observe.service import Observer
 from coordinator.pretraining import write_foundation
 from coordinator.store import RoundRow, Store
 from coordinator.store_backends import LeaseLost
@@ -65,18 +67,25 @@ class Coordinator:
                                   on_time=self.store.last_on_time(), state_keys=template.initial)
         self.observer = Observer.for_coordinator(cfg)  # metrics; the dashboard with [http]
         self.on_event = self.observer.relay(on_event)
-        self.connection = Connection(
-            cfg.broker,
-            client_id=f"edgefl-coordinator-{cfg.fleet}",
-            will_topic=self.topics.coordinator_status,
-            subscriptions=[*(self.topics.agents(leaf) for leaf in ("hello", "update", "status")), self.topics.round],
-            manual_ack=True,
-            receive_maximum=COORDINATOR_RECEIVE_WINDOW,
-        )
+        self.connection = self._connection(f"edgefl-coordinator-{cfg.fleet}")
         self.connection.on_connected.append(self._announce_presence)
         self._decoded: dict[tuple[int, str], dict] = {}  # this round's accepted tensors, kept for aggregation
-        self.campaign = self.store.campaign()
+        self.campaign = self._campaign()
         self._announced: RoundRow | None = None  # the round on the broker as of our last announcement
+
+    def _connection(self, client_id: str, *extra_subscriptions: str) -> Connection:
+        """The broker session: every agent's hello/update/status and the round topic, acknowledged
+        by hand once stored; plus ``extra_subscriptions`` (a site's uplink topics)."""
+        return Connection(
+            self.cfg.broker, client_id=client_id, will_topic=self.topics.coordinator_status,
+            subscriptions=[*(self.topics.agents(leaf) for leaf in ("hello", "update", "status")), self.topics.round,
+                           *extra_subscriptions],
+            manual_ack=True, receive_maximum=COORDINATOR_RECEIVE_WINDOW,
+        )
+
+    def _campaign(self) -> str:
+        """This fleet's campaign id (a site aggregator takes the central coordinator's)."""
+        return self.store.campaign()
 
     # lifecycle -------------------------------------------------------------------------------
 
@@ -166,7 +175,10 @@ class Coordinator:
     def _announce(self, row: RoundRow) -> None:
         """Publish the round (retained) so agents that join late get it too."""
         finished = row.closed_at is not None
-        state = self.store.load_file(row.result_file if finished else row.global_file)
+        self._publish_round(row, row.result_file if finished else row.global_file, finished)
+
+    def _publish_round(self, row: RoundRow, state_file: str, finished: bool) -> None:
+        state = self.store.load_file(state_file)
         header = RoundHeader(
             fleet=self.cfg.fleet, sender=SENDER, round=row.round, deadline_unix=row.deadline,
             model_signature=self.signature, finished=finished, campaign=self.campaign,
@@ -193,8 +205,18 @@ class Coordinator:
         return self.store.round(row.round)
 
     def _close(self, row: RoundRow, updates: list, why: str) -> RoundRow:
-        """Run the round engine, make its result durable, then send personal messages and the
-        next announcement."""
+        """Aggregate and store the round, then send personal messages and the next announcement."""
+        last = row.round >= self.cfg.rounds
+        result = self._aggregate(row, updates, why, None if last else time.time() + self.cfg.round_timeout_s)
+        self._write_foundation(row.round)
+        self._send_personal(row.round, result.personal)
+        following = self.store.round(row.round if last else row.round + 1)
+        self._announce(following)
+        return following
+
+    def _aggregate(self, row: RoundRow, updates: list, why: str, next_deadline: float | None) -> RoundResult:
+        """Run the round engine on ``updates`` and make its result durable (one transaction),
+        opening the next round with ``next_deadline`` unless it is None."""
         on_time = [
             ClientUpdate(u.client_id, self._decoded.pop((row.round, u.client_id), None) or self.store.load_update(u),
                          u.n_samples, u.metrics)
@@ -208,19 +230,13 @@ class Coordinator:
             self.store.save_personal(row.round, client, tensors)
         metrics = {"clients": list(result.on_time), "imputed": list(result.imputed), "dropped": list(result.dropped),
                    "twin": result.twin, "loss": result.loss, "closed_by": why, "rejected": result.rejected,
-                   "clipped": list(result.clipped), **result.metrics}
-        last = row.round >= self.cfg.rounds
-        self.store.finish_round(row.round, metrics, result.global_state,
-                                None if last else time.time() + self.cfg.round_timeout_s)
+                   "clipped": list(result.clipped), "weight": result.weight, **result.metrics}
+        self.store.finish_round(row.round, metrics, result.global_state, next_deadline)
         for client, code in result.rejected.items():
             self.store.log("update", client, row.round, False, code, "left out of the round by the engine's screening")
             self.on_event("rejected", {"client": client, "code": code, "reason": "screening"})
         self._report_close(row.round, result, why)
-        self._write_foundation(row.round)
-        self._send_personal(row.round, result.personal)
-        following = self.store.round(row.round if last else row.round + 1)
-        self._announce(following)
-        return following
+        return result
 
     def _report_close(self, number: int, result: RoundResult, why: str) -> None:
         rejected = sum(1 for e in self.store.events(accepted=False) if e["round"] == number)
@@ -311,17 +327,9 @@ class Coordinator:
         """A retained round of another campaign (or unreadable) left on the broker would tell new
         agents the fleet is finished or on another model: overwrite it with ours (or clear it
         until we announce) and say what was there. Our own announcements echo back: ignored."""
-        if not message.retain or not message.payload:
+        stale = stale_round(message, self.campaign, self.cfg.max_payload_bytes)
+        if stale is None:
             return []
-        try:
-            header, _ = decode(message.payload, self.cfg.max_payload_bytes)
-        except ProtocolError as err:
-            stale = f"an unreadable round message ({err})"
-        else:
-            if header.campaign == self.campaign:
-                return []
-            ended = " (finished)" if isinstance(header, RoundHeader) and header.finished else ""
-            stale = f"round {header.round}{ended} of campaign {header.campaign or '(none)'}"
         log.warning("cleared the retained %s from the broker: this is campaign %s", stale, self.campaign)
         replace = (partial(self.connection.publish, self.topics.round, b"", retain=True) if self._announced is None
                    else partial(self._announce, self._announced))
@@ -335,7 +343,7 @@ class Coordinator:
 
     def _on_envelope(self, client: str, leaf: str, payload: bytes) -> Effects:
         header, tensors = decode(payload, self.cfg.max_payload_bytes)
-        self._check_sender(client, leaf, header)
+        check_sender(header, client, leaf, self.cfg.fleet)
         if isinstance(header, HelloHeader):
             return self._register(header)
         return self._accept_update(header, tensors, payload[len(payload) - header.body_bytes :])
@@ -348,14 +356,6 @@ class Coordinator:
         about = leaf if leaf in ("hello", "update") else "other"
         return [self._reply(client, about, claimed_round(message.payload), False, refusal.code, refusal.reason),
                 partial(self.on_event, "rejected", {"client": client, "code": refusal.code, "reason": refusal.reason})]
-
-    def _check_sender(self, client: str, leaf: str, header) -> None:
-        if header.kind != leaf:
-            raise ProtocolError("wrong_kind", f"a {header.kind!r} message on an {leaf!r} topic")
-        if header.fleet != self.cfg.fleet:
-            raise ProtocolError("wrong_fleet", f"message for fleet {header.fleet!r}, this is {self.cfg.fleet!r}")
-        if header.sender != client:
-            raise ProtocolError("wrong_sender", f"sender {header.sender!r} does not match topic client {client!r}")
 
     def _register(self, hello: HelloHeader) -> Effects:
         if self.cfg.registration == "closed" and hello.sender not in self.cfg.allowed_clients:

@@ -176,12 +176,20 @@ class Store:
 
     # campaign --------------------------------------------------------------------------------
 
+    def meta(self, key: str) -> str | None:
+        row = self.db.execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()
+        return row[0] if row else None
+
+    def set_meta(self, key: str, value: str) -> None:
+        self.db.execute("INSERT INTO meta VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value=excluded.value",
+                        (key, value))
+
     def campaign(self) -> str:
         """The id of the federation run this state belongs to, made on first use (a fresh state
         starts a new campaign): UTC time of creation plus random digits."""
         fresh = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + "-" + secrets.token_hex(3)
         self.db.execute("INSERT INTO meta VALUES ('campaign', ?) ON CONFLICT DO NOTHING", (fresh,))
-        return self.db.execute("SELECT value FROM meta WHERE key='campaign'").fetchone()[0]
+        return self.meta("campaign")
 
     # rounds ----------------------------------------------------------------------------------
 
@@ -190,9 +198,18 @@ class Store:
         name = "global/round_00001.safetensors"
         with self.batch():
             self.tensors.write(name, global_state)
-            self.db.execute("INSERT INTO rounds VALUES (1, ?, ?, NULL, ?, NULL, NULL) ON CONFLICT DO NOTHING",
-                            (time.time(), deadline, name))
-        return self.round(1)
+            return self.open_round(1, deadline, name)
+
+    def open_round(self, number: int, deadline: float, global_file: str) -> RoundRow:
+        """Open round ``number`` on the global state stored as ``global_file`` (a site aggregator
+        opens each round the central coordinator announced)."""
+        self.db.execute("INSERT INTO rounds VALUES (?, ?, ?, NULL, ?, NULL, NULL) ON CONFLICT DO NOTHING",
+                        (number, time.time(), deadline, global_file))
+        return self.round(number)
+
+    def save_tensors(self, name: str, tensors: TensorDict) -> None:
+        """Named tensors in the store (committed with the enclosing batch, if any)."""
+        self.tensors.write(name, tensors)
 
     def finish_round(
         self, number: int, metrics: dict, result: TensorDict, next_deadline: float | None

@@ -242,12 +242,13 @@ def signature(state: TensorDict, config_json: str) -> str:
 
 
 class Topics:
-    """Every topic of one fleet, under ``edgefl/<fleet>/``."""
+    """Every topic of one fleet, under ``edgefl/<fleet>/``; on a site broker the central broker's
+    topics appear under ``under`` (e.g. ``uplink/``, remapped by the mosquitto bridge)."""
 
-    def __init__(self, fleet: str):
+    def __init__(self, fleet: str, under: str = ""):
         if not re.match(NAME_PATTERN, fleet):
             raise ValueError(f"fleet name {fleet!r} must match {NAME_PATTERN}")
-        self.root = f"edgefl/{fleet}"
+        self.root = f"{under}edgefl/{fleet}"
 
     def agent(self, client_id: str, leaf: Literal["hello", "status", "update", "task"]) -> str:
         return f"{self.root}/agents/{client_id}/{leaf}"
@@ -266,7 +267,5 @@ class Topics:
 
     def client_of(self, topic: str) -> str | None:
         """The client id in an ``agents/<id>/...`` topic of this fleet, else None."""
-        parts = topic.split("/")
-        if len(parts) == 5 and "/".join(parts[:2]) == self.root and parts[2] == "agents":
-            return parts[3]
-        return None
+        parts = topic.removeprefix(f"{self.root}/agents/").split("/")
+        return parts[0] if len(parts) == 2 and topic.startswith(f"{self.root}/agents/") else None

@@ -17,7 +17,7 @@ from edge_agent.data import DataError, GapPolicy
 from edge_agent.mqtt import DEFAULT_MAX_PAYLOAD_BYTES
 from edgefl.export_cli import energy_command, export_app
 from edgefl.replay import replay_command
-from edgefl.services import agent_app, coordinator_app
+from edgefl.services import agent_app, aggregator_app, coordinator_app
 
 if TYPE_CHECKING:
     from edge_agent.train import Metrics
@@ -29,6 +29,7 @@ app = typer.Typer(
 )
 console = Console()
 app.add_typer(coordinator_app, name="coordinator")
+app.add_typer(aggregator_app, name="aggregator")
 app.add_typer(agent_app, name="agent")
 app.add_typer(export_app, name="export")
 app.command("energy")(energy_command)
@@ -92,22 +93,35 @@ def broker_config(
     max_payload_bytes: Annotated[int, typer.Option(
         min=1024, help="largest message the broker accepts (message_size_limit) and the services expect",
     )] = DEFAULT_MAX_PAYLOAD_BYTES,
+    sites: Annotated[Optional[str], typer.Option(
+        help="central setup: comma-separated site ids whose aggregators bridge in (credentials in OUT/sites/)")] = None,
+    site: Annotated[Optional[str], typer.Option(help="write a site broker and aggregator for this site id")] = None,
+    uplink: Annotated[Optional[str], typer.Option(help="with --site: the central broker as HOST[:PORT]")] = None,
+    central: Annotated[Optional[Path], typer.Option(help="with --site: the central setup folder (its sites/)")] = None,
 ) -> None:
-    """Write a mosquitto config, password file and ACL for a fleet, plus every service's config."""
+    """Write a mosquitto config, password file and ACL for a fleet, plus every service's config;
+    with --site, a site broker bridged to the central one and its aggregator's config."""
     from coordinator.broker_setup import write_fleet_setup
+    from coordinator.site_setup import write_site_setup
 
     ids = [n.strip() for n in names.split(",")] if names else [f"agent{i:02d}" for i in range(1, agents + 1)]
+    site_ids = [n.strip() for n in sites.split(",")] if sites else []
+    if site is not None and (uplink is None or central is None):
+        fail("--site needs --uplink HOST[:PORT] and --central FOLDER (the central setup written with --sites)")
     try:
-        written = write_fleet_setup(fleet, ids, out, host, port, tls, max_payload_bytes=max_payload_bytes)
+        written = (write_site_setup(fleet, site, ids, out, uplink, central, host, port, tls, max_payload_bytes)
+                   if site is not None else
+                   write_fleet_setup(fleet, ids, out, host, port, tls, max_payload_bytes=max_payload_bytes,
+                                     sites=site_ids))
     except ValueError as exc:
         fail(str(exc))
     for name, path in written.items():
         console.print(f"wrote {path}")
-    console.print(
-        f"\nstart the broker:     mosquitto -c {written['mosquitto.conf']}\n"
-        f"start the coordinator: edgefl coordinator serve --config {written['coordinator.toml']}\n"
-        f"start an agent:        edgefl agent run --config {written[ids[0] + '.toml']}"
-    )
+    service = (f"start the aggregator:  edgefl aggregator serve --config {written['aggregator.toml']}" if site
+               else f"start the coordinator: edgefl coordinator serve --config {written['coordinator.toml']}")
+    console.print(f"\nstart the broker:     mosquitto -c {written['mosquitto.conf']}\n{service}")
+    if ids:
+        console.print(f"start an agent:        edgefl agent run --config {written[ids[0] + '.toml']}")
 
 
 def round_table(quantiles: bool) -> Table:

@@ -1,4 +1,4 @@
-"""``edgefl coordinator ...`` and ``edgefl agent ...``: the two long-running services."""
+"""``edgefl coordinator ...``, ``edgefl aggregator ...`` and ``edgefl agent ...``: the long-running services."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from edge_agent.storage import StateDirError
 
 console = Console(stderr=True)
 coordinator_app = typer.Typer(help="The coordinator service.", no_args_is_help=True)
+aggregator_app = typer.Typer(help="A site aggregator next to a site broker.", no_args_is_help=True)
 agent_app = typer.Typer(help="The edge agent on a gateway.", no_args_is_help=True)
 ConfigPath = Annotated[Path, typer.Option("--config", "-c", help="TOML configuration file")]
 
@@ -57,56 +58,93 @@ def _print_event(kind: str, data: dict) -> None:
                 f"loss {data['loss']:.4f} ({data['why']})")
     elif kind == "foundation":
         line = f"round {data['round']}: foundation checkpoint {data['path']} (sha256 {data['sha256']})"
-    elif kind in ("rejected", "resumed", "registered", "campaign", "cleared", "ignored", "standby", "leading") or (
-            kind == "presence" and not data["online"]):
+    elif kind == "sent":
+        line = f"round {data['round']}: site update sent up ({data['n_samples']} samples)"
+    elif kind in ("rejected", "resumed", "registered", "campaign", "cleared", "ignored", "standby", "leading",
+                  "delivered", "refused") or (kind == "presence" and not data["online"]):
         line = f"{kind}: {data}"
     else:
         return
     console.out(line, highlight=False)
 
 
-@coordinator_app.command("serve")
-def coordinator_serve(
-    config: ConfigPath, verbose: bool = False,
-    http: Annotated[Optional[str], typer.Option(
-        "--http", metavar="HOST:PORT",
-        help="serve the dashboard, JSON API and /metrics here (instead of the config's http table)")] = None,
-) -> None:
-    """Run the rounds of a fleet until the last one is aggregated (resumes after a crash)."""
-    from coordinator.config import CoordinatorConfig
-    from coordinator.observe.settings import HttpSettings
+def _load(config: Path, settings: type):
+    """``config`` as ``settings``; a bad file ends the command with the error naming it."""
+    try:
+        return load_config(config, settings)
+    except ConfigError as err:
+        _fail(str(err))
+
+
+HttpOption = Annotated[Optional[str], typer.Option(
+    "--http", metavar="HOST:PORT",
+    help="serve the dashboard, JSON API and /metrics here (instead of the config's http table)")]
+
+
+def _serve(config: Path, verbose: bool, http: str | None, settings: type, service: type) -> None:
+    """Load ``config`` as ``settings``, take the lead of its store (at once on SQLite; on
+    PostgreSQL once the lease is ours) and run ``service`` until it ends or is stopped."""
     from coordinator.lease import take_lead
-    from coordinator.server import Coordinator
+    from coordinator.observe.settings import HttpSettings
     from coordinator.store_backends import LeaseLost
 
     _setup(verbose)
-    try:
-        cfg = load_config(config, CoordinatorConfig)
-        if http is not None:
+    cfg = _load(config, settings)
+    if http is not None:
+        try:
             cfg = cfg.model_copy(update={"http": HttpSettings.parse_address(http, cfg.http and cfg.http.token)})
-    except (ConfigError, ValueError) as err:
-        _fail(str(err))
+        except ValueError as err:
+            _fail(str(err))
     stop = _Stopper()
     try:
         store = take_lead(cfg, stop, _print_event)
         if store is not None:
-            Coordinator(cfg, on_event=_print_event, store=store).serve(stop=stop)
+            service(cfg, on_event=_print_event, store=store).serve(stop=stop)
     except (ConnectionError, StateDirError) as err:
         _fail(str(err))
     except LeaseLost as err:
         _fail(f"{err}; stopped (a standby coordinator takes over)")
 
 
+@coordinator_app.command("serve")
+def coordinator_serve(config: ConfigPath, verbose: bool = False, http: HttpOption = None) -> None:
+    """Run the rounds of a fleet until the last one is aggregated (resumes after a crash)."""
+    from coordinator.config import CoordinatorConfig
+    from coordinator.server import Coordinator
+
+    _serve(config, verbose, http, CoordinatorConfig, Coordinator)
+
+
+@aggregator_app.command("serve")
+def aggregator_serve(config: ConfigPath, verbose: bool = False, http: HttpOption = None) -> None:
+    """Serve the central coordinator's rounds to this site's gateways and send one combined update
+    per round up the bridge (resumes after a crash)."""
+    from coordinator.config import AggregatorConfig
+    from coordinator.site import SiteAggregator
+
+    _serve(config, verbose, http, AggregatorConfig, SiteAggregator)
+
+
 @coordinator_app.command("status")
 def coordinator_status(config: ConfigPath) -> None:
     """Print the rounds, clients and rejections recorded in the coordinator's state."""
     from coordinator.config import CoordinatorConfig
+
+    _print_status(_load(config, CoordinatorConfig))
+
+
+@aggregator_app.command("status")
+def aggregator_status(config: ConfigPath) -> None:
+    """Print the site's rounds (as the central coordinator numbered them), its gateways and rejections."""
+    from coordinator.config import AggregatorConfig
+
+    _print_status(_load(config, AggregatorConfig))
+
+
+def _print_status(cfg) -> None:
+    """The rounds, clients and latest rejections in a coordinator's (or site aggregator's) state."""
     from coordinator.store import Store
 
-    try:
-        cfg = load_config(config, CoordinatorConfig)
-    except ConfigError as err:
-        _fail(str(err))
     try:
         store = Store(cfg.state_dir, cfg.store.url)
     except StateDirError as err:
@@ -161,10 +199,7 @@ def _serves(metrics: dict) -> str:
 def _agent_config(config: Path):
     from edge_agent.config import AgentConfig
 
-    try:
-        return load_config(config, AgentConfig)
-    except ConfigError as err:
-        _fail(str(err))
+    return _load(config, AgentConfig)
 
 
 def _print_agent_event(kind: str, data: dict) -> None:

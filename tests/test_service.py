@@ -280,8 +280,6 @@ def test_every_round_with_a_frozen_agent_equals_the_simulation_of_what_happened(
 
 
 def test_three_prompt_mode_agents_receive_their_own_personalized_prompts(tmp_path: Path, mosquitto) -> None:
-    from safetensors.torch import load_file
-
     from edge_agent.config import dump_toml
     from edge_agent.models.foundation import FoundationConfig, FoundationModel, load_foundation, save_foundation
 
@@ -309,24 +307,23 @@ def test_three_prompt_mode_agents_receive_their_own_personalized_prompts(tmp_pat
     finish([coordinator, *agents])
     assert coordinator.returncode == 0, (tmp_path / "coordinator.log").read_text()
     db = tmp_path / "coordinator"
-    for number in (1, 2):
-        files = sorted((db / "personal" / f"round_{number:05d}").glob("*.safetensors"))
-        assert [f.stem for f in files] == ["client00", "client01", "client02"]
-        personal = [load_file(str(f))["personalized"] for f in files]
-        assert not torch.equal(personal[0], personal[1]) and not torch.equal(personal[1], personal[2])
     store = Store(db)
     try:
+        for number in (1, 2):
+            messages = store.personal_messages(number)
+            assert list(messages) == ["client00", "client01", "client02"]
+            personal = [message["personalized"] for message in messages.values()]
+            assert not torch.equal(personal[0], personal[1]) and not torch.equal(personal[1], personal[2])
         update = store.load_update(store.updates(1)[0])
         assert update and all(name.startswith(("prompts.", "shared.")) for name in update)
+        assert store.strategy_state(2) is not None  # trained graphs persist for a restart
+        happened = recorded(store, [f"client{i:02d}" for i in range(3)])
+        sent = store.personal_messages(2)
     finally:
         store.close()
     for index in range(3):
         assert "round 1: personalized update received" in (tmp_path / f"agent{index}.log").read_text()
-    assert (db / "strategy" / "round_00002.safetensors").is_file()  # trained graphs persist for a restart
 
-    store = Store(db)
-    happened = recorded(store, [f"client{i:02d}" for i in range(3)])
-    store.close()
     tables = [dataclasses.replace(load_site(site), name=f"client{i:02d}") for i, site in enumerate(PROMPT_SITES)]
     cfg = PromptFederationConfig(rounds=2, local_epochs=1, batch_size=64, lr=0.01, stride=24,
                                  fedpod=GraphSettings(graph_epochs=5))
@@ -334,8 +331,8 @@ def test_three_prompt_mode_agents_receive_their_own_personalized_prompts(tmp_pat
                                                 cfg, participation=happened)
     assert_rounds_equal(served_rounds(db), [r.global_state for r in simulated])
     for index, learner in enumerate(learners):
-        sent = load_file(str(db / "personal" / "round_00002" / f"client{index:02d}.safetensors"))
-        torch.testing.assert_close(sent["personalized"], learner.references["personalized"], rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(sent[f"client{index:02d}"]["personalized"], learner.references["personalized"],
+                                   rtol=1e-5, atol=1e-6)
 
     wrong = tmp_path / "agent0.toml"
     wrong.write_text(wrong.read_text().replace(digest, "0" * 64))

@@ -54,6 +54,10 @@ class RobustSettings(BaseModel):
                                         "of the median sample count the registered clients declared; None: no cap")
     trim_fraction: float = Field(0.2, gt=0, lt=0.5, description="trimmed_mean: share of the updates cut "
                                  "from each end of every coordinate (beta)")
+    site_clients: list[str] = Field(default_factory=list, description="clients that are site aggregators "
+                                    "(edgefl aggregator serve): their weight, the sum of their gateways', is bounded "
+                                    "by their hello only (max_samples and weight_factor bound the gateways, at "
+                                    "their site), and weight_factor's median is taken over the other clients")
 
     @model_validator(mode="after")
     def _reject_beyond_clip(self) -> "RobustSettings":
@@ -90,7 +94,8 @@ def screen(current: TensorDict, updates: Sequence[ClientUpdate], roster: Mapping
         if not bool(vector.isfinite().all()) or first_non_finite(beyond(update.params, names)) is not None:
             rejected[update.client_id] = NOT_FINITE
             continue
-        finite.append(bound_weight(update, roster[update.client_id].n_samples, cap))
+        site = update.client_id in settings.site_clients
+        finite.append(bound_weight(update, roster[update.client_id].n_samples, math.inf if site else cap))
         norms.append(float(torch.linalg.vector_norm(vector - base)))
     median = statistics.median(norms) if norms else 0.0
     if not math.isfinite(median) or median == 0.0:
@@ -109,10 +114,11 @@ def screen(current: TensorDict, updates: Sequence[ClientUpdate], roster: Mapping
 
 def weight_cap(roster: Mapping[str, ClientInfo], settings: RobustSettings) -> float:
     """The largest weight any update may carry: ``max_samples`` and ``weight_factor`` times the
-    median declared count, whichever is smaller (infinity with neither)."""
+    median count the clients other than sites declared, whichever is smaller (infinity with neither)."""
     caps = [math.inf if settings.max_samples is None else settings.max_samples]
-    if settings.weight_factor is not None and roster:
-        caps.append(settings.weight_factor * statistics.median(c.n_samples for c in roster.values()))
+    counts = [c.n_samples for c in roster.values() if c.client_id not in settings.site_clients]
+    if settings.weight_factor is not None and counts:
+        caps.append(settings.weight_factor * statistics.median(counts))
     return min(caps)
 
 

@@ -1,0 +1,229 @@
+"""A site aggregator: the coordinator of one site's gateways and one client of the central one.
+
+It is a ``Coordinator`` (same intake, store, guard and round engine with FedAvg and the twins)
+whose rounds come from the central coordinator and whose round result goes up as an update.
+The site broker's bridge maps the central broker's topics under ``uplink/``: the central round
+announcement and this site's task topic come in, its hello/update/status go out (the gateways'
+own topics stay on the site broker). For each central round the site re-announces it to its
+gateways (same envelope, so agents are unchanged), closes it before the central deadline and
+sends ONE update: the sample-weighted mean of its gateways' updates (twins imputed here) with
+n_samples = their summed weight, so central FedAvg over sites equals flat FedAvg.
+
+Crash safety as in the coordinator: a central announcement is stored (state and record together)
+before it is acknowledged; a gateway's update before it is; after ``kill -9`` the open round
+resumes with every accepted update. A closed round's upload is re-sent until the central
+coordinator answers it (``duplicate`` counts as delivered), so the upward send is idempotent.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from collections.abc import Callable
+from functools import partial
+
+from coordinator.config import UPLINK, AggregatorConfig
+from coordinator.intake import Effects, Refusal, guarded
+from coordinator.server import SENDER, Coordinator
+from coordinator.store import RoundRow, Store
+from edge_agent.mqtt import Connection, Incoming
+from edge_agent.protocol import (
+    MAX_FEATURES, MAX_SAMPLES, HelloHeader, PersonalHeader, ProtocolError, ReplyHeader, RoundHeader, Topics,
+    UpdateHeader, check_tensors, decode, encode,
+)
+from edge_agent.tensors import TensorDict, layout_of
+
+log = logging.getLogger("edgefl.site")
+
+
+class SiteAggregator(Coordinator):
+    """Serves the central coordinator's rounds to one site's gateways until the campaign ends."""
+
+    def __init__(self, cfg: AggregatorConfig, on_event: Callable[[str, dict], None] | None = None,
+                 store: Store | None = None):
+        self.uplink = Topics(cfg.fleet, UPLINK)
+        super().__init__(cfg, on_event, store)
+        self.site = cfg.site
+        self._central: dict | None = json.loads(self.store.meta("central") or "null")  # last central announcement
+        self._reintroduce = False  # set on (re)connect: hello and pending uploads go out from the main loop
+        self._ended = False  # the central end was passed on to the gateways
+
+    def _connection(self, client_id: str, *extra_subscriptions: str) -> Connection:
+        return super()._connection(f"edgefl-site-{self.cfg.site}", self.uplink.round, self.uplink.coordinator_status,
+                                   self.uplink.agent(self.cfg.site, "task"))
+
+    def _campaign(self) -> str:
+        return self.store.meta("campaign") or ""  # the central coordinator's, once it announced a round
+
+    # lifecycle -------------------------------------------------------------------------------
+
+    def serve(self, stop: Callable[[], bool] = lambda: False) -> None:
+        """Follow the central rounds until the central coordinator announces the end."""
+        self.connection.start()
+        if not self.connection.connected.wait(30):
+            raise ConnectionError(f"cannot reach the broker at {self.cfg.broker.host}:{self.cfg.broker.port}")
+        try:
+            self._resume_site()
+            while not stop() and not self._ended:
+                if self._reintroduce:
+                    self._reintroduce = False
+                    self._introduce()
+                batch = self._drain()
+                if batch:
+                    self._process(batch)
+                self._follow()
+            self._await_goodbyes(stop)
+        finally:
+            if self.connection.connected.is_set():
+                self.connection.publish(self.uplink.agent(self.site, "status"), b"offline", retain=True)
+            self.connection.stop(self.topics.coordinator_status)
+            self.store.close()
+
+    def _resume_site(self) -> None:
+        latest = self.store.latest_round()
+        if latest is None:
+            log.info("site %s: waiting for the central coordinator's first round", self.site)
+            return
+        accepted = [u.client_id for u in self.store.updates(latest.round)]
+        log.info("site %s resuming round %d (%s) with %d accepted updates %s", self.site, latest.round,
+                 "closed" if latest.closed_at else "open", len(accepted), accepted)
+        self.on_event("resumed", {"round": latest.round, "accepted": accepted})
+        self._announce(latest)
+
+    def _announce_presence(self) -> None:
+        super()._announce_presence()
+        self.connection.publish(self.uplink.agent(self.site, "status"), b"online", retain=True)
+        self._reintroduce = True
+
+    def _announce(self, row: RoundRow) -> None:
+        """Re-announce the central round to the gateways (the central end once it came)."""
+        finished = bool(self._central and self._central["finished"])
+        self._publish_round(row, self._central["file"] if finished else row.global_file, finished)
+
+    # rounds ----------------------------------------------------------------------------------
+
+    def _follow(self) -> None:
+        """Open the round the central coordinator announced last; close ours when our gateways
+        have reported (or our deadline passed), or at once when the central one moved on."""
+        latest, central = self.store.latest_round(), self._central
+        if central is None:
+            return
+        if latest is not None and latest.closed_at is None:
+            if central["round"] == latest.round and not central["finished"]:
+                self._maybe_close(latest)
+                return
+            latest = self._close(latest, self.store.updates(latest.round), "the central round moved on")
+        if central["finished"]:
+            if latest is not None:
+                self._announce(latest)
+            self._ended = True
+            log.info("site %s: the central coordinator finished the campaign with round %d", self.site,
+                     central["round"])
+            return
+        if latest is None or central["round"] > latest.round:
+            deadline = min(central["deadline"] - self.cfg.deadline_margin_s, time.time() + self.cfg.round_timeout_s)
+            self._announce(self.store.open_round(central["round"], deadline, central["file"]))
+
+    def _close(self, row: RoundRow, updates: list, why: str) -> RoundRow:
+        """Aggregate the site's round and send the partial aggregate up."""
+        self._aggregate(row, updates, why, None)
+        self._send_up(self.store.round(row.round))
+        return self.store.round(row.round)
+
+    def _send_up(self, row: RoundRow) -> None:
+        """The round's partial aggregate as this site's update (weight: the summed sample counts)."""
+        weight = min(row.metrics.get("weight", 0), MAX_SAMPLES)
+        if weight < 1:
+            log.warning("round %d: no gateway update or twin to send up", row.round)
+            return
+        loss = row.metrics.get("loss", math.nan)
+        header = UpdateHeader(fleet=self.cfg.fleet, sender=self.site, round=row.round, n_samples=weight,
+                              metrics={"loss": loss} if math.isfinite(loss) else {}, campaign=self.campaign)
+        payload = encode(header, self.store.load_file(row.result_file))
+        self.connection.publish(self.uplink.agent(self.site, "update"), payload)
+        self.on_event("sent", {"round": row.round, "n_samples": weight})
+
+    def _introduce(self) -> None:
+        """Register upward (once ``start_clients`` gateways registered here; again whenever their
+        summed sample count changes) and re-send the closed rounds not yet answered."""
+        self._hello_up()
+        delivered = int(self.store.meta("delivered") or 0)
+        for row in self.store.rounds():
+            if row.closed_at is not None and row.round > delivered:
+                self._send_up(row)
+
+    def _hello_up(self) -> None:
+        gateways = self.store.clients().values()
+        if not gateways or len(gateways) < self.cfg.start_clients:
+            return
+        hello = HelloHeader(
+            fleet=self.cfg.fleet, sender=self.site, n_features=min(sum(g.n_features for g in gateways), MAX_FEATURES),
+            n_samples=min(sum(g.n_samples for g in gateways), MAX_SAMPLES), model_signature=self.signature,
+        )
+        self.connection.publish(self.uplink.agent(self.site, "hello"), encode(hello))
+
+    def _register(self, hello: HelloHeader) -> Effects:
+        return [*super()._register(hello), self._hello_up]
+
+    # messages from the central broker ----------------------------------------------------------
+
+    def _guard(self, message: Incoming) -> Effects:
+        """Gateways' messages as in the coordinator; the uplink's in their own guard, whose
+        refusals are logged (no reply: the central coordinator is not our client)."""
+        if not message.topic.startswith(self.uplink.root + "/"):
+            return super()._guard(message)
+        outcome = guarded(self.store, partial(self._on_uplink, message), "the central coordinator")
+        if isinstance(outcome, Refusal):
+            log.error("ignored a message on %s: %s", message.topic, outcome.reason)
+            return [partial(self.on_event, "uplink_refused", {"topic": message.topic, "code": outcome.code})]
+        return outcome
+
+    def _on_uplink(self, message: Incoming) -> Effects:
+        if message.topic == self.uplink.coordinator_status:
+            return [partial(setattr, self, "_reintroduce", True)] if message.payload == b"online" else []
+        if not message.payload:
+            return []  # a cleared retained round
+        header, tensors = decode(message.payload, self.cfg.max_payload_bytes)
+        if header.fleet != self.cfg.fleet or header.sender != SENDER:
+            raise ProtocolError("wrong_sender", f"a {header.kind} of {header.sender!r} in fleet {header.fleet!r}")
+        if isinstance(header, RoundHeader) and message.topic == self.uplink.round:
+            return self._on_central_round(header, tensors)
+        if isinstance(header, ReplyHeader):
+            return self._on_central_reply(header)
+        if isinstance(header, PersonalHeader):
+            raise ProtocolError("unsupported", "personal messages (FedPoD) are not routed through sites yet")
+        raise ProtocolError("wrong_kind", f"a {header.kind!r} message on {message.topic}")
+
+    def _on_central_round(self, header: RoundHeader, state: TensorDict) -> Effects:
+        """Store the central announcement (its state and its record) for ``_follow``."""
+        if header.model_signature != self.signature:
+            raise ProtocolError("bad_signature", "the central coordinator runs another model than this site")
+        check_tensors(state, layout_of(self.initial))
+        if self.campaign and header.campaign != self.campaign:
+            raise ProtocolError("wrong_campaign", f"central campaign {header.campaign!r}; this site's state_dir "
+                                f"belongs to {self.campaign!r} (give the site a fresh state_dir to join)")
+        if not self.campaign and header.finished:
+            return []  # the retained end of a campaign this site took no part in
+        known = self._central
+        if known and (header.round, header.finished) <= (known["round"], known["finished"]):
+            return []
+        name = "uplink/final.safetensors" if header.finished else f"uplink/round_{header.round:05d}.safetensors"
+        self.store.save_tensors(name, state)
+        central = {"round": header.round, "deadline": header.deadline_unix, "finished": header.finished, "file": name}
+        self.store.set_meta("central", json.dumps(central))
+        self.store.set_meta("campaign", header.campaign)
+        return [partial(setattr, self, "_central", central), partial(setattr, self, "campaign", header.campaign),
+                partial(self.on_event, "central", central)]
+
+    def _on_central_reply(self, reply: ReplyHeader) -> Effects:
+        if reply.code == "unknown_client":
+            return [partial(setattr, self, "_reintroduce", True)]
+        if reply.about == "update" and (reply.accepted or reply.code == "duplicate"):
+            self.store.set_meta("delivered", str(max(reply.round, int(self.store.meta("delivered") or 0))))
+            return [partial(self.on_event, "delivered", {"round": reply.round, "code": reply.code})]
+        if not reply.accepted:
+            log.error("the central coordinator refused our %s of round %d: %s", reply.about, reply.round, reply.reason)
+            return [partial(self.on_event, "refused", {"about": reply.about, "code": reply.code})]
+        return []
