@@ -7,8 +7,8 @@ twins (FedDTW; ``twin = "drop"`` leaves them out) -> aggregate -> persist (one t
 announce r + 1. An update for a closed round is kept as late: twin history only. Every message
 is acknowledged to the broker only after its effect is on disk, so after ``kill -9`` the broker
 redelivers what was not yet stored and the store already holds what was. Messages that
-arrive together are validated and committed as one batch (group commit: one folder sync and
-one SQLite commit), then answered and acknowledged.
+arrive together are validated and committed as one batch (group commit: one database commit,
+tensors included), then answered and acknowledged.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import queue
 import time
 from collections.abc import Callable
 from functools import partial
+
 from coordinator.config import CoordinatorConfig
 from coordinator.engine import RoundEngine, RoundResult
 from coordinator.intake import (
@@ -32,17 +33,8 @@ from coordinator.strategies import ClientInfo, ClientUpdate, make_strategy
 from edge_agent.learners import fleet_template
 from edge_agent.mqtt import COORDINATOR_RECEIVE_WINDOW, Connection, Incoming
 from edge_agent.protocol import (
-    HelloHeader,
-    PersonalHeader,
-    ProtocolError,
-    ReplyHeader,
-    RoundHeader,
-    Topics,
-    UpdateHeader,
-    check_tensors,
-    claimed_round,
-    decode,
-    encode,
+    HelloHeader, PersonalHeader, ProtocolError, ReplyHeader, RoundHeader, Topics, UpdateHeader, check_tensors,
+    claimed_round, decode, encode,
 )
 from edge_agent.tensors import TensorDict
 
@@ -239,7 +231,7 @@ class Coordinator:
         return result
 
     def _report_close(self, number: int, result: RoundResult, why: str) -> None:
-        rejected = sum(1 for e in self.store.events(accepted=False) if e["round"] == number)
+        rejected = self.store.refusals_in(number)
         self.on_event("closed", {"round": number, "accepted": len(result.on_time), "rejected": rejected,
                                  "imputed": list(result.imputed), "loss": result.loss, "why": why})
         log.info("round %d closed (%s): %d updates, %d imputed by %s, loss %.4f", number, why, len(result.on_time),

@@ -30,6 +30,7 @@ CREATE TABLE IF NOT EXISTS events (
     id INTEGER PRIMARY KEY AUTOINCREMENT, at REAL NOT NULL, client_id TEXT, round INTEGER,
     kind TEXT NOT NULL, accepted INTEGER NOT NULL, code TEXT, reason TEXT);
 CREATE TABLE IF NOT EXISTS tensors (name TEXT PRIMARY KEY, body BLOB NOT NULL);
+CREATE INDEX IF NOT EXISTS events_by_round ON events (round, accepted);
 """
 
 
@@ -336,6 +337,10 @@ class Store:
             "INSERT INTO events (at, client_id, round, kind, accepted, code, reason) VALUES (?, ?, ?, ?, ?, ?, ?)",
             (time.time(), client_id, number, kind, int(accepted), code, reason),
         )
+
+    def refusals_in(self, number: int) -> int:
+        """How many messages about round ``number`` were refused (one count, not a log read)."""
+        return self.db.execute("SELECT COUNT(*) FROM events WHERE round=? AND accepted=0", (number,)).fetchone()[0]
 
     def events(self, accepted: bool | None = None) -> list[dict]:
         rows = self.db.execute("SELECT at, client_id, round, kind, accepted, code, reason FROM events ORDER BY id")
