@@ -3,7 +3,7 @@
 Per N, a fresh loopback broker (queues sized as `edgefl broker-config` sizes them) and a fresh
 coordinator process run ``rounds`` rounds with start_clients = min_clients = N. The gateways
 (``bench/fleet_gateways.py``: many connections per process, no torch) register, keep presence
-with a Last Will and send one head-mode update per round. A monitor client timestamps the round
+with a Last Will and send one update per round: a head-mode fleet, then a prompt-mode one. A monitor client timestamps the round
 announcements and the coordinator's acceptances (sent once an update is durable), so:
 spread = first -> last update accepted; ingest = N / (announcement -> last accepted); round
 overhead = last accepted -> next announcement (aggregate, persist, announce). Raw mosquitto
@@ -31,24 +31,31 @@ from fleet_gateways import FleetSpec, run_gateways
 from fleet_probe import Monitor, ProcessProbe, folder_bytes
 from mqtt_bench import loopback_broker, raise_fd_limit, raw_throughput, restamp
 
-QUICK = {"agents": [100, 1000], "rounds": 3}
-FULL = {"agents": [100, 1000, 5000], "rounds": 3}
+MODES = ("head", "prompt")
+QUICK = {"agents": [100, 1000], "rounds": 3, "modes": list(MODES)}
+FULL = {"agents": [100, 1000, 5000], "rounds": 3, "modes": list(MODES)}
 MODEL = {"backbone": "dlinear", "lookback": 48, "horizon": 24, "d_qap": 16, "qap_heads": 4}  # ~23 KB updates
+# Prompt mode (FedPoD's client) around the default foundation model (d_model 64, 2 layers): the
+# update is the prompts plus the shared output layer. Aggregated with FedAvg here: FedPoD's graph
+# training over N clients is the method's cost, not the service's.
+PROMPT = {"lookback": 12, "horizon": 12}
 BODIES = 8  # distinct update bodies, so the average is not of identical tensors
 GATEWAYS_PER_PROCESS = 1250
 TIMEOUT_S = 600
 
 
-def templates(fleet: str) -> tuple[dict, FleetSpec]:
+def templates(fleet: str, mode: str = "head", work: Path | None = None) -> tuple[dict, FleetSpec]:
     """The coordinator's fleet settings and the gateways' templates, built once with torch: the
-    model signature as the coordinator computes it, updates of the model's real shared state."""
+    model signature as the coordinator computes it, updates of the model's real shared state
+    (prompt mode: a fresh foundation checkpoint written to ``work``)."""
     import torch
 
     from coordinator.config import CoordinatorConfig
     from edge_agent.learners import fleet_template
     from edge_agent.protocol import HelloHeader, UpdateHeader, decode, encode
 
-    cfg = CoordinatorConfig(fleet=fleet, state_dir=Path("unused"), model=MODEL)
+    fleet_model = {"model": MODEL} if mode == "head" else prompt_fleet(work)
+    cfg = CoordinatorConfig(fleet=fleet, state_dir=Path("unused"), **fleet_model)
     template = fleet_template(cfg, cfg.seed)
     hello = encode(HelloHeader(fleet=fleet, sender="template", n_features=1, n_samples=1000,
                                model_signature=template.signature))
@@ -60,7 +67,20 @@ def templates(fleet: str) -> tuple[dict, FleetSpec]:
         for _ in range(BODIES))
     spec = FleetSpec(0, fleet, hello, updates)
     check_worker_envelopes(spec, decode)
-    return {"model": MODEL, "seed": cfg.seed}, spec
+    return {**fleet_model, "seed": cfg.seed}, spec
+
+
+def prompt_fleet(work: Path) -> dict:
+    """Prompt-mode settings around a freshly initialised foundation checkpoint in ``work``."""
+    import torch
+
+    from edge_agent.models.foundation import FoundationConfig, FoundationModel, save_foundation
+
+    torch.manual_seed(0)
+    path = work / "foundation.safetensors"
+    digest = save_foundation(FoundationModel(FoundationConfig()), path)
+    return {"mode": "prompt", "strategy": "fedavg", "foundation": str(path), "foundation_sha256": digest,
+            "prompt": PROMPT}
 
 
 def check_worker_envelopes(spec: FleetSpec, decode) -> None:
@@ -195,13 +215,13 @@ def measures(agents: int, expected: int, size: int, raw: float, monitor: Monitor
 
 def table(summary: dict) -> str:
     """The rows as a markdown table."""
-    head = ("agents", "done", "KB", "ingest upd/s", "ingest MB/s", "raw MB/s", "overhead ms", "spread ms", "RSS MB",
+    head = ("mode", "agents", "done", "KB", "ingest upd/s", "ingest MB/s", "raw MB/s", "overhead ms", "spread ms", "RSS MB",
             "CPU s", "store MB")
     lines = [" | ".join(head), " | ".join("---" for _ in head)]
     for r in summary["rows"]:
         spread = max(r["first_to_last_update_ms"], default=None)
         lines.append(" | ".join(str(x) for x in (
-            r["agents"], r["completed"], round(r["update_bytes"] / 1e3, 1), r["ingest_updates_s"], r["ingest_mb_s"],
+            r.get("mode", "head"), r["agents"], r["completed"], round(r["update_bytes"] / 1e3, 1), r["ingest_updates_s"], r["ingest_mb_s"],
             r["raw_mb_s"], r["round_overhead_ms"], spread and round(spread), r["rss_mb"], r["cpu_s"], r["store_mb"])))
     return "\n".join(lines)
 
@@ -214,15 +234,19 @@ def plot(summary: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = [r for r in summary["rows"] if r["round_overhead_ms"] is not None]
-    n = [r["agents"] for r in rows]
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
-    left.plot(n, [r["round_overhead_ms"] for r in rows], "o-")
+    for mode, marker in zip(MODES, "os"):
+        rows = [r for r in summary["rows"] if r.get("mode", "head") == mode and r["round_overhead_ms"] is not None]
+        if not rows:
+            continue
+        n, size = [r["agents"] for r in rows], f"{rows[0]['update_bytes'] / 1e3:.0f} KB"
+        left.plot(n, [r["round_overhead_ms"] for r in rows], f"{marker}-", label=f"{mode} ({size})")
+        right.plot(n, [r["ingest_updates_s"] for r in rows], f"{marker}-", label=f"coordinator, {mode} ({size})")
+        right.plot(n, [r["raw_updates_s"] for r in rows], f"{marker}--", alpha=0.6, label=f"raw mosquitto, {size}")
     left.set(xscale="log", yscale="log", xlabel="gateways", ylabel="round overhead (ms)", title="last update stored -> next round")
-    right.plot(n, [r["ingest_updates_s"] for r in rows], "o-", label="coordinator ingest")
-    right.plot(n, [r["raw_updates_s"] for r in rows], "s--", label="raw mosquitto, same size")
+    left.legend()
     right.set(xscale="log", yscale="log", xlabel="gateways", ylabel="updates/s", title="ingest")
-    right.legend()
+    right.legend(fontsize=7)
     save_figure(fig, path)
 
 
@@ -236,13 +260,14 @@ def main() -> None:
     cfg["agents"] = args.agents or cfg["agents"]
     cfg.update(fd_limit=raise_fd_limit(), load_average_before=os.getloadavg())
     rows = []
-    for agents in cfg["agents"]:
-        fleet = f"load{agents}"
-        fleet_model, spec = templates(fleet)
-        with tempfile.TemporaryDirectory() as tmp:
-            rows.append(run_fleet(agents, cfg["rounds"], fleet_model, spec, Path(tmp), args.profile))
-        print(table({"rows": rows[-1:]}).splitlines()[-1], flush=True)
-    cfg.update(model=MODEL, load_average_after=os.getloadavg(), gateways_per_process=GATEWAYS_PER_PROCESS, timeout_s=TIMEOUT_S, distinct_bodies=BODIES)
+    for mode in cfg["modes"]:
+        for agents in cfg["agents"]:
+            with tempfile.TemporaryDirectory() as tmp:
+                fleet_model, spec = templates(f"load{agents}", mode, Path(tmp))
+                row = run_fleet(agents, cfg["rounds"], fleet_model, spec, Path(tmp), args.profile)
+                rows.append({"mode": mode, **row})
+            print(table({"rows": rows[-1:]}).splitlines()[-1], flush=True)
+    cfg.update(model=MODEL, prompt=PROMPT, load_average_after=os.getloadavg(), gateways_per_process=GATEWAYS_PER_PROCESS, timeout_s=TIMEOUT_S, distinct_bodies=BODIES)
     summary = {"rows": rows, "config": run_config(cfg, args.quick, started)}
     write_report(args.out, "fleet_load", summary, table, plot)
 

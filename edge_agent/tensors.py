@@ -30,8 +30,13 @@ def check_layout(tensors: TensorDict, expected: Layout, what: str = "tensors") -
 
 
 def first_non_finite(tensors: TensorDict) -> str | None:
-    """The name of the first floating tensor holding NaN or inf, or None when all are finite."""
-    return next((name for name, t in tensors.items() if t.is_floating_point() and not bool(t.isfinite().all())), None)
+    """The name of the first floating tensor holding NaN or inf, or None when all are finite (one
+    check over all of them first: concatenating promotes to the widest dtype, which keeps finite
+    values finite; the per-tensor search runs only when something is not)."""
+    floating = [(name, t) for name, t in tensors.items() if t.is_floating_point()]
+    if not floating or bool(torch.cat([t.reshape(-1) for _, t in floating]).isfinite().all()):
+        return None
+    return next((name for name, t in floating if not bool(t.isfinite().all())), None)
 
 
 def l2_norm(tensors: TensorDict) -> float:
