@@ -65,6 +65,7 @@ class SiteAggregator(Coordinator):
         if not self.connection.connected.wait(30):
             raise ConnectionError(f"cannot reach the broker at {self.cfg.broker.host}:{self.cfg.broker.port}")
         try:
+            self.observer.start(self.campaign or "(waiting for the central coordinator)")
             self._resume_site()
             while not stop() and not self._ended:
                 if self._reintroduce:
@@ -79,6 +80,7 @@ class SiteAggregator(Coordinator):
             if self.connection.connected.is_set():
                 self.connection.publish(self.uplink.agent(self.site, "status"), b"offline", retain=True)
             self.connection.stop(self.topics.coordinator_status)
+            self.observer.stop()
             self.store.close()
 
     def _resume_site(self) -> None:

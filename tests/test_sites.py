@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import signal
 import tomllib
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -73,7 +74,8 @@ def test_sites_equal_the_flat_run_and_a_killed_site_aggregator_loses_no_update(t
         paths = write_client_csvs(tmp_path, 4)
         fleet = {"model": MODEL, "seed": SEED, "min_clients": 2, "start_clients": 2}
         central = edit(setups["central"]["coordinator.toml"], rounds=ROUNDS, round_timeout_s=90.0, **fleet)
-        sites = {site: edit(setups[site]["aggregator.toml"], round_timeout_s=60.0, **fleet,
+        http = {"site-a": {"http": {"port": free_port()}}, "site-b": {}}  # site-a also serves /metrics
+        sites = {site: edit(setups[site]["aggregator.toml"], round_timeout_s=60.0, **fleet, **http[site],
                             broker={**read_toml(setups[site]["aggregator.toml"])["broker"], "keepalive_s": 60})
                  for site in SITES}
         coordinator = start(tmp_path, "coordinator", "coordinator", "serve", "-c", central)
@@ -95,6 +97,8 @@ def test_sites_equal_the_flat_run_and_a_killed_site_aggregator_loses_no_update(t
         os.kill(aggregators["site-b"].pid, signal.SIGSTOP)
         wait_for(state(central_db, lambda s: s.latest_round() and s.has_update(1, "site-a")), 180,
                  "site-a's round-1 update at the central coordinator")
+        scraped = urllib.request.urlopen(f"http://127.0.0.1:{http['site-a']['http']['port']}/metrics", timeout=10)
+        assert "edgefl_updates_accepted_total 2.0" in scraped.read().decode()  # its two gateways' round 1
         os.kill(agents[0].pid, signal.SIGSTOP)
         os.kill(aggregators["site-b"].pid, signal.SIGCONT)
         wait_for(state(site_db, lambda s: s.latest_round() and s.has_update(2, "client01")), 120,

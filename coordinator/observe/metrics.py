@@ -99,7 +99,7 @@ class SnapshotGauges(Collector):
         yield _gauge("edgefl_clients_registered", "Clients that have registered", len(clients))
         yield _gauge("edgefl_clients_online", "Registered clients whose presence is online",
                      sum(c["online"] for c in clients))
-        yield _gauge("edgefl_store_bytes", "Bytes of the coordinator's state folder (measured every 30 s)",
+        yield _gauge("edgefl_store_bytes", "Bytes of the coordinator's state in its database (measured every 30 s)",
                      view["store_bytes"])
 
 
