@@ -32,6 +32,7 @@ CREATE TABLE IF NOT EXISTS events (
 CREATE TABLE IF NOT EXISTS tensors (name TEXT PRIMARY KEY, body BLOB NOT NULL);
 CREATE INDEX IF NOT EXISTS events_by_round ON events (round, accepted);
 """
+EVENT_KEYS = ("at", "client_id", "round", "kind", "accepted", "code", "reason")  # a row of ``events``
 
 
 @dataclass(frozen=True)
@@ -342,10 +343,23 @@ class Store:
         """How many messages about round ``number`` were refused (one count, not a log read)."""
         return self.db.execute("SELECT COUNT(*) FROM events WHERE round=? AND accepted=0", (number,)).fetchone()[0]
 
+    def refusal_counts(self, column: str, limit: int | None = None) -> dict:
+        """Refused messages counted by ``code`` or ``client_id``, most first (ties by value)."""
+        if column not in ("code", "client_id"):
+            raise ValueError(f"refusals are counted by code or client_id, not {column!r}")
+        query = (f"SELECT {column}, COUNT(*) FROM events WHERE accepted=0 GROUP BY {column} "
+                 f"ORDER BY COUNT(*) DESC, {column}" + ("" if limit is None else f" LIMIT {int(limit)}"))
+        return dict(self.db.execute(query).fetchall())
+
+    def recent_refusals(self, limit: int) -> list[dict]:
+        """The newest ``limit`` refusals, newest first."""
+        rows = self.db.execute("SELECT at, client_id, round, kind, accepted, code, reason FROM events "
+                               "WHERE accepted=0 ORDER BY id DESC LIMIT ?", (limit,))
+        return [dict(zip(EVENT_KEYS, row)) for row in rows]
+
     def events(self, accepted: bool | None = None) -> list[dict]:
         rows = self.db.execute("SELECT at, client_id, round, kind, accepted, code, reason FROM events ORDER BY id")
-        keys = ("at", "client_id", "round", "kind", "accepted", "code", "reason")
-        out = [dict(zip(keys, r)) for r in rows]
+        out = [dict(zip(EVENT_KEYS, r)) for r in rows]
         return [e for e in out if accepted is None or bool(e["accepted"]) == accepted]
 
 

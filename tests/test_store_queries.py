@@ -1,4 +1,4 @@
-"""The coordinator's store on both backends (SQLite + files, PostgreSQL + tensors in the
+"""The coordinator's store on both backends (SQLite and PostgreSQL, tensors in the
 database): per-message queries agree with whole-table answers, tensors round-trip, a rolled-back
 message or batch leaves nothing behind, and the state survives reopening."""
 
@@ -108,5 +108,22 @@ def test_a_refusal_whatever_its_reason_holds_is_logged(tmp_path: Path, url: str 
     try:
         record(store, "update", "a", Refusal.of("internal", "a NUL \x00 and a lone surrogate \ud800"))
         assert [e["reason"] for e in store.events(accepted=False)] == ["a NUL \\x00 and a lone surrogate ?"]
+    finally:
+        store.close()
+
+
+def test_refusals_are_counted_in_the_database_like_the_log_reads(tmp_path: Path, url: str | None) -> None:
+    store = Store(tmp_path, url)
+    try:
+        for client, code, number in (("a", "bad_magic", 1), ("b", "bad_magic", 1), ("a", "too_large", 2)):
+            store.log("update", client, number, False, code, "refused")
+        store.log("update", "c", 1, True)
+        refused = store.events(accepted=False)
+        assert store.refusal_counts("code") == {"bad_magic": 2, "too_large": 1}
+        assert store.refusal_counts("client_id") == {"a": 2, "b": 1}
+        assert store.refusal_counts("client_id", limit=1) == {"a": 2}
+        assert store.recent_refusals(2) == refused[::-1][:2] and store.refusals_in(1) == 2
+        with pytest.raises(ValueError, match="code or client_id"):
+            store.refusal_counts("reason; DROP TABLE events")
     finally:
         store.close()
