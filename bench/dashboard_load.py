@@ -6,8 +6,8 @@ page again and again and times each load until the page has drawn the fleet, and
 client times ``/api/fleet`` and ``/metrics``. The same fleet also runs without the dashboard, so
 the round timings show what watching it costs the coordinator.
 
-    python bench/dashboard_load.py --quick   # 1,000 gateways, 10 rounds (about 1-2 min)
-    python bench/dashboard_load.py           # 1,000 gateways, 30 rounds
+    python bench/dashboard_load.py --quick   # 1,000 gateways, 30 rounds (about 1-2 min)
+    python bench/dashboard_load.py           # 1,000 gateways, 60 rounds
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ from common import bench_parser, configure, run_config, save_figure, write_repor
 from fleet_load import run_fleet, templates
 from mqtt_bench import raise_fd_limit
 
-QUICK = {"agents": 1000, "rounds": 10}
-FULL = {"agents": 1000, "rounds": 30}
+QUICK = {"agents": 1000, "rounds": 30}
+FULL = {"agents": 1000, "rounds": 60}
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
