@@ -150,16 +150,13 @@ class Coordinator:
         (agents do when they see the end), at most ``linger_s``: the store's presence is then
         true when the process exits."""
         deadline = time.time() + self.cfg.linger_s
-        while self._online() and not stop() and time.time() < deadline:
+        while self.store.online_clients() and not stop() and time.time() < deadline:
             batch = self._drain()
             if batch:
                 self._process(batch)
-        if self._online():
+        if still := self.store.online_clients():
             log.info("exiting with clients still online (their Last Will or a retained 'offline' will tell): %s",
-                     sorted(self._online()))
-
-    def _online(self) -> set[str]:
-        return self.store.online_clients()
+                     sorted(still))
 
     def _announce_presence(self) -> None:
         self.connection.publish(self.topics.coordinator_status, b"online", retain=True)
