@@ -77,7 +77,7 @@ class RoundEngine:
 
     def _observe(self, client_id: str, round_number: int, params: TensorDict) -> None:
         """A client's model into its twin's history, unless the twin reads none (``drop``: no
-        file and no fsync per client and round)."""
+        write per client and round)."""
         if self.forecaster.window > 0:
             self.history.observe(client_id, round_number, _model_part(params, self.state_keys))
 

@@ -4,8 +4,8 @@ A handler runs inside its own savepoint of the open batch and returns what to do
 is durable (replies, events, in-memory state). A ``ProtocolError`` becomes a refusal with its
 code; a storage error (``OSError``: read-only folder, full disk; a database's ``OperationalError``)
 is retried a few times, then refused as ``storage``; any other exception is logged with its
-traceback and refused as ``internal``. A failed attempt leaves nothing behind: its rows roll back
-and its files are removed (``Store.savepoint``), while the other messages of the batch stand.
+traceback and refused as ``internal``. A failed attempt leaves nothing behind: its rows and tensors
+roll back (``Store.savepoint``), while the other messages of the batch stand.
 """
 
 from __future__ import annotations

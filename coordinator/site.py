@@ -157,13 +157,11 @@ class SiteAggregator(Coordinator):
                 self._send_up(row)
 
     def _hello_up(self) -> None:
-        gateways = self.store.clients().values()
-        if not gateways or len(gateways) < self.cfg.start_clients:
+        count, features, samples = self.store.client_totals()  # per registration: sums, not the table
+        if not count or count < self.cfg.start_clients:
             return
-        hello = HelloHeader(
-            fleet=self.cfg.fleet, sender=self.site, n_features=min(sum(g.n_features for g in gateways), MAX_FEATURES),
-            n_samples=min(sum(g.n_samples for g in gateways), MAX_SAMPLES), model_signature=self.signature,
-        )
+        hello = HelloHeader(fleet=self.cfg.fleet, sender=self.site, n_features=min(features, MAX_FEATURES),
+                            n_samples=min(samples, MAX_SAMPLES), model_signature=self.signature)
         self.connection.publish(self.uplink.agent(self.site, "hello"), encode(hello))
 
     def _register(self, hello: HelloHeader) -> Effects:

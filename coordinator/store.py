@@ -158,6 +158,12 @@ class Store:
     def client_count(self) -> int:
         return self.db.execute("SELECT COUNT(*) FROM clients").fetchone()[0]
 
+    def client_totals(self) -> tuple[int, int, int]:
+        """How many clients registered, and their features and samples summed (one query)."""
+        count, features, samples = self.db.execute(
+            "SELECT COUNT(*), SUM(n_features), SUM(n_samples) FROM clients").fetchone()
+        return int(count), int(features or 0), int(samples or 0)
+
     def online_clients(self) -> set[str]:
         return {row[0] for row in self.db.execute("SELECT client_id FROM clients WHERE online=1")}
 

@@ -30,13 +30,12 @@ def writable_folder(folder: Path, what: str = "state_dir") -> Path:
     return folder
 
 
-def write_bytes_atomically(path: Path, data: bytes, sync_folder: bool = True, mode: int = 0o666) -> None:
+def write_bytes_atomically(path: Path, data: bytes, mode: int = 0o666) -> None:
     """Replace ``path`` with ``data`` so that a crash leaves either the old or the new file.
 
     The file has ``mode`` (less the umask) from its first byte: a new temporary file (``O_EXCL``:
-    never an existing file or link) is written, then renamed over ``path``. With
-    ``sync_folder=False`` the caller must ``fsync_folder`` before relying on the rename (lets a
-    batch of files share one folder sync)."""
+    never an existing file or link) is written, fsynced, renamed over ``path``, and the folder
+    fsynced so the rename itself survives a crash."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
@@ -49,8 +48,7 @@ def write_bytes_atomically(path: Path, data: bytes, sync_folder: bool = True, mo
     except BaseException:
         tmp.unlink(missing_ok=True)  # a full disk leaves no half-written temporary file behind
         raise
-    if sync_folder:
-        fsync_folder(path.parent)
+    fsync_folder(path.parent)
 
 
 def fsync_folder(folder: Path) -> None:
@@ -62,11 +60,11 @@ def fsync_folder(folder: Path) -> None:
         os.close(handle)
 
 
-def write_tensors_atomically(path: Path, tensors: TensorDict, sync_folder: bool = True) -> None:
+def write_tensors_atomically(path: Path, tensors: TensorDict) -> None:
     """Save tensors as a safetensors file, atomically."""
     from safetensors.torch import save
 
-    write_bytes_atomically(path, save({k: v.contiguous() for k, v in tensors.items()}), sync_folder)
+    write_bytes_atomically(path, save({k: v.contiguous() for k, v in tensors.items()}))
 
 
 def write_tagged_tensors(path: Path, tensors: TensorDict, tag: str, metadata: dict[str, str]) -> None:

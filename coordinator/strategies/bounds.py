@@ -85,13 +85,13 @@ def screen(current: TensorDict, updates: Sequence[ClientUpdate], roster: Mapping
     rejected: dict[str, str] = {}
     finite, norms, cap = [], [], weight_cap(roster, settings)
     names = floating_names(current)
-    base = flat64(current, names)
+    base, inside = flat64(current, names), frozenset(names)
     for update in updates:
         if update.client_id not in roster:
             rejected[update.client_id] = UNREGISTERED
             continue
         vector = flat64(update.params, names)
-        if not bool(vector.isfinite().all()) or first_non_finite(beyond(update.params, names)) is not None:
+        if not bool(vector.isfinite().all()) or first_non_finite(beyond(update.params, inside)) is not None:
             rejected[update.client_id] = NOT_FINITE
             continue
         site = update.client_id in settings.site_clients
@@ -132,9 +132,8 @@ def floating_names(state: TensorDict) -> list[str]:
     return [name for name, tensor in state.items() if tensor.is_floating_point()]
 
 
-def beyond(params: TensorDict, names: list[str]) -> TensorDict:
-    """The tensors of an update outside ``names`` (what a client sends beyond the state, e.g. core-sets)."""
-    inside = set(names)
+def beyond(params: TensorDict, inside: frozenset[str]) -> TensorDict:
+    """The tensors of an update outside ``inside`` (what a client sends beyond the state, e.g. core-sets)."""
     return {name: tensor for name, tensor in params.items() if name not in inside}
 
 

@@ -1,8 +1,8 @@
 """Each client's recent observed shared parameters: a bounded window per client.
 
-In memory for simulations; in the service's tensor storage (one safetensors file per
-observation, or one database row on PostgreSQL; older ones deleted), so memory stays bounded
-however many clients there are and a standby coordinator sees the same history.
+In memory for simulations; in the service's store (one row of its tensor table per
+observation, older ones deleted), so memory stays bounded however many clients there are and a
+standby coordinator sees the same history.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from coordinator.twins.base import TensorDict
 
 
 class TensorStorage(Protocol):
-    """Named tensor sets (``coordinator.store_backends``: files, or rows of a database)."""
+    """Named tensor sets (``coordinator.store_backends.TensorTable``: rows of the store's database)."""
 
     def write(self, name: str, tensors: TensorDict) -> None: ...
 
