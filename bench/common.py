@@ -67,11 +67,23 @@ def configure(parser: argparse.ArgumentParser, quick: dict, full: dict) -> tuple
 
 
 def run_config(cfg: dict, quick: bool, started: float) -> dict:
-    """The ``config`` block of every results file: the settings, the mode and what it took."""
+    """The ``config`` block of every results file: the settings, the mode, what it took and the
+    commit it ran (``+dirty`` when the tree had uncommitted changes)."""
     import time
 
     return {**cfg, "mode": "quick" if quick else "full", "wall_seconds": round(time.perf_counter() - started, 1),
-            "cpu_count": os.cpu_count()}
+            "cpu_count": os.cpu_count(), "commit": commit()}
+
+
+def commit() -> str:
+    """The repository's HEAD commit, with ``+dirty`` when tracked files differ from it."""
+    import subprocess
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+
+    head = git("rev-parse", "HEAD") or "unknown"
+    return head + ("+dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
 
 
 def save_figure(fig, path: Path) -> None:

@@ -1,19 +1,24 @@
-"""Does joining the fleet pay? Fed variants vs Local-only vs Centralized where sharing can help.
+"""Does joining the fleet pay? Every method beside the forecasts a gateway makes alone, for free.
 
-Two real multi-site datasets: the bundled weather stations (feature-level non-IID clients carved
-from the seven pvlib sites as in bench/fedqaper.py: 10 in quick mode, 20 in full mode) and 16 homes of CityLearn 2022 (load and PV
-per home, bench/datasets.py). Each client keeps only the last K days of training history
-(K in 14, 30, 90 and the full training split); validation and test stay fixed. Methods: Local-only
-(each client alone, early stopping), Centralized (one shared part trained on every client's
-batches), FedAvg (FedPer), FedRep-style FedPer (2 epochs fitting the personal part to each new
-global state before the joint local epoch), and the same with ``keep_local`` (each gateway serves
-its local-only model where that validates better). Reported per (dataset, K, backbone,
-method) over seeds: test MSE mean and half-range, how many clients beat their Local-only model,
-and the share of the centralized gain that federation captures, (Local - Fed) / (Local -
-Centralized), where Centralized beats Local. Usage:
+Three real multi-site datasets: the bundled weather stations (feature-level non-IID clients carved
+from the seven pvlib sites as in bench/fedqaper.py: 10 in quick mode, 20 in full mode), 16 homes
+of CityLearn 2022 (load and PV per home) and 21 pedestrian counters of central Auckland (2023;
+bench/datasets.py says where each comes from). Each client keeps only the last K days of training
+history (K in 14, 30, 90 and the full training split); validation and test stay fixed, every
+training window is used. Methods: the anchors (seasonal naive a day and a week back, the
+seasonal window average, statsforecast's ETS and Theta, MSTL in full mode), Local-only (early
+stopping), FedAvg and FedRep-style FedPer (``personal_epochs``), Centralized in full mode, and
+``served``: what the product serves, each gateway's best candidate on its own validation windows
+among the federated model, its local-only model and the anchors (``edge_agent.selection``).
 
-    python bench/value.py --quick     # DLinear, about 15 min on 2 cores
-    python bench/value.py             # 4 backbones, more rounds
+Every score is on one scale per feature, fixed whatever K (the whole training split's), so rows
+compare across K; MASE (scaled by the training split's in-sample seasonal naive error, as in M4
+and M5) is the headline. Reported per (dataset, K, backbone, method): means over seeds, the
+seeds' half-range, client runs better than their own Local-only model and than their own best
+anchor, and the largest excess of one gateway over its own best anchor. Usage:
+
+    python bench/value.py --quick     # DLinear recipe, 3 datasets x 4 histories x 3 seeds
+    python bench/value.py             # + a spiking backbone, MSTL, Centralized, 20 station clients
 """
 
 from __future__ import annotations
@@ -22,137 +27,244 @@ import functools
 import time
 from pathlib import Path
 
-from common import bench_parser, capped_stride, configure, run_config, run_parallel, save_figure, write_report
+from common import bench_parser, configure, run_config, run_parallel, save_figure, write_report
 
 QUICK = {
-    "datasets": ["stations", "homes"], "history_days": [14, 30, 90, 0], "backbones": ["dlinear"],
-    "seeds": [1, 2, 3], "clients": 10, "f_max": 20, "lookback": 48, "horizon": 24, "d_qap": 32, "qap_heads": 4,
-    "hidden": 32, "d_ff": 64, "heads": 4, "batch_size": 32, "lr": 3e-3, "rounds": 6, "local_epochs": 1,
-    "patience": 3, "max_windows": 96, "val_stride": 24,
+    "datasets": ["stations", "homes", "pedestrians"], "history_days": [14, 30, 90, 0], "backbones": ["dlinear"],
+    "seeds": [1, 2, 3], "clients": 10, "f_max": 20, "rounds": 10, "local_epochs": 1, "personal_epochs": 1,
+    "max_windows": None, "val_stride": 1,
+    "anchors": ["seasonal_naive", "seasonal_naive_week", "window_average", "ets", "theta"],
+    "learned": ["local", "fedavg", "fedrep"],
 }
-FULL = {**QUICK, "backbones": ["dlinear", "itransformer", "spikernn", "ispikformer"], "clients": 20, "rounds": 24,
-        "max_windows": 512, "val_stride": 1}
-METHODS = ("local", "centralized", "fedavg", "fedrep", "fedrep_select")
-FEDERATED = {"fedavg": {}, "fedrep": {"personal_epochs": 2}, "fedrep_select": {"personal_epochs": 2, "keep_local": True}}
+FULL = {**QUICK, "backbones": ["dlinear", "spikernn"], "clients": 20, "rounds": 20,
+        "anchors": QUICK["anchors"] + ["mstl"], "learned": QUICK["learned"] + ["centralized"]}
+FEDERATED = {"fedavg": {}, "fedrep": {}}  # fedrep's personal_epochs come from the config
+SERVED = "served"
+
+
+def model_config(backbone: str):
+    """The product's recipe (ModelConfig's defaults) with ``backbone``."""
+    from edge_agent.models import ModelConfig
+
+    return ModelConfig(backbone=backbone)
 
 
 @functools.lru_cache(maxsize=8)
 def clients(dataset: str, days: int, cfg_items: tuple) -> list:
-    """The dataset's clients with K days of training history (0: all), windowed once per worker.
-    Training windows are subsampled to at most ``max_windows`` per client so every K costs about
-    the same; validation and test windows are the same for every K."""
-    from edge_agent.data import build_pool, feature_clients, load_sites, prepare_client, split_bounds
-    from datasets import citylearn_homes
+    """The dataset's clients with K days of training history (0: all), windowed once per worker, so
+    anchors fitted on a client are reused by every job of that worker (``ClientData.memo``)."""
+    from datasets import auckland_pedestrians, citylearn_homes
+    from edge_agent.data import build_pool, feature_clients, load_sites, prepare_client
 
-    cfg = dict(cfg_items)
-    tables = citylearn_homes() if dataset == "homes" else [build_pool(load_sites())]
-    rows = days * 24 if days else split_bounds(tables[0].n_rows, cfg["lookback"], cfg["horizon"])["train"][1]
-    stride = capped_stride(rows, cfg["lookback"], cfg["horizon"], cfg["max_windows"])
-    common = dict(lookback=cfg["lookback"], horizon=cfg["horizon"], stride=stride, val_stride=cfg["val_stride"],
+    cfg, recipe = dict(cfg_items), model_config("dlinear")
+    common = dict(lookback=recipe.lookback, horizon=recipe.horizon, stride=1, val_stride=cfg["val_stride"],
                   history=days * 24 if days else None)
-    if dataset == "homes":
-        return [prepare_client(t, **common) for t in tables]
-    return feature_clients(tables[0], cfg["clients"], cfg["f_max"], 42, **common)
+    if dataset == "stations":
+        return feature_clients(build_pool(load_sites()), cfg["clients"], cfg["f_max"], 42, **common)
+    tables = citylearn_homes() if dataset == "homes" else auckland_pedestrians()
+    return [prepare_client(t, **common) for t in tables]
 
 
-def run_job(dataset: str, days: int, backbone: str, method: str, seed: int, cfg: dict, threads: int) -> dict:
-    """One method on one (dataset, history, backbone) with one seed; per-client test MSE too."""
+def scores(metrics) -> dict:
+    return {"mase": metrics.mase, "mse": metrics.mse, "mae": metrics.mae}
+
+
+def run_job(dataset: str, days: int, backbone: str | None, method: str, seed: int | None, cfg: dict,
+            threads: int) -> dict:
+    """One method on one (dataset, history): per-client test scores and validation score (MASE).
+    An anchor (``backbone`` None) is deterministic and run once; learned methods once per seed."""
     import torch
-
-    from coordinator.simulation.baselines import TrainingBudget, run_centralized, run_local_only
-    from coordinator.simulation.federation import FederationConfig, run_federation
-    from edge_agent.models import ModelConfig
 
     torch.set_num_threads(threads)
     started = time.perf_counter()
     fleet = clients(dataset, days, tuple(sorted((k, v) for k, v in cfg.items() if not isinstance(v, list))))
-    model = ModelConfig(backbone=backbone, lookback=cfg["lookback"], horizon=cfg["horizon"], d_qap=cfg["d_qap"],
-                        qap_heads=cfg["qap_heads"], hidden=cfg["hidden"], d_ff=cfg["d_ff"], heads=cfg["heads"])
-    fed = FederationConfig(rounds=cfg["rounds"], local_epochs=cfg["local_epochs"], batch_size=cfg["batch_size"],
-                           lr=cfg["lr"], seed=seed, local_patience=cfg["patience"], test_every_round=False,
-                           **FEDERATED.get(method, {}))
+    if backbone is None:
+        from edge_agent.selection import anchor_metrics
+
+        test = {c.name: anchor_metrics(c, method, "test") for c in fleet}
+        val = {c.name: anchor_metrics(c, method, "val") for c in fleet}
+        per_client = {name: {**scores(m), "val": val[name].score} for name, m in test.items() if m is not None}
+    else:
+        per_client = learned(fleet, backbone, method, seed, cfg)
+    return {"dataset": dataset, "history_days": days, "backbone": backbone, "method": method, "seed": seed,
+            "clients": per_client, "seconds": time.perf_counter() - started}
+
+
+def learned(fleet: list, backbone: str, method: str, seed: int, cfg: dict) -> dict:
+    """Per-client test scores and validation score of one learned method."""
+    from coordinator.simulation.baselines import TrainingBudget, run_centralized, run_local_only
+    from coordinator.simulation.federation import FederationConfig, run_federation
+    from edge_agent.train import evaluate
+
+    model = model_config(backbone)
+    personal = cfg["personal_epochs"] if method == "fedrep" else 0
+    fed = FederationConfig(rounds=cfg["rounds"], local_epochs=cfg["local_epochs"], seed=seed, test_every_round=False,
+                           personal_epochs=personal, keep_local=False, anchors=())
     if method in ("local", "centralized"):
         result = (run_local_only if method == "local" else run_centralized)(fleet, model, TrainingBudget.matching(fed))
     else:
         result = run_federation(fleet, model, fed)
-    return {"dataset": dataset, "history_days": days, "backbone": backbone, "method": method, "seed": seed,
-            "mse": result.test.mse, "mae": result.test.mae,
-            "client_mse": {name: m.mse for name, m in result.client_test.items()},
-            "seconds": time.perf_counter() - started}
+    models = result.models
+    return {c.name: {**scores(result.client_test[c.name]), "val": evaluate(m, c.val).score}
+            for c, m in zip(fleet, models)}
 
 
 def jobs(cfg: dict) -> list[tuple]:
-    return [(d, k, b, m, s, cfg) for d in cfg["datasets"] for k in cfg["history_days"] for b in cfg["backbones"]
-            for m in METHODS for s in cfg["seeds"]]
+    cells = [(d, k) for d in cfg["datasets"] for k in cfg["history_days"]]
+    anchors = [(d, k, None, a, None, cfg) for d, k in cells for a in cfg["anchors"]]
+    models = [(d, k, b, m, s, cfg) for d, k in cells for b in cfg["backbones"] for m in cfg["learned"]
+              for s in cfg["seeds"]]
+    return anchors + models
 
 
-def rows_with_wins(runs: list[dict]) -> list[dict]:
-    """The result rows, each with how many of its clients beat their Local-only model (same seed)."""
-    local = {(r["dataset"], r["history_days"], r["backbone"], r["seed"]): r["client_mse"]
-             for r in runs if r["method"] == "local"}
-    rows = []
+def served_runs(runs: list[dict], cfg: dict) -> list[dict]:
+    """What each gateway serves per (dataset, K, backbone, seed): its best candidate on validation
+    among FedRep, its local-only model and the anchors (``edge_agent.selection.choose``), with that
+    candidate's test scores."""
+    from edge_agent.selection import choose
+
+    anchors = [r for r in runs if r["backbone"] is None]
+    out = []
     for r in runs:
-        alone = local[r["dataset"], r["history_days"], r["backbone"], r["seed"]]
-        better = sum(r["client_mse"][c] < alone[c] for c in alone)
-        worst = max(r["client_mse"][c] / alone[c] - 1 for c in alone)
-        rows.append({**{k: r[k] for k in ("dataset", "history_days", "backbone", "method", "seed", "mse", "mae")},
-                     "clients_better_than_local": better, "clients": len(alone), "worst_client_vs_local": worst})
+        if r["method"] != "fedrep":
+            continue
+        local = next(x for x in runs if (x["dataset"], x["history_days"], x["backbone"], x["method"], x["seed"]) ==
+                     (r["dataset"], r["history_days"], r["backbone"], "local", r["seed"]))
+        cell = [a for a in anchors if (a["dataset"], a["history_days"]) == (r["dataset"], r["history_days"])]
+        candidates = {"federated": r, "local": local, **{a["method"]: a for a in cell}}
+        per_client = {}
+        for client in r["clients"]:
+            options = {name: run["clients"][client]["val"] for name, run in candidates.items()
+                       if client in run["clients"]}
+            which = choose(options)
+            per_client[client] = {**candidates[which]["clients"][client], "served": which}
+        out.append({**r, "method": SERVED, "clients": per_client})
+    return out
+
+
+def summarize(runs: list[dict], cfg: dict) -> list[dict]:
+    """One row per (dataset, K, backbone, method): means over seeds and per-client comparisons."""
+    import numpy as np
+
+    anchor_names = set(cfg["anchors"])
+    best_anchor = {}
+    for r in runs:
+        if r["method"] in anchor_names:
+            for client, s in r["clients"].items():
+                key = (r["dataset"], r["history_days"], client)
+                best_anchor[key] = min(best_anchor.get(key, np.inf), s["mase"])
+    local = {(r["dataset"], r["history_days"], r["backbone"], r["seed"]): r["clients"] for r in runs
+             if r["method"] == "local"}
+    groups: dict[tuple, list[dict]] = {}
+    for r in runs:
+        groups.setdefault((r["dataset"], r["history_days"], r["backbone"], r["method"]), []).append(r)
+    rows = []
+    for (dataset, days, backbone, method), group in groups.items():
+        fleet_means = {m: [float(np.mean([c[m] for c in r["clients"].values()])) for r in group]
+                       for m in ("mase", "mse", "mae")}
+        excess = [s["mase"] / best_anchor[dataset, days, c] - 1 for r in group for c, s in r["clients"].items()]
+        row = {"dataset": dataset, "history_days": days, "backbone": backbone, "method": method,
+               "mase": float(np.mean(fleet_means["mase"])), "mse": float(np.mean(fleet_means["mse"])),
+               "mae": float(np.mean(fleet_means["mae"])),
+               "mase_spread": (max(fleet_means["mase"]) - min(fleet_means["mase"])) / 2,
+               "seeds": [r["seed"] for r in group if r["seed"] is not None],
+               "client_runs": sum(len(r["clients"]) for r in group),
+               "clients_better_than_best_anchor": sum(e < 0 for e in excess),
+               "worst_client_vs_best_anchor": max(excess)}
+        if backbone is not None:
+            row["clients_better_than_local"] = sum(
+                s["mase"] < local[dataset, days, backbone, r["seed"]][c]["mase"]
+                for r in group for c, s in r["clients"].items())
+        if method == SERVED:
+            served = [s["served"] for r in group for s in r["clients"].values()]
+            row["served_counts"] = {name: served.count(name) for name in sorted(set(served))}
+        rows.append(row)
     return rows
 
 
-def summarize(rows: list[dict]) -> list[dict]:
-    """Mean and half-range over seeds per (dataset, K, backbone, method), and the captured share."""
-    groups: dict[tuple, list[dict]] = {}
-    for r in rows:
-        groups.setdefault((r["dataset"], r["history_days"], r["backbone"], r["method"]), []).append(r)
-    means = {key: sum(r["mse"] for r in group) / len(group) for key, group in groups.items()}
-    out = []
-    for (dataset, days, backbone, method), group in groups.items():
-        values = [r["mse"] for r in group]
-        local, central = means[dataset, days, backbone, "local"], means[dataset, days, backbone, "centralized"]
-        captured = (local - means[dataset, days, backbone, method]) / (local - central) if central < local else None
-        out.append({"dataset": dataset, "history_days": days, "backbone": backbone, "method": method,
-                    "mse_mean": means[dataset, days, backbone, method], "mse_spread": (max(values) - min(values)) / 2,
-                    "captured_share": captured, "central_gain": (local - central) / local,
-                    "clients_better_than_local": sum(r["clients_better_than_local"] for r in group),
-                    "client_runs": sum(r["clients"] for r in group),
-                    "worst_client_vs_local": max(r["worst_client_vs_local"] for r in group)})
+def verdicts(rows: list[dict], cfg: dict) -> dict:
+    """The issue's goals, each with the numbers that decide it."""
+    import numpy as np
+
+    out: dict = {"served_at_most_best_anchor": [], "federated_pays_when_scarce": [], "learned_beats_anchors_full": []}
+    for dataset in cfg["datasets"]:
+        for days in cfg["history_days"]:
+            cell = [r for r in rows if (r["dataset"], r["history_days"]) == (dataset, days)]
+            anchor = min((r for r in cell if r["backbone"] is None), key=lambda r: r["mase"])
+            for backbone in cfg["backbones"]:
+                by = {r["method"]: r for r in cell if r["backbone"] == backbone}
+                served = by[SERVED]
+                out["served_at_most_best_anchor"].append({
+                    "dataset": dataset, "history_days": days, "backbone": backbone, "served": served["mase"],
+                    "best_anchor": anchor["method"], "best_anchor_mase": anchor["mase"],
+                    "met": served["mase"] <= anchor["mase"] and served["worst_client_vs_best_anchor"] <= 0.02,
+                    "worst_client_vs_best_anchor": served["worst_client_vs_best_anchor"]})
+                fed = min((by[m] for m in FEDERATED if m in by), key=lambda r: r["mase"])
+                gain_local, gain_anchor = 1 - fed["mase"] / by["local"]["mase"], 1 - fed["mase"] / anchor["mase"]
+                if days in (14, 30):
+                    out["federated_pays_when_scarce"].append({
+                        "dataset": dataset, "history_days": days, "backbone": backbone, "federated": fed["method"],
+                        "vs_local": gain_local, "vs_best_anchor": gain_anchor,
+                        "met": gain_local >= 0.05 and gain_anchor >= 0.05})
+                if days == 0:
+                    best = min((by[m] for m in cfg["learned"] if m in by), key=lambda r: r["mase"])
+                    out["learned_beats_anchors_full"].append({
+                        "dataset": dataset, "backbone": backbone, "method": best["method"],
+                        "vs_best_anchor": 1 - best["mase"] / anchor["mase"], "met": best["mase"] <= 0.9 * anchor["mase"]})
+    scarce = out["federated_pays_when_scarce"]
+    out["summary"] = {
+        "served_at_most_best_anchor_everywhere": all(v["met"] for v in out["served_at_most_best_anchor"]),
+        "datasets_where_federated_pays_when_scarce": sorted({v["dataset"] for v in scarce if v["met"]}),
+        "datasets_where_learned_beats_anchors_by_10pct": sorted(
+            {v["dataset"] for v in out["learned_beats_anchors_full"] if v["met"]}),
+        "cells": int(np.prod([len(cfg["datasets"]), len(cfg["history_days"])])),
+    }
     return out
 
 
 def markdown(summary: dict) -> str:
-    lines = ["Test MSE (normalized), mean ± half-range over seeds; 'captured' = (Local - method) / (Local - "
-             "Centralized) where Centralized beats Local; 'beat local' = client runs better than their own "
-             "Local-only model; 'worst client' = the largest relative excess of one client's test MSE over its "
-             "Local-only model's, over clients and seeds.", "",
-             "| dataset | K days | backbone | method | MSE | captured | beat local | worst client |",
-             "|---|---|---|---|---|---|---|---|"]
-    for s in summary["summary"]:
+    lines = ["MASE (headline), MSE and MAE on the whole training split's scale per feature, means over seeds ± "
+             "half-range of the fleet MASE; 'beat local' / 'beat anchor' = client runs better than their own "
+             "Local-only model / their own best anchor (on test); 'worst vs anchor' = the largest excess of one "
+             "gateway's MASE over its own best anchor's, over clients and seeds.", "",
+             "| dataset | K days | backbone | method | MASE | MSE | MAE | beat local | beat anchor | worst vs anchor |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for s in summary["rows"]:
         days = s["history_days"] or "full"
-        captured = "-" if s["captured_share"] is None else f"{s['captured_share']:.0%}"
-        lines.append(f"| {s['dataset']} | {days} | {s['backbone']} | {s['method']} | {s['mse_mean']:.4f} ± "
-                     f"{s['mse_spread']:.4f} | {captured} | {s['clients_better_than_local']}/{s['client_runs']} | "
-                     f"{s['worst_client_vs_local']:+.1%} |")
+        local = f"{s['clients_better_than_local']}/{s['client_runs']}" if "clients_better_than_local" in s else "-"
+        lines.append(f"| {s['dataset']} | {days} | {s['backbone'] or '-'} | {s['method']} | {s['mase']:.4f} ± "
+                     f"{s['mase_spread']:.4f} | {s['mse']:.4f} | {s['mae']:.4f} | {local} | "
+                     f"{s['clients_better_than_best_anchor']}/{s['client_runs']} | {s['worst_client_vs_best_anchor']:+.1%} |")
+    v = summary["verdicts"]["summary"]
+    lines += ["", f"served <= best anchor and no gateway > +2% over its own best anchor, in every cell: "
+              f"{v['served_at_most_best_anchor_everywhere']}; federated beats Local and the best anchor by >= 5% "
+              f"at K = 14 or 30 on: {v['datasets_where_federated_pays_when_scarce'] or 'no dataset'}; a learned "
+              f"model beats the best anchor by >= 10% with the full history on: "
+              f"{v['datasets_where_learned_beats_anchors_by_10pct'] or 'no dataset'}."]
     return "\n".join(lines) + "\n"
 
 
 def plot(summary: dict, path: Path) -> None:
-    """MSE vs history days per method, one panel per (dataset, backbone)."""
+    """MASE vs history days per method, one panel per (dataset, backbone); anchors dashed."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    panels = sorted({(s["dataset"], s["backbone"]) for s in summary["summary"]})
-    fig, axes = plt.subplots(1, len(panels), figsize=(3.6 * len(panels), 3.2), squeeze=False)
-    days = summary["config"]["history_days"]
-    ticks = [d or max(d for d in days) * 3 for d in days]  # "full" drawn to the right of the largest K
+    cfg = summary["config"]
+    panels = [(d, b) for d in cfg["datasets"] for b in cfg["backbones"]]
+    fig, axes = plt.subplots(1, len(panels), figsize=(3.8 * len(panels), 3.4), squeeze=False)
+    days = cfg["history_days"]
+    ticks = [d or max(days) * 3 for d in days]
     for ax, (dataset, backbone) in zip(axes[0], panels):
-        for method in METHODS:
-            by = {s["history_days"]: s["mse_mean"] for s in summary["summary"]
-                  if (s["dataset"], s["backbone"], s["method"]) == (dataset, backbone, method)}
-            ax.plot(ticks, [by[d] for d in days], marker="o", label=method)
-        ax.set(xscale="log", title=f"{dataset}, {backbone}", xlabel="training history (days)", ylabel="test MSE")
+        methods = [(m, None) for m in cfg["anchors"]] + [(m, backbone) for m in cfg["learned"] + [SERVED]]
+        for method, bb in methods:
+            by = {r["history_days"]: r["mase"] for r in summary["rows"]
+                  if (r["dataset"], r["backbone"], r["method"]) == (dataset, bb, method)}
+            if len(by) == len(days):
+                ax.plot(ticks, [by[d] for d in days], marker="o" if bb else ".", linestyle="-" if bb else "--",
+                        linewidth=2.2 if method == SERVED else 1.0, label=method)
+        ax.set(xscale="log", title=f"{dataset}, {backbone}", xlabel="training history (days)", ylabel="test MASE")
         ax.minorticks_off()
         ax.set_xticks(ticks, [str(d or "full") for d in days])
         ax.legend(fontsize=6)
@@ -160,13 +272,18 @@ def plot(summary: dict, path: Path) -> None:
 
 
 def main() -> None:
-    args, cfg, started = configure(bench_parser(__doc__, "DLinear only, 6 rounds (about 15 min on 2 cores)"),
+    args, cfg, started = configure(bench_parser(__doc__, "DLinear recipe, 10 rounds (about 30 min on 2 cores)"),
                                    QUICK, FULL)
     runs = run_parallel(run_job, jobs(cfg), args.workers,
-                        lambda r: f"{r['dataset']:>8} K={r['history_days'] or 'full':>4} {r['backbone']:>8} "
-                                  f"{r['method']:>13} seed {r['seed']}: MSE {r['mse']:.4f} ({r['seconds']:.0f} s)")
-    rows = rows_with_wins(runs)
-    summary = {"rows": rows, "summary": summarize(rows), "config": run_config(cfg, args.quick, started)}
+                        lambda r: f"{r['dataset']:>11} K={r['history_days'] or 'full':>4} {r['backbone'] or '-':>8} "
+                                  f"{r['method']:>19} seed {r['seed'] or '-'}: MASE "
+                                  f"{sum(c['mase'] for c in r['clients'].values()) / len(r['clients']):.4f} "
+                                  f"({r['seconds']:.0f} s)")
+    runs += served_runs(runs, cfg)
+    rows = summarize(runs, cfg)
+    summary = {"rows": rows, "anchors": cfg["anchors"], "federated": list(FEDERATED), "served": SERVED,
+               "verdicts": None, "runs": runs, "config": run_config(cfg, args.quick, started)}
+    summary["verdicts"] = verdicts(rows, cfg)
     write_report(args.out, "value", summary, markdown, plot)
 
 

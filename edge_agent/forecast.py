@@ -8,36 +8,45 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 from torch import nn
 
+from edge_agent.anchors import DEFAULT_ANCHORS, make_anchor, short_history_forecast
 from edge_agent.config import AgentConfig
 from edge_agent.conformal import apply_offsets
-from edge_agent.data import DataError, SeriesTable, WindowSet, prepare_client, time_features
+from edge_agent.data import ClientData, DataError, SeriesTable, WindowSet, prepare_client, steps_per_day, time_features
 from edge_agent.learners import HeadLearner, make_learner, training_rows_needed
-from edge_agent.learners.head import Served
 from edge_agent.live import gateway_table
 from edge_agent.models import Forecaster
 from edge_agent.models.foundation import load_foundation
 from edge_agent.onnx_model import OnnxForecaster
+from edge_agent.selection import Served
 from edge_agent.state import AgentState
 from edge_agent.train import conformal_offsets
 from edge_agent.zero_shot import zero_shot_forecast
 
 
 def load_local_model(cfg: AgentConfig, table: SeriesTable) -> Forecaster:
-    """The model the agent serves, with its personal (and last global) parameters restored from disk."""
-    return serving(cfg, table).model
+    """The model the agent serves, with its personal (and last global) parameters restored from disk
+    (where an anchor serves: the agent's federated model, the model an export can describe)."""
+    learner, served = _restored(cfg, table)
+    return served.model if served.model is not None else learner.model
 
 
 def serving(cfg: AgentConfig, table: SeriesTable) -> Served:
-    """What the agent serves now: its federated model, or with ``keep_local`` its local-only
-    model where that validates better (see ``HeadLearner.serving_model``)."""
+    """What the agent serves now: its federated model, or where it validates better its local-only
+    model (``keep_local``) or an anchor (``anchors``; see ``HeadLearner.serving_model``)."""
+    return _restored(cfg, table)[1]
+
+
+def _restored(cfg: AgentConfig, table: SeriesTable) -> tuple[HeadLearner, Served]:
+    """The agent's head learner as saved on disk, and what it serves."""
     learner = make_learner(cfg, table)
     if not isinstance(learner, HeadLearner):
         raise ValueError(f"mode {cfg.mode!r}: local forecasts and exports need a head-mode agent")
     state = AgentState(cfg.state_dir)
-    return state.restore(learner).serving_model(state.trained_round() + 1)
+    return learner, state.restore(learner).serving_model(state.trained_round() + 1)
 
 
 @dataclass(frozen=True)
@@ -48,16 +57,20 @@ class Forecast:
     stamps: list[str]
     columns: list[str]
     values: torch.Tensor  # (H, F): the point forecast, a quantile model's median
-    model: str  # "federated", "local", the ONNX file or "zero-shot foundation (why)"
+    model: str  # "federated", "local", an anchor's name, the ONNX file or "zero-shot foundation (why)"
     zero_shot: bool = False
+    anchor: str = ""  # why an anchor serves (validated best, or too little history to train)
     levels: tuple[float, ...] = ()
     quantiles: torch.Tensor | None = None  # (H, F, Q), ordered like ``levels``
     interval: str = ""  # what the interval is, or why there is none
 
     @property
     def served_by(self) -> str:
-        """Which model made the forecast, as a phrase: "the federated model", "zero-shot foundation (...)"."""
-        return self.model if self.zero_shot else f"the {self.model} model"
+        """Which model made the forecast, as a phrase: "the federated model", "the ets anchor (...)",
+        "zero-shot foundation (...)"."""
+        if self.zero_shot:
+            return self.model
+        return f"the {self.model} anchor ({self.anchor})" if self.anchor else f"the {self.model} model"
 
     def csv_lines(self) -> list[str]:
         """CSV: ``time``, then per feature its point forecast and every other level (``<feature>_q0.1``)."""
@@ -99,10 +112,9 @@ def forecast(cfg: AgentConfig, onnx_model: Path | None = None, conformal: bool =
     if why and checkpoint and onnx_model is None:
         return _zero_shot(cfg, table, checkpoint, why, conformal)
     if table.n_rows < needed:
-        meanwhile = ("set zero_shot_foundation = <checkpoint from edgefl pretrain> in the agent config for "
-                     "zero-shot forecasts meanwhile" if checkpoint is None
-                     else "the zero-shot foundation serves without an ONNX model")
-        raise DataError(f"{table.name}: {why}; {meanwhile}")
+        if onnx_model is not None:
+            raise DataError(f"{table.name}: {why}; an ONNX model needs that much history too")
+        return _short_history(cfg, table, why)
     if conformal and not cfg.model.quantiles:
         raise ValueError("conformal calibration is of quantile intervals; this agent's model forecasts points "
                          "(set model.quantiles, e.g. [0.1, 0.5, 0.9])")
@@ -111,7 +123,10 @@ def forecast(cfg: AgentConfig, onnx_model: Path | None = None, conformal: bool =
     data = prepare_client(table, cfg.model.lookback, cfg.model.horizon)
     series = torch.from_numpy(data.scaler.transform(table.values[-cfg.model.lookback :]).astype("float32")[None])
     marks = torch.from_numpy(time_features(table.index[-cfg.model.lookback :])[None])
-    model, which = _model(cfg, table, onnx_model)
+    served = serving(cfg, table) if onnx_model is None else None
+    if served is not None and served.is_anchor:
+        return _anchor(cfg, table, data, served)
+    model, which = _model(served, cfg, onnx_model)
     stamps = next_stamps(table, cfg.model.horizon)
     if not cfg.model.quantiles:
         values = torch.as_tensor(data.scaler.inverse_transform(model(series, marks)[0].numpy()))
@@ -122,12 +137,33 @@ def forecast(cfg: AgentConfig, onnx_model: Path | None = None, conformal: bool =
                     levels=cfg.model.quantiles, quantiles=quantiles, interval=interval)
 
 
-def _model(cfg: AgentConfig, table: SeriesTable, onnx_model: Path | None) -> tuple[nn.Module, str]:
+def _model(served: Served | None, cfg: AgentConfig, onnx_model: Path | None) -> tuple[nn.Module, str]:
     """The served torch model and which it is, or ``onnx_model`` in ONNX Runtime and its path."""
-    if onnx_model is None:
-        served = serving(cfg, table)
+    if served is not None:
         return served.model.eval(), served.which
     return OnnxForecaster(Path(onnx_model), cfg.model.quantiles, cfg.model.horizon), str(onnx_model)
+
+
+def _anchor(cfg: AgentConfig, table: SeriesTable, data: ClientData, served: Served) -> Forecast:
+    """The anchor that validated best, fitted on the gateway's training rows and run over its whole history."""
+    anchor = make_anchor(served.which, data.period).fit(data.history)
+    values = anchor.forecast(data.raw, np.array([len(data.raw)]), cfg.model.horizon)[0]
+    scores = ", ".join(f"{name} {score:.4f}" for name, score in served.scores.items() if np.isfinite(score))
+    return Forecast(next_stamps(table, cfg.model.horizon), list(data.columns), torch.as_tensor(values), served.which,
+                    anchor=f"best on validation, MASE {scores}", interval=_points_only(cfg, "an anchor"))
+
+
+def _short_history(cfg: AgentConfig, table: SeriesTable, why: str) -> Forecast:
+    """Too little history to train: the best anchor the gateway can fit, saying so."""
+    name, values, how = short_history_forecast(table.values, steps_per_day(table), cfg.model.horizon,
+                                               cfg.training.anchors or DEFAULT_ANCHORS)
+    return Forecast(next_stamps(table, cfg.model.horizon), list(table.columns), torch.as_tensor(values), name,
+                    anchor=f"{why}; {how}", interval=_points_only(cfg, "an anchor"))
+
+
+def _points_only(cfg: AgentConfig, what: str) -> str:
+    """What a point forecast says where the agent's model has quantiles."""
+    return f"point forecast only: {what} predicts no quantiles" if cfg.model.quantiles else ""
 
 
 def conformal_interval(model: nn.Module, series: torch.Tensor, marks: torch.Tensor,

@@ -3,18 +3,22 @@
 from __future__ import annotations
 
 import copy
+import math
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 from torch import nn
 from torch.nn import functional as F
 
+from edge_agent.anchors import ANCHORS
 from edge_agent.conformal import apply_offsets, fit_offsets
 from edge_agent.data import WindowSet
 from edge_agent.metrics import covered, median_index, pinball_loss, pinball_terms, widths
+from edge_agent.registry import registered
+from edge_agent.scoring import Scale, scaled_errors
 
 Batch = tuple[torch.Tensor, torch.Tensor]  # (forecast, target) of one batch of windows
 
@@ -40,7 +44,8 @@ class HeadTraining(LocalTraining):
     - ``prox_mu``: FedProx's proximal term mu/2 ||theta_s - theta_global||^2 (Li et al. 2020, eq. 2).
 
     ``keep_local`` makes joining never worse than staying alone: the gateway also trains its own
-    local-only model (one epoch per round, nothing sent) and serves whichever validates better.
+    local-only model (one epoch per round, nothing sent) and serves whichever validates better;
+    ``anchors`` adds the simple forecasts it can make alone to that choice (``edge_agent.selection``).
 
     ``private_model`` is Fed-GAME's client (``edge_agent.learners.private``): the gateway's model
     persists from round to round and only the proximal term (``prox_mu``) ties it to the
@@ -56,6 +61,17 @@ class HeadTraining(LocalTraining):
                                 "state only anchors the proximal term")
     personal_step: float = Field(1.0, gt=0.0, le=1.0, description="Fed-GAME eq. 2: step towards the personalized "
                                  "difference the coordinator sends")
+    anchors: tuple[str, ...] = Field((), description="anchors (edge_agent.anchors: seasonal_naive, window_average, "
+                                     "ets, ...) the gateway serves wherever one validates better than its models")
+
+    @field_validator("anchors")
+    @classmethod
+    def _known_anchors(cls, names: tuple[str, ...]) -> tuple[str, ...]:
+        for name in names:
+            registered(name, ANCHORS, "anchors")
+        if len(set(names)) != len(names):
+            raise ValueError(f"anchors: {list(names)} names one twice")
+        return names
 
 
 @dataclass(frozen=True)
@@ -63,7 +79,9 @@ class Metrics:
     """Mean squared and absolute error over every predicted element (FedQAPer A.1), of the median
     for a quantile model, which also gets Fed-GAME's QS, ICP and MIL (``edge_agent.metrics``;
     None for point models) and, when evaluated with split-conformal offsets
-    (``edge_agent.conformal``), the ICP and MIL of the calibrated intervals (None otherwise)."""
+    (``edge_agent.conformal``), the ICP and MIL of the calibrated intervals (None otherwise).
+    Errors, QS and MIL are on the windows' reference scale and ``mase`` is the mean absolute
+    scaled error (``edge_agent.scoring``; None where the windows carry no scale)."""
 
     mse: float
     mae: float
@@ -72,11 +90,15 @@ class Metrics:
     mil: float | None = None
     icp_conformal: float | None = None
     mil_conformal: float | None = None
+    mase: float | None = None
 
     @property
     def score(self) -> float:
-        """The validation criterion (lower is better): QS for quantile models, MSE otherwise."""
-        return self.mse if self.qs is None else self.qs
+        """The validation criterion (lower is better): QS for quantile models, else MASE, the
+        headline error, where known, else MSE."""
+        if self.qs is not None:
+            return self.qs
+        return self.mse if self.mase is None else self.mase
 
 
 def make_optimizer(model: nn.Module, lr: float) -> torch.optim.Optimizer:
@@ -92,15 +114,21 @@ def full_forecast(model: nn.Module, x: torch.Tensor, marks: torch.Tensor) -> tor
     return model.forward_quantiles(x, marks)
 
 
-def forecast_error(forecast: torch.Tensor, target: torch.Tensor, levels: Sequence[float] | None) -> torch.Tensor:
-    """The forecast term of every training loss: MSE of a point forecast, the pinball loss over all
-    levels (Fed-GAME's QS) of a quantile forecast."""
-    return F.mse_loss(forecast, target) if levels is None else pinball_loss(forecast, target, levels)
+def forecast_error(forecast: torch.Tensor, target: torch.Tensor, levels: Sequence[float] | None,
+                   point_loss: str = "mse") -> torch.Tensor:
+    """The forecast term of every training loss: the pinball loss over all levels (Fed-GAME's QS) of
+    a quantile forecast; of a point forecast, the MSE (it learns the mean) or with ``point_loss =
+    "mae"`` the MAE (it learns the median, what MASE rewards)."""
+    if levels is not None:
+        return pinball_loss(forecast, target, levels)
+    return F.l1_loss(forecast, target) if point_loss == "mae" else F.mse_loss(forecast, target)
 
 
 def forecast_loss(model: nn.Module, x: torch.Tensor, marks: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """The one training loss of a forecaster: ``forecast_error`` of its full forecast."""
-    return forecast_error(full_forecast(model, x, marks), y, getattr(model, "levels", None))
+    """The one training loss of a forecaster: ``forecast_error`` of its full forecast, with the
+    point loss its config names."""
+    return forecast_error(full_forecast(model, x, marks), y, getattr(model, "levels", None),
+                          getattr(getattr(model, "cfg", None), "loss", "mse"))
 
 
 def train_epochs(
@@ -168,47 +196,58 @@ def forecasts(model: nn.Module, windows: WindowSet, batch_size: int = 256) -> It
 
 def evaluate(model: nn.Module, windows: WindowSet, batch_size: int = 256,
              offsets: torch.Tensor | None = None) -> Metrics:
-    """MSE and MAE on the normalized scale over all windows of a split (and QS, ICP, MIL for a
-    quantile model, plus the calibrated ICP and MIL when conformal ``offsets`` are given)."""
-    return forecast_metrics(forecasts(model, windows, batch_size), getattr(model, "levels", None), offsets)
+    """MSE, MAE and MASE on the windows' reference scale over all windows of a split (and QS, ICP,
+    MIL for a quantile model, plus the calibrated ICP and MIL when conformal ``offsets`` are given)."""
+    return forecast_metrics(forecasts(model, windows, batch_size), getattr(model, "levels", None), offsets,
+                            windows.scale)
 
 
 @torch.no_grad()
 def forecast_metrics(batches: Iterable[Batch], levels: Sequence[float] | None,
-                     offsets: torch.Tensor | None = None) -> Metrics:
-    """``Metrics`` of (forecast, target) batches of any model: point forecasts, or quantile
-    forecasts of ``levels`` (``quantile_metrics``)."""
+                     offsets: torch.Tensor | None = None, scale: Scale | None = None) -> Metrics:
+    """``Metrics`` of (forecast, target) batches of any model, on the normalized scale, scored with
+    ``scale`` (``edge_agent.scoring``): point forecasts, or quantile forecasts of ``levels``
+    (``quantile_metrics``)."""
     if levels is not None:
-        return quantile_metrics(batches, levels, offsets)
+        return quantile_metrics(batches, levels, offsets, scale)
     if offsets is not None:
         raise ValueError("conformal offsets calibrate quantile intervals; this is a point model")
-    squared, absolute, count = 0.0, 0.0, 0
+    squared, absolute, scaled, count = 0.0, 0.0, 0.0, 0
     for forecast, y in batches:
-        error = forecast - y
+        error, mase = scaled_errors(forecast - y, scale)
         squared += error.pow(2).sum().item()
         absolute += error.abs().sum().item()
+        scaled += mase.sum().item()
         count += error.numel()
-    return Metrics(squared / count, absolute / count)
+    return Metrics(squared / count, absolute / count, mase=_known(scaled / count))
 
 
-def quantile_metrics(batches: Iterable[Batch], levels: Sequence[float], offsets: torch.Tensor | None = None) -> Metrics:
-    """``forecast_metrics`` of quantile forecasts: MSE and MAE of the median, QS, ICP and MIL; with
-    conformal ``offsets`` (H, F) also ICP and MIL of the calibrated intervals."""
-    sums = dict.fromkeys(("squared", "absolute", "pinball", "covered", "width", "covered_cp", "width_cp"), 0.0)
-    count = 0
+def quantile_metrics(batches: Iterable[Batch], levels: Sequence[float], offsets: torch.Tensor | None = None,
+                     scale: Scale | None = None) -> Metrics:
+    """``forecast_metrics`` of quantile forecasts: MSE, MAE and MASE of the median, QS, ICP and MIL;
+    with conformal ``offsets`` (H, F) also ICP and MIL of the calibrated intervals."""
+    names = ("squared", "absolute", "scaled", "pinball", "covered", "width", "covered_cp", "width_cp")
+    sums, count = dict.fromkeys(names, 0.0), 0
+    factor = torch.ones(1) if scale is None else scale.reference
     for forecast, y in batches:
-        error = forecast[..., median_index(levels)] - y
-        terms = {"squared": error.pow(2), "absolute": error.abs(), "pinball": pinball_terms(forecast, y, levels),
-                 "covered": covered(forecast, y), "width": widths(forecast)}
+        error, mase = scaled_errors(forecast[..., median_index(levels)] - y, scale)
+        terms = {"squared": error.pow(2), "absolute": error.abs(), "scaled": mase,
+                 "pinball": pinball_terms(forecast, y, levels) * factor.unsqueeze(-1),
+                 "covered": covered(forecast, y), "width": widths(forecast) * factor}
         if offsets is not None:
             calibrated = apply_offsets(forecast, offsets)
-            terms |= {"covered_cp": covered(calibrated, y), "width_cp": widths(calibrated)}
+            terms |= {"covered_cp": covered(calibrated, y), "width_cp": widths(calibrated) * factor}
         for name, value in terms.items():
             sums[name] += value.sum().item()
         count += error.numel()
     conformal = (sums["covered_cp"] / count, sums["width_cp"] / count) if offsets is not None else (None, None)
     return Metrics(sums["squared"] / count, sums["absolute"] / count, sums["pinball"] / (count * len(levels)),
-                   sums["covered"] / count, sums["width"] / count, *conformal)
+                   sums["covered"] / count, sums["width"] / count, *conformal, mase=_known(sums["scaled"] / count))
+
+
+def _known(value: float) -> float | None:
+    """A score, or None where it could not be computed (NaN: no MASE scale)."""
+    return None if math.isnan(value) else value
 
 
 def conformal_offsets(model: nn.Module, windows: WindowSet, batch_size: int = 256) -> torch.Tensor:
@@ -226,11 +265,12 @@ def fitted_offsets(batches: Iterable[Batch], levels: Sequence[float] | None) -> 
     return fit_offsets(torch.cat([f for f, _ in pairs]), torch.cat([y for _, y in pairs]), levels)
 
 
-def calibrated_metrics(val: Iterable[Batch], test: Iterable[Batch], levels: Sequence[float] | None) -> Metrics:
+def calibrated_metrics(val: Iterable[Batch], test: Iterable[Batch], levels: Sequence[float] | None,
+                       scale: Scale | None = None) -> Metrics:
     """Test metrics of one gateway's model; a quantile model's intervals are also reported
     calibrated on its own validation forecasts (split conformal). The batches are consumed lazily,
     so a point model's ``val`` is never computed."""
-    return forecast_metrics(test, levels, None if levels is None else fitted_offsets(val, levels))
+    return forecast_metrics(test, levels, None if levels is None else fitted_offsets(val, levels), scale)
 
 
 def weighted_metrics(metrics: Sequence[Metrics], sizes: Sequence[int]) -> Metrics:
@@ -245,7 +285,8 @@ def weighted_metrics(metrics: Sequence[Metrics], sizes: Sequence[int]) -> Metric
 
     quantile = means("qs", "icp", "mil")
     conformal = means("icp_conformal", "mil_conformal") if quantile else ()
-    return Metrics(*means("mse", "mae"), *quantile, *conformal)
+    mase = means("mase")
+    return Metrics(*means("mse", "mae"), *quantile, *conformal, mase=mase[0] if mase else None)
 
 
 def early_stopping(

@@ -15,6 +15,7 @@ from rich.table import Table
 
 from edge_agent.toml_config import ConfigError, load_config
 from edge_agent.data import DataError
+from edge_agent.candidates import served_name, validation_scores
 from edge_agent.storage import StateDirError
 
 console = Console(stderr=True)
@@ -188,12 +189,13 @@ def _ago(at: float | None) -> str:
 
 
 def _serves(metrics: dict) -> str:
-    """Which model a gateway said it serves, with both validation MSEs when it keeps a local one."""
-    if "serving_local" not in metrics:
+    """Which model a gateway said it serves, with every candidate's validation score (MASE) when it
+    chooses among several (``keep_local``, ``anchors``)."""
+    which = served_name(metrics)
+    if which is None:
         return "federated"
-    which = "local" if metrics["serving_local"] else "federated"
-    local = f"{metrics['local_val_mse']:.4f}" if "local_val_mse" in metrics else "-"
-    return f"{which} (val {metrics['federated_val_mse']:.4f} fed / {local} local)"
+    scores = ", ".join(f"{name} {score:.4f}" for name, score in validation_scores(metrics).items())
+    return f"{which} (val {scores})"
 
 
 def _agent_config(config: Path):

@@ -31,11 +31,11 @@ def test_fitting_the_personal_part_to_the_installed_global_state_shrinks_the_jum
     training = HeadTraining(batch_size=16, lr=3e-3, local_epochs=2, personal_epochs=2)
     learners = head_learners(fleet, cfg, training, seed=1)
     updates = train_clients(learners, initial_shared_state(cfg, 1), 1)
-    own = [evaluate(lr.model, c.val).mse for lr, c in zip(learners, fleet)]
+    own = [evaluate(lr.model, c.val).score for lr, c in zip(learners, fleet)]
     for learner in learners:
         learner.load_global(weighted_mean(updates))
-    installed = [evaluate(lr.model, c.val).mse for lr, c in zip(learners, fleet)]
-    adapted = [lr.serving_model(2).federated_val for lr in learners]
+    installed = [evaluate(lr.model, c.val).score for lr, c in zip(learners, fleet)]
+    adapted = [lr.serving_model(2).scores["federated"] for lr in learners]
     assert sum(installed) > sum(own)  # the averaging penalty
     assert sum(adapted) < sum(installed)
     assert all(torch.equal(lr.model.shared_state()[k], weighted_mean(updates)[k])  # serving copies, never trains
@@ -113,7 +113,7 @@ def test_the_local_companion_is_the_local_only_baseline_and_is_served_where_it_v
     noise = {k: torch.randn_like(v) * 100 for k, v in state.items()}  # a federated model nobody should serve
     learners[0].load_global(noise)
     served = learners[0].serving_model(4)
-    assert served.which == "local" and served.local_val < served.federated_val
+    assert served.which == "local" and served.scores["local"] < served.scores["federated"]
     assert evaluate(served.model, fleet[0].test) == baseline.client_test[fleet[0].name]
     learners[0].load_global(state)
     restored = head_learners(fleet, cfg, training, seed=4)[0]

@@ -23,6 +23,7 @@ from coordinator.twins import TWIN_FORECASTERS, make_forecaster
 from edge_agent.data import load_site
 from edge_agent.models import ModelConfig
 from edge_agent.models.prompts import PromptConfig
+from edge_agent.candidates import served_name, validation_scores
 from tests.fleet import (
     MODEL,
     SEED,
@@ -132,9 +133,10 @@ def finish(processes: list, timeout: float = 120) -> None:
 
 
 def test_gateways_keeping_a_local_model_say_which_model_they_serve(tmp_path: Path, mosquitto) -> None:
-    """With keep_local each agent reports both candidates' validation MSE; the coordinator's
-    status shows which model each gateway serves, and the forecast says which one made it."""
-    coordinator, agents, db = start_fleet(tmp_path, mosquitto.port, 2, 2, training={"keep_local": True},
+    """With keep_local and anchors each agent reports every candidate's validation score; the
+    coordinator's status shows which model each gateway serves, and the forecast says which one
+    made it."""
+    coordinator, agents, db = start_fleet(tmp_path, mosquitto.port, 2, 2, training={"keep_local": True, "anchors": ["seasonal_naive"]},
                                           min_clients=2)
     finish([coordinator, *agents])
     assert coordinator.returncode == 0, (tmp_path / "coordinator.log").read_text()
@@ -142,14 +144,18 @@ def test_gateways_keeping_a_local_model_say_which_model_they_serve(tmp_path: Pat
     metrics = store.latest_metrics()
     store.close()
     assert set(metrics) == {"client00", "client01"}
-    assert all(m["serving_local"] == float(m["local_val_mse"] < m["federated_val_mse"]) for m in metrics.values())
-    first = store_metrics(db, 1)  # before round 1 no local model exists yet: the federated one is served
-    assert all(m["serving_local"] == 0.0 and "local_val_mse" not in m for m in first.values())
+    for m in metrics.values():
+        scores = validation_scores(m)
+        assert set(scores) == {"federated", "local", "seasonal_naive"}
+        assert served_name(m) == min(scores, key=scores.__getitem__)
+    first = store_metrics(db, 1)  # before round 1 no local model exists yet: federated or the anchor
+    assert all("val.local" not in m and served_name(m) in ("federated", "seasonal_naive") for m in first.values())
     status = subprocess.run(
         [sys.executable, "-m", "edgefl.cli", "coordinator", "status", "-c", str(tmp_path / "coordinator.toml")],
         capture_output=True, text=True, timeout=120, env={**os.environ, "COLUMNS": "250"},
     )
-    assert status.returncode == 0 and status.stdout.count(" fed / ") == 2, status.stdout
+    assert status.returncode == 0 and status.stdout.count("(val federated ") == 2, status.stdout
+    assert all(f"{served_name(m)} (val federated" in status.stdout for m in metrics.values()), status.stdout
     forecast = subprocess.run(
         [sys.executable, "-m", "edgefl.cli", "agent", "forecast", "--csv", "-c", str(tmp_path / "agent0.toml")],
         capture_output=True, text=True, timeout=120,

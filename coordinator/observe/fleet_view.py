@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from coordinator.store import RoundRow, Store, UpdateRow
+from edge_agent.candidates import served_name
 
 RECENT_REJECTIONS = 20
 REJECTING_CLIENTS = 100  # the most-refused clients listed (the total counts all)
@@ -158,7 +159,6 @@ def _finite(value: float | None) -> float | None:
 
 
 def _serves(metrics: dict) -> str | None:
-    """Which model the gateway said it serves (only gateways that keep a local model say)."""
-    if "serving_local" not in metrics:
-        return None
-    return "local" if metrics["serving_local"] else "federated"
+    """Which model the gateway said it serves (federated, local or an anchor; only gateways that
+    choose among several say)."""
+    return served_name(metrics)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
@@ -38,11 +38,13 @@ class TrainingBudget:
 
 @dataclass
 class BaselineResult:
-    """Global test metrics (dataset-size weighted) and per-client test metrics and epochs."""
+    """Global test metrics (dataset-size weighted), per-client test metrics and epochs, and each
+    client's model (none for a rule such as seasonal naive)."""
 
     test: Metrics
     client_test: dict[str, Metrics]
     epochs: dict[str, int]
+    models: list[Forecaster] = field(default_factory=list)
 
 
 def fleet_models(clients: Sequence[ClientData], cfg: ModelConfig, seed: int) -> list[Forecaster]:
@@ -61,7 +63,7 @@ def run_local_only(clients: Sequence[ClientData], cfg: ModelConfig, budget: Trai
             alone.step()
         epochs[client.name] = alone.epochs
         best.append(alone.best_model())
-    return BaselineResult(*evaluate_fleet(best, clients), epochs)
+    return BaselineResult(*evaluate_fleet(best, clients), epochs, best)
 
 
 def run_centralized(clients: Sequence[ClientData], cfg: ModelConfig, budget: TrainingBudget) -> BaselineResult:
@@ -96,7 +98,7 @@ def run_centralized(clients: Sequence[ClientData], cfg: ModelConfig, budget: Tra
         return weighted_metrics([evaluate(m, c.val) for m, c in zip(models, clients)], sizes).score
 
     epochs = early_stopping(fleet, run_epoch, validate, budget.max_epochs, budget.patience)
-    return BaselineResult(*evaluate_fleet(models, clients), {c.name: epochs for c in clients})
+    return BaselineResult(*evaluate_fleet(models, clients), {c.name: epochs for c in clients}, models)
 
 
 def run_seasonal_naive(clients: Sequence[ClientData], period: int = 24) -> BaselineResult:

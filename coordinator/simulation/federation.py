@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from pydantic import ConfigDict, Field, model_validator
@@ -19,8 +19,9 @@ from edge_agent.data import ClientData
 from edge_agent.learners import HeadLearner
 from edge_agent.learners.head import initial_shared_state
 from edge_agent.models import Forecaster, ModelConfig
+from edge_agent.selection import Served
 from edge_agent.tensors import TensorDict
-from edge_agent.train import HeadTraining, Metrics, calibrated_metrics, evaluate, forecasts, weighted_metrics
+from edge_agent.train import HeadTraining, Metrics, calibrated_metrics, weighted_metrics
 
 
 class FederationConfig(HeadTraining, TwinSettings, StrategySettings):
@@ -62,7 +63,7 @@ class RoundRecord:
     ``imputed`` clients entered aggregation as forecasts of the ``twin`` forecaster; ``dropped``
     ones were missing and had no (recent enough) history; ``late`` ones trained but arrived after
     the round closed (twin history only); ``serving_local`` ones serve their local-only model
-    (``keep_local``), all others the federated one; ``rejected`` ones failed the engine's
+    (``keep_local``); ``serving`` says what every client serves (federated, local or an anchor); ``rejected`` ones failed the engine's
     screening (client id -> code). ``wire_bytes`` is the mean number of bytes a client that
     trained exchanged with the coordinator (update up, global state and personal message down).
     Metrics are those of the served models.
@@ -81,6 +82,7 @@ class RoundRecord:
     serving_local: tuple[str, ...] = ()
     rejected: dict[str, str] = field(default_factory=dict)
     wire_bytes: float = 0.0
+    serving: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -89,7 +91,8 @@ class FederationResult:
     (MSE; QS for quantile models) or the last round (see ``tested_round``).
 
     ``shared`` is the global shared state after the last round, ``states`` the global state of
-    every round; ``models`` are the models the clients served as of the best round.
+    every round; ``served`` is what each client served as of the best round and ``models`` each
+    client's served model (its federated model where it served an anchor).
     """
 
     records: list[RoundRecord]
@@ -99,6 +102,7 @@ class FederationResult:
     shared: TensorDict
     states: list[TensorDict]
     models: list[Forecaster]
+    served: list[Served] = field(default_factory=list)
 
 
 def head_learners(clients: Sequence[ClientData], cfg: ModelConfig, training: HeadTraining,
@@ -132,27 +136,33 @@ def run_federation(
     initial = initial_shared_state(cfg, fed.seed)
     engine = RoundEngine(make_strategy(fed, initial, fed.seed), fed, robust=fed.robust)
     sizes = [c.n_train for c in clients]
-    records, states, best = [], [], {"val": float("inf"), "round": 0, "models": None}
+    records, states, best = [], [], {"val": float("inf"), "round": 0, "served": None}
 
     def after_round(done: SimulatedRound) -> None:
         r = done.result
         choices = [lr.serving_model(r.round + 1) for lr in learners]
-        served = [choice.model for choice in choices]
-        val = weighted_metrics([evaluate(m, c.val) for m, c in zip(served, clients)], sizes)
-        test = evaluate_fleet(served, clients)[0] if fed.test_every_round else None
-        local = tuple(c.name for c, choice in zip(clients, choices) if choice.which == "local")
+        val = weighted_metrics([choice.metrics(c, "val") for choice, c in zip(choices, clients)], sizes)
+        test = served_metrics(choices, clients)[0] if fed.test_every_round else None
+        serving = {c.name: choice.which for c, choice in zip(clients, choices)}
+        local = tuple(name for name, which in serving.items() if which == "local")
         records.append(RoundRecord(r.round, r.loss, val, test, done.seconds, r.on_time, r.imputed, r.dropped,
-                                   done.late, r.twin, local, r.rejected, mean_bytes(done.bytes_per_client)))
+                                   done.late, r.twin, local, r.rejected, mean_bytes(done.bytes_per_client), serving))
         states.append(r.global_state)
         if val.score < best["val"] or fed.tested_round == "last":
-            best.update(val=val.score, round=r.round, models=[copy.deepcopy(m) for m in served])
+            best.update(val=val.score, round=r.round, served=[frozen(choice) for choice in choices])
         if on_round:
             on_round(records[-1])
 
     final = run_rounds(learners, roster, engine, initial, participation, after_round, tamper)
-    models = best["models"] or [learner.model for learner in learners]
-    test, client_test = evaluate_fleet(models, clients)
-    return FederationResult(records, best["round"], test, client_test, final, states, models)
+    served = best["served"] or [Served("federated", learner.model) for learner in learners]
+    test, client_test = served_metrics(served, clients)
+    models = [choice.model or learner.model for choice, learner in zip(served, learners)]
+    return FederationResult(records, best["round"], test, client_test, final, states, models, served)
+
+
+def frozen(choice: Served) -> Served:
+    """A served candidate with its own copy of the model (later rounds go on training the original)."""
+    return replace(choice, model=copy.deepcopy(choice.model))
 
 
 def mean_bytes(sizes: Mapping[str, int]) -> float:
@@ -163,8 +173,15 @@ def mean_bytes(sizes: Mapping[str, int]) -> float:
 def evaluate_fleet(
     models: Sequence[Forecaster], clients: Sequence[ClientData]
 ) -> tuple[Metrics, dict[str, Metrics]]:
-    """Global (dataset-size-weighted) and per-client test metrics; a quantile model's intervals
-    are also reported calibrated on its client's own validation windows (split conformal)."""
-    per_client = {c.name: calibrated_metrics(forecasts(m, c.val), forecasts(m, c.test), m.levels)
-                  for m, c in zip(models, clients)}
+    """Global (dataset-size-weighted) and per-client test metrics of one model per client."""
+    return served_metrics([Served("model", model) for model in models], clients)
+
+
+def served_metrics(served: Sequence[Served], clients: Sequence[ClientData]) -> tuple[Metrics, dict[str, Metrics]]:
+    """Global (dataset-size-weighted) and per-client test metrics of what each client serves; a
+    quantile model's intervals are also reported calibrated on its client's own validation windows
+    (split conformal)."""
+    per_client = {c.name: calibrated_metrics(choice.batches(c, "val"), choice.batches(c, "test"),
+                                             None if choice.model is None else choice.model.levels, c.test.scale)
+                  for choice, c in zip(served, clients)}
     return weighted_metrics(list(per_client.values()), [c.n_train for c in clients]), per_client

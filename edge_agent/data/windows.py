@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import pandas as pd
 import torch
 
-from edge_agent.data.table import DataError, SeriesTable
+from edge_agent.data.table import DataError, SeriesTable, steps_per_day
+from edge_agent.scoring import Scale
 from edge_agent.serving.calendar import calendar_features
 
 TIME_FEATURES = 4
@@ -140,7 +141,9 @@ def min_training_rows(lookback: int, horizon: int, ratios: Ratios = RATIOS) -> i
 @dataclass(eq=False)
 class WindowSet:
     """Windows over one split: scaled series (rows, F), time features (rows, 4) and window start rows,
-    plus how many windows were left out because they would cross a gap."""
+    plus how many windows were left out because they would cross a gap, how their errors are scored
+    (``scale``; None: on the normalized scale, no MASE) and where the split's first row sits in its
+    client's ``raw`` data (``offset``), so anchors can forecast the very same windows."""
 
     series: torch.Tensor
     marks: torch.Tensor
@@ -148,6 +151,8 @@ class WindowSet:
     lookback: int
     horizon: int
     dropped: int = 0
+    scale: Scale | None = None
+    offset: int = 0
 
     def __len__(self) -> int:
         """Number of windows."""
@@ -170,10 +175,20 @@ class WindowSet:
         for chunk in order.split(batch_size):
             yield self.batch(chunk)
 
+    def origins(self) -> np.ndarray:
+        """Each window's first forecast row as a row of its client's ``raw`` data."""
+        return self.offset + self.starts.numpy() + self.lookback
+
+    def targets(self) -> torch.Tensor:
+        """Every window's target (N, H, F) on the normalized scale."""
+        return self.batch(torch.arange(len(self)))[2]
+
 
 @dataclass(eq=False)
 class ClientData:
-    """One client's scaled, windowed data plus what is needed to undo the scaling and place it on a map."""
+    """One client's scaled, windowed data plus what is needed to undo the scaling and place it on a map,
+    and its values in data units from the first row of its history on (``raw``, NaN where missing;
+    the training rows come first) with the rows per season (``period``, a day), for the anchors."""
 
     name: str
     n_features: int
@@ -184,6 +199,14 @@ class ClientData:
     train: WindowSet
     val: WindowSet
     test: WindowSet
+    raw: np.ndarray
+    period: int
+    memo: dict = field(default_factory=dict, repr=False)  # anchors fitted and run once (edge_agent.selection)
+
+    @property
+    def history(self) -> np.ndarray:
+        """The training rows the client has (data units): what anchors are fitted on."""
+        return self.raw[: len(self.train.series)]
 
     @property
     def n_train(self) -> int:
@@ -206,7 +229,8 @@ def prepare_client(
     (subsampling both only saves compute); test windows always start at every row. Windows that
     would cover a row with a missing value are left out. With `history`, only the last `history`
     rows of the training split are kept (a gateway that has collected only that much), while
-    validation and test stay where they are.
+    validation and test stay where they are. Errors are scored against the whole training split
+    (``edge_agent.scoring.Scale``), so scores do not move with `history`.
     """
     for name, value in (("stride", stride), ("val_stride", val_stride)):
         if value < 1:
@@ -215,6 +239,7 @@ def prepare_client(
         bounds = split_bounds(table.n_rows, lookback, horizon, ratios)
     except DataError as err:
         raise DataError(f"{table.name}: {err}") from err
+    reference = table.values[slice(*bounds["train"])]
     if history is not None:
         bounds["train"] = _recent(table.name, bounds["train"], history, lookback + horizon)
     present = table.present
@@ -227,11 +252,16 @@ def prepare_client(
     scaler = StandardScaler().fit(table.values[train_start:train_end][present[train_start:train_end]])
     series = torch.from_numpy(np.ascontiguousarray(scaler.transform(table.values), dtype=np.float32))
     marks = torch.from_numpy(time_features(table.index))
+    period = steps_per_day(table)
+    scale = Scale.of(scaler.std, reference, period)
     sets = {
-        split: WindowSet(series[a:b], marks[a:b], starts[split][0], lookback, horizon, starts[split][1])
+        split: WindowSet(series[a:b], marks[a:b], starts[split][0], lookback, horizon, starts[split][1], scale,
+                         a - train_start)
         for split, (a, b) in bounds.items()
     }
-    return ClientData(table.name, table.n_features, table.columns, scaler, table.latitude, table.longitude, **sets)
+    raw = np.array(table.values[train_start:], dtype=np.float64)
+    return ClientData(table.name, table.n_features, table.columns, scaler, table.latitude, table.longitude, **sets,
+                      raw=raw, period=period)
 
 
 def _recent(name: str, train: tuple[int, int], history: int, window: int) -> tuple[int, int]:

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
 from typing import ClassVar
 
 import torch
 
+from edge_agent.candidates import SERVING_PREFIX, VALIDATION_PREFIX
 from edge_agent.data import TIME_FEATURES, ClientData
 from edge_agent.learners.base import Learner
 from edge_agent.learners.companion import LocalCompanion
@@ -18,6 +18,7 @@ from edge_agent.learners.private import ANCHOR, UPLOADED, PrivateModel
 from edge_agent.models import Forecaster, ModelConfig, build_forecaster
 from edge_agent.protocol import signature
 from edge_agent.seeds import Stream, seed_for
+from edge_agent.selection import Served, anchor_scores, choose
 from edge_agent.tensors import TensorDict, check_layout, layout_of
 from edge_agent.train import HeadTraining, evaluate, make_optimizer, train_epochs
 
@@ -83,27 +84,31 @@ class HeadLearner(Learner):
             self.private.record(self.received, self.model.shared_state())
         return loss
 
-    def serving_model(self, round_index: int) -> Served:
+    def serving_model(self, round_index: int, anchors: Sequence[str] | None = None) -> Served:
         """What this gateway serves once ``round_index`` is announced: the federated model (its
-        personal part fitted to the installed global state, as the round's training starts), or
-        with ``keep_local`` its local-only model where that validates better."""
+        personal part fitted to the installed global state, as the round's training starts), or,
+        where it validates better, its local-only model (``keep_local``) or one of the anchors
+        (``training.anchors``, or ``anchors`` where given; ``edge_agent.selection``)."""
         model = self.model
         if self.training.personal_epochs:
             model = copy.deepcopy(self.model)
             self._fit_personal(model, round_index)
-        federated = evaluate(model, self.data.val).score
-        local = self.alone.best_val if self.alone is not None else math.nan
-        if local < federated:
-            return Served(self.alone.best_model(), "local", federated, local)
-        return Served(model, "federated", federated, local)
+        scores = {"federated": evaluate(model, self.data.val).score}
+        if self.alone is not None:
+            scores["local"] = self.alone.best_val  # NaN-free only after its first epoch
+        scores |= anchor_scores(self.data, self.training.anchors if anchors is None else anchors)
+        which = choose(scores)
+        chosen = {"federated": model, "local": self.alone.best_model() if self.alone else None}.get(which)
+        return Served(which, chosen, scores)
 
     def serving_metrics(self, round_index: int) -> dict[str, float]:
-        """With ``keep_local``: both candidates' validation score (MSE; QS for quantile models) and whether the local one is served."""
-        if self.alone is None:
+        """With ``keep_local`` or ``anchors``: every candidate's validation score (``val.<name>``;
+        MASE, QS for quantile models) and which one is served (``serving.<name>`` = 1)."""
+        if self.alone is None and not self.training.anchors:
             return {}
         served = self.serving_model(round_index)
-        local = {"local_val_mse": served.local_val} if math.isfinite(served.local_val) else {}  # none before round 1
-        return {"federated_val_mse": served.federated_val, **local, "serving_local": float(served.which == "local")}
+        scores = {VALIDATION_PREFIX + name: score for name, score in served.scores.items() if math.isfinite(score)}
+        return {**scores, SERVING_PREFIX + served.which: 1.0}
 
     def wire_state(self, round_index: int) -> TensorDict:
         return self.model.shared_state()
@@ -158,13 +163,3 @@ class HeadLearner(Learner):
         mu = self.training.prox_mu
         return lambda: mu / 2 * sum((p - anchor).pow(2).sum() for p, anchor in anchors)
 
-
-@dataclass(frozen=True)
-class Served:
-    """The model a gateway serves, which one it is ("federated" or "local"), and the validation
-    score (MSE; QS for quantile models) of both candidates (the local one NaN without ``keep_local``)."""
-
-    model: Forecaster
-    which: str
-    federated_val: float
-    local_val: float

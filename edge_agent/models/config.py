@@ -38,10 +38,13 @@ class ModelConfig(BaseModel):
     backbone: str = "dlinear"
     lookback: int = Field(96, ge=2, description="input window length L")
     horizon: int = Field(48, ge=1, description="forecast length H")
-    d_qap: int = Field(128, ge=4, description="QAP latent width (paper A.2: 128)")
+    d_qap: int = Field(128, ge=1, description="QAP latent width (paper A.2: 128); per feature when channel-independent")
     qap_heads: int = Field(4, ge=1)
     qap_queries: int = Field(1, ge=1, description="learnable queries Q (paper: 1)")
-    projection: Literal["qap", "linear"] = "qap"
+    projection: Literal["qap", "linear", "channel"] = Field(
+        "qap", description="feature alignment: qap (Query Attention Pooling, FedQAPer 3.2), linear (a per-client "
+        "projection) or channel (channel-independent: every feature its own sequence through the shared model)"
+    )
     instance_norm: bool = Field(
         True, description="normalize each input window per feature and undo it on the forecast"
     )
@@ -52,6 +55,14 @@ class ModelConfig(BaseModel):
     d_ff: int | None = Field(None, ge=1)
     steps: int = Field(4, ge=1, description="SNN time steps T")
     moving_avg: int = Field(25, ge=1, description="DLinear decomposition kernel")
+    seasonal_base: bool = Field(
+        False, description="forecast a correction to a learned average of the lookback's last seasons, starting "
+        "at the seasonal window average (edge_agent.models.seasonal)"
+    )
+    season: int = Field(24, ge=1, description="steps per season for seasonal_base (24: a day of hourly data)")
+    loss: Literal["mse", "mae"] = Field(
+        "mse", description="point forecasts trained for the mean (mse) or the median (mae, what MASE rewards)"
+    )
     quantiles: QuantileLevels | None = Field(
         None, description="quantile levels of the personal head (e.g. 0.1, 0.5, 0.9); None = point forecasts"
     )
@@ -59,6 +70,8 @@ class ModelConfig(BaseModel):
     @model_validator(mode="after")
     def _check(self) -> "ModelConfig":
         registered(self.backbone, BACKBONES, "backbone")
+        if self.seasonal_base and self.lookback < self.season:
+            raise ValueError(f"seasonal_base needs lookback >= season ({self.season} steps), got {self.lookback}")
         if self.d_qap % self.qap_heads:
             raise ValueError(f"d_qap ({self.d_qap}) must be divisible by qap_heads ({self.qap_heads})")
         return self

@@ -9,6 +9,7 @@ from edge_agent.models.backbones import BACKBONES
 from edge_agent.models.config import ModelConfig
 from edge_agent.models.heads import PersonalHead, QuantileHead
 from edge_agent.models.qap import QueryAttentionPooling, SlotEmbedding, TimeFusion
+from edge_agent.models.seasonal import SeasonalBase
 from edge_agent.tensors import TensorDict, check_layout, layout_of
 
 SHARED_PREFIX = "shared."
@@ -31,24 +32,46 @@ class Forecaster(nn.Module):
         self.shared = nn.ModuleDict(
             {"time": TimeFusion(time_features, cfg.d_qap), "backbone": backbone}
         )
-        head = (QuantileHead(backbone.out_shape, cfg.horizon, n_features, cfg.quantiles) if cfg.quantiles
-                else PersonalHead(backbone.out_shape, cfg.horizon, n_features))
+        outputs = 1 if self.channel_independent else n_features
+        head = (QuantileHead(backbone.out_shape, cfg.horizon, outputs, cfg.quantiles) if cfg.quantiles
+                else PersonalHead(backbone.out_shape, cfg.horizon, outputs))
         self.personal = nn.ModuleDict({"head": head})
         if cfg.projection == "qap":
             self.shared["qap"] = QueryAttentionPooling(cfg)
             self.personal["slots"] = SlotEmbedding(n_features, cfg.d_qap)
+        elif self.channel_independent:
+            self.shared["value"] = nn.Linear(1, cfg.d_qap)
+            self.personal["slots"] = SlotEmbedding(n_features, cfg.d_qap)
         else:
             self.personal["project"] = nn.Linear(n_features, cfg.d_qap)
+        if cfg.seasonal_base:
+            self.shared["base"] = SeasonalBase(cfg.lookback, cfg.horizon, cfg.season)
+            nn.init.zeros_(head.channels.weight)
+            nn.init.zeros_(head.channels.bias)
 
     @property
     def kind(self) -> str:
         return self.shared["backbone"].kind
 
+    @property
+    def channel_independent(self) -> bool:
+        """Whether every feature is its own sequence through the shared model (``projection = "channel"``)."""
+        return self.cfg.projection == "channel"
+
     def align(self, x: torch.Tensor) -> torch.Tensor:
-        """(B, L, F_i) -> (B, L, d_qap)."""
+        """(B, L, F_i) -> (B, L, d_qap); channel-independent: (B * F_i, L, d_qap), each feature's
+        values embedded by the shared value projection plus the feature's own slot vector."""
         if self.cfg.projection == "qap":
             return self.shared["qap"](x, self.personal["slots"].weight)
+        if self.channel_independent:
+            per_feature = x.transpose(1, 2).unsqueeze(-1)  # (B, F, L, 1)
+            embedded = self.shared["value"](per_feature) + self.personal["slots"].weight[:, None, :]
+            return embedded.flatten(0, 1)
         return self.personal["project"](x)
+
+    def _marks_like(self, marks: torch.Tensor, features: int) -> torch.Tensor:
+        """The calendar inputs once per sequence the backbone sees: per feature when channel-independent."""
+        return marks.repeat_interleave(features, dim=0) if self.channel_independent else marks
 
     def forward(self, x: torch.Tensor, marks: torch.Tensor) -> torch.Tensor:
         """``x`` (B, L, F_i) scaled values, ``marks`` (B, L, t) time features -> (B, H, F_i): the
@@ -75,26 +98,41 @@ class Forecaster(nn.Module):
 
     def encode(self, x: torch.Tensor, marks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Everything before the backbone: (x, marks) -> aligned, time-fused z (B, L, d_qap) and the
-        window mean and std (B, 1, F_i) that ``readout`` undoes (0 and 1 without ``instance_norm``)."""
+        window mean and std (B, 1, F_i) that ``readout`` undoes (0 and 1 without ``instance_norm``).
+        With ``seasonal_base`` the mean becomes the offset the head's output is added to, (B, H, F_i):
+        the window mean plus the seasonal base (``edge_agent.models.seasonal``) in data scale."""
         if self.cfg.instance_norm:
             mean, std = self.window_stats(x)
         else:
             mean, std = torch.zeros_like(x[:, :1]), torch.ones_like(x[:, :1])
-        return self.shared["time"](self.align((x - mean) / std), marks), mean, std
+        normalized = (x - mean) / std
+        if self.cfg.seasonal_base:
+            mean = mean + self.shared["base"](normalized) * std
+        return self.shared["time"](self.align(normalized), self._marks_like(marks, x.shape[-1])), mean, std
 
     def readout(self, representation: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) -> torch.Tensor:
         """Everything after the backbone: its representation (B, A, C) -> personal head -> forecast
         (B, H, F_i) in the window's own scale (``encode``'s mean and std); a quantile model's median."""
         if self.levels:
             return self.readout_quantiles(representation, mean, std)[..., self.cfg.median_index]
-        return self.personal["head"](representation) * std + mean
+        return self._per_feature(self.personal["head"](representation), mean) * std + mean
 
     def readout_quantiles(self, representation: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) -> torch.Tensor:
         """``readout`` for a quantile model: (B, A, C) -> (B, H, F_i, Q). Scaling by a positive std
         keeps the quantiles non-crossing."""
         if not self.levels:
             raise ValueError("readout_quantiles: this model's config has no quantiles (point forecasts)")
-        return self.personal["head"](representation) * std.unsqueeze(-1) + mean.unsqueeze(-1)
+        head = self._per_feature(self.personal["head"](representation), mean)
+        return head * std.unsqueeze(-1) + mean.unsqueeze(-1)
+
+    def _per_feature(self, head: torch.Tensor, mean: torch.Tensor) -> torch.Tensor:
+        """The head's output as (B, H, F_i, ...): channel-independent heads give one feature per
+        sequence, (B * F_i, H, 1, ...), put back side by side."""
+        if not self.channel_independent:
+            return head
+        batch, features = mean.shape[0], mean.shape[-1]
+        per_feature = head.squeeze(2).unflatten(0, (batch, features))  # (B, F, H, ...)
+        return per_feature.transpose(1, 2)
 
     def _shared_tensors(self) -> TensorDict:
         return {

@@ -26,7 +26,7 @@ class BundleInfo(BaseModel):
 
     client_id: str
     round: int = Field(ge=0)
-    model: str = Field(description="which model is served: federated or local")
+    model: str = Field(description="which model is served: federated, local or a seasonal anchor")
     columns: list[str] = Field(min_length=1)
     mean: list[float]
     std: list[float]
@@ -63,6 +63,7 @@ class OnnxServing:
         options = onnxruntime.SessionOptions()
         options.intra_op_num_threads = options.inter_op_num_threads = 1
         self.session = onnxruntime.InferenceSession(model, options, providers=["CPUExecutionProvider"])
+        self.inputs = {i.name for i in self.session.get_inputs()}  # an anchor's graph reads no calendar
 
     def forecast(self, times_ns: np.ndarray, values: np.ndarray, issued_at: datetime | None = None) -> dict[str, Any]:
         """The forecast after a window of ``lookback`` rows (``values`` (L, F) in the data's units at
@@ -73,7 +74,8 @@ class OnnxServing:
                              f"got {values.shape}")
         mean, std = np.asarray(info.mean), np.asarray(info.std)
         x = ((values - mean) / std).astype(np.float32)[None]
-        out = self.session.run(["forecast"], {"x": x, "marks": calendar_features(times_ns)[None]})[0][0]
+        feeds = {"x": x, "marks": calendar_features(times_ns)[None]}
+        out = self.session.run(["forecast"], {k: v for k, v in feeds.items() if k in self.inputs})[0][0]
         scaled = out * std[:, None] + mean[:, None] if info.levels else out * std + mean
         stamps = [int(times_ns[-1]) + info.step_ns * (h + 1) for h in range(info.horizon)]
         return {"client_id": info.client_id, "round": info.round, "model": info.model,

@@ -22,10 +22,12 @@ class DLinear(Backbone):
         self.out_shape = (cfg.horizon, cfg.d_qap)
 
     def moving_average(self, x: torch.Tensor) -> torch.Tensor:
-        """Trend of (B, C, L) by an edge-replicated moving average that keeps the length."""
+        """Trend of (B, C, L) by an edge-replicated moving average that keeps the length, as differences
+        of a running sum (one pass whatever the kernel; pooling costs a pass per kernel step)."""
         left = (self.kernel - 1) // 2
         padded = F.pad(x, (left, self.kernel - 1 - left), mode="replicate")
-        return F.avg_pool1d(padded, self.kernel, stride=1)
+        sums = F.pad(padded.cumsum(-1), (1, 0))
+        return (sums[..., self.kernel:] - sums[..., : -self.kernel]) / self.kernel
 
     def forward(self, z: torch.Tensor) -> torch.Tensor:
         series = z.transpose(1, 2)
