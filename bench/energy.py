@@ -53,7 +53,7 @@ def run_job(backbone: str, cfg: dict, threads: int) -> dict:
     torch.set_num_threads(threads)
     started = time.perf_counter()
     data = prepare_client(load_site(cfg["site"]), cfg["lookback"], cfg["horizon"], cfg["stride"])
-    model = build_forecaster(ModelConfig(backbone=backbone, lookback=cfg["lookback"], horizon=cfg["horizon"]),
+    model = build_forecaster(ModelConfig.paper(backbone=backbone, lookback=cfg["lookback"], horizon=cfg["horizon"]),
                              data.n_features, 4, cfg["seed"])
     train_epochs(model, data.train, cfg["epochs"], cfg["batch_size"], make_optimizer(model, cfg["lr"]), cfg["seed"])
     calibrate_batchnorm(model, data.train)  # after a short training the running stats are still at init

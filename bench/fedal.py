@@ -163,7 +163,7 @@ def local_job(fold: int, seed: int, cfg: dict, threads: int) -> dict:
     torch.set_num_threads(threads)
     started = time.perf_counter()
     clients = [held_out_client(site, items(cfg)) for site in cfg["folds"][fold]]
-    model = ModelConfig(lookback=24, horizon=cfg["horizon"], d_qap=32, hidden=32, moving_avg=13)
+    model = ModelConfig.paper(lookback=24, horizon=cfg["horizon"], d_qap=32, hidden=32, moving_avg=13)
     budget = TrainingBudget(cfg["local_epochs_max"], cfg["local_patience"], 32, 3e-3, seed)
     local, naive = run_local_only(clients, model, budget), run_seasonal_naive(clients, period=24)
     return {"method": "local", "fold": fold, "seed": seed, "seconds": time.perf_counter() - started,

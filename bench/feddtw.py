@@ -49,7 +49,7 @@ def run_job(model: str, seed: int, scenario: str, method: str, cfg: dict, thread
     torch.set_num_threads(threads)
     started = time.perf_counter()
     clients = site_clients(cfg["lookback"], cfg["horizon"], cfg["stride"], cfg["val_stride"])
-    model_cfg = ModelConfig(
+    model_cfg = ModelConfig.paper(
         backbone=model, lookback=cfg["lookback"], horizon=cfg["horizon"], d_qap=cfg["d_qap"],
         qap_heads=cfg["qap_heads"], hidden=cfg["hidden"],
     )

@@ -86,7 +86,7 @@ def run_job(dataset: str, horizon: int, method: str, aggregator: str, seed: int,
     torch.set_num_threads(threads)
     started = time.perf_counter()
     fleet = clients(dataset, horizon, tuple(sorted((k, v) for k, v in cfg.items() if not isinstance(v, list))))
-    model = ModelConfig(backbone=cfg["backbone"], lookback=cfg["lookback"], horizon=horizon, d_qap=cfg["d_qap"],
+    model = ModelConfig.paper(backbone=cfg["backbone"], lookback=cfg["lookback"], horizon=horizon, d_qap=cfg["d_qap"],
                         qap_heads=cfg["qap_heads"], quantiles=tuple(cfg["quantiles"]))
     fed = federation(method, aggregator, seed, cfg)
     if method == "no_fl":

@@ -46,7 +46,7 @@ def run_job(backbone: str, variant: str, cfg: dict, threads: int) -> dict:
     torch.set_num_threads(threads)
     started = time.perf_counter()
     clients = fleet(cfg)
-    model = ModelConfig(
+    model = ModelConfig.paper(
         backbone=backbone, lookback=cfg["lookback"], horizon=cfg["horizon"], d_qap=cfg["d_qap"],
         qap_heads=cfg["qap_heads"], hidden=cfg["hidden"], d_ff=cfg["d_ff"], heads=cfg["heads"],
         projection="linear" if variant == "linear" else "qap",

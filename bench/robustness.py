@@ -66,7 +66,7 @@ def run_job(aggregator: str, attack: str, attackers: int, seed: int, cfg: dict, 
     started = time.perf_counter()
     clients = fleet(tuple(sorted((k, v) for k, v in cfg.items() if not isinstance(v, list))))
     bad = {c.name for c in clients[:attackers]}
-    model = ModelConfig(backbone="dlinear", lookback=cfg["lookback"], horizon=cfg["horizon"], d_qap=cfg["d_qap"],
+    model = ModelConfig.paper(backbone="dlinear", lookback=cfg["lookback"], horizon=cfg["horizon"], d_qap=cfg["d_qap"],
                         qap_heads=cfg["qap_heads"], hidden=cfg["hidden"], d_ff=cfg["d_ff"], heads=cfg["heads"])
     fed = FederationConfig(rounds=cfg["rounds"], local_epochs=cfg["local_epochs"], batch_size=cfg["batch_size"],
                            lr=cfg["lr"], seed=seed, test_every_round=False, tested_round="last",

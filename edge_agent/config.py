@@ -8,6 +8,7 @@ from pathlib import Path
 
 from pydantic import ConfigDict, Field, model_validator
 
+from edge_agent.anchors import DEFAULT_ANCHORS
 from edge_agent.limits import NAME_PATTERN
 from edge_agent.models import ModelConfig
 from edge_agent.models.fedal_settings import FedalClientSettings
@@ -51,8 +52,16 @@ class FleetModel(PromptModeSettings):
 
 
 class AgentTraining(HeadTraining):
-    """Local training plus how densely the gateway cuts its history into training windows."""
+    """Local training plus how densely the gateway cuts its history into training windows. The
+    defaults are the product's recipe (README, "Does joining the fleet pay?"): small batches, and
+    the gateway serves whichever of its federated model, its local-only model and the anchors
+    validates best."""
 
+    batch_size: int = Field(32, ge=1)
+    lr: float = Field(3e-3, gt=0)
+    keep_local: bool = Field(True, description="also train a local-only model and serve it where it validates better")
+    anchors: tuple[str, ...] = Field(DEFAULT_ANCHORS, description="anchors (edge_agent.anchors) the gateway serves "
+                                     "wherever one validates better than its models")
     stride: int = Field(1, ge=1, description="step between training windows")
 
 

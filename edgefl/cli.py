@@ -13,7 +13,9 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
+from edge_agent.config import AgentTraining
 from edge_agent.data import DataError, GapPolicy
+from edge_agent.models import ModelConfig
 from edge_agent.mqtt import DEFAULT_MAX_PAYLOAD_BYTES
 from edgefl.export_cli import energy_command, export_app
 from edgefl.replay import replay_command
@@ -128,8 +130,8 @@ def round_table(quantiles: bool) -> Table:
     """The per-round table; quantile runs add the test split's QS, ICP and MIL (Fed-GAME Table 1)."""
     extra = ("test QS", "test ICP", "test MIL") if quantiles else ()
     return Table(
-        "round", "train loss", "val MSE", "test MSE", "test MAE", *extra, "on time", "imputed", "kB/client",
-        "seconds", title="FedPer rounds",
+        "round", "train loss", "val score", "test MASE", "test MSE", *extra, "on time", "imputed", "serving",
+        "kB/client", "seconds", title="FedPer rounds",
     )
 
 
@@ -155,7 +157,8 @@ def metric_line(metrics: Metrics) -> str:
     conformal-calibrated intervals)."""
     extra = "".join(f", {name.upper().replace('_CONFORMAL', ' (conformal)')} {value:.4f}"
                     for name, value in quantile_summary(metrics).items())
-    return f"test MSE {metrics.mse:.4f}, MAE {metrics.mae:.4f}{extra}"
+    mase = "" if metrics.mase is None else f"MASE {metrics.mase:.4f}, "
+    return f"test {mase}MSE {metrics.mse:.4f}, MAE {metrics.mae:.4f}{extra}"
 
 
 def parse_levels(text: str | None) -> tuple[float, ...] | None:
@@ -168,6 +171,10 @@ def parse_levels(text: str | None) -> tuple[float, ...] | None:
         raise ValueError(f"--quantiles: '{text}' is not a comma-separated list of numbers (e.g. 0.1,0.5,0.9)") from None
 
 
+MODEL_DEFAULTS = {name: field.default for name, field in ModelConfig.model_fields.items()}
+TRAINING_DEFAULTS = {name: field.default for name, field in AgentTraining.model_fields.items()}
+
+
 @app.command()
 def simulate(
     backbone: Annotated[str, typer.Option(help="dlinear|itransformer|lstm|gru|spikernn|spikformer|ispikformer")] = "dlinear",
@@ -176,15 +183,21 @@ def simulate(
     clients: Annotated[int, typer.Option(help="number of clients N")] = 20,
     f_max: Annotated[int, typer.Option(help="max features per client F_max")] = 20,
     seed: int = 42,
-    lookback: int = 96,
-    horizon: int = 48,
-    d_qap: int = 128,
+    lookback: int = MODEL_DEFAULTS["lookback"],
+    horizon: int = MODEL_DEFAULTS["horizon"],
+    d_qap: Annotated[int, typer.Option(help="QAP latent width; per feature when --projection channel")] = MODEL_DEFAULTS["d_qap"],
+    qap_heads: int = MODEL_DEFAULTS["qap_heads"],
     hidden: Annotated[Optional[int], typer.Option(help="backbone width (default: paper value)")] = None,
-    projection: Annotated[str, typer.Option(help="qap|linear")] = "qap",
+    projection: Annotated[str, typer.Option(help="channel | qap | linear")] = MODEL_DEFAULTS["projection"],
+    head: Annotated[str, typer.Option(help="shared | personal (FedPer); shared needs --projection channel")] = MODEL_DEFAULTS["head"],
+    seasonal_base: Annotated[bool, typer.Option(help="forecast a correction to the lookback's seasonal average")] = MODEL_DEFAULTS["seasonal_base"],
+    loss: Annotated[str, typer.Option(help="mae (the median, what MASE rewards) | mse (the mean)")] = MODEL_DEFAULTS["loss"],
+    paper: Annotated[bool, typer.Option(help="FedQAPer's model (QAP, personal head, MSE, L=96, H=48, d_qap=128) "
+                                        "where no option says otherwise")] = False,
     quantiles: Annotated[Optional[str], typer.Option(help="quantile levels incl. 0.5, e.g. 0.1,0.5,0.9: pinball loss, QS/ICP/MIL")] = None,
     stride: Annotated[int, typer.Option(help="step between training windows")] = 1,
-    batch_size: int = 128,
-    lr: float = 1e-3,
+    batch_size: int = TRAINING_DEFAULTS["batch_size"],
+    lr: float = TRAINING_DEFAULTS["lr"],
     data: Annotated[Optional[Path], typer.Option(help="your own CSV (date column + numeric columns); default: bundled weather sites")] = None,
     date_column: Annotated[Optional[str], typer.Option(help="name of the date column in --data")] = None,
     fill: Annotated[str, typer.Option(help="gaps in --data: refuse | skip | ffill | interpolate")] = GapPolicy().fill,
@@ -200,28 +213,31 @@ def simulate(
     personal_epochs: Annotated[int, typer.Option(help="FedRep: epochs on the personal part alone first")] = 0,
     alternate: Annotated[bool, typer.Option(help="FedRep: then train the shared part alone")] = False,
     prox_mu: Annotated[float, typer.Option(help="FedProx: proximal weight on the shared part")] = 0.0,
-    keep_local: Annotated[bool, typer.Option(help="each client also keeps a local-only model, serves the better")] = False,
+    keep_local: Annotated[bool, typer.Option(help="each client also keeps a local-only model and serves the better")] = TRAINING_DEFAULTS["keep_local"],
+    anchors: Annotated[str, typer.Option(help="anchors a client serves where they validate better, comma-separated "
+                                         "('' for none): seasonal_naive, seasonal_naive_week, window_average, ets, theta, mstl")] = ",".join(TRAINING_DEFAULTS["anchors"]),
     history_days: Annotated[Optional[int], typer.Option(help="keep only the last N days of training history per client")] = None,
-    baselines: Annotated[bool, typer.Option(help="also train local-only and centralized baselines")] = False,
-    json_out: Annotated[Optional[Path], typer.Option("--json", help="write the results here")] = None,
+    baselines: Annotated[bool, typer.Option(help="also every anchor alone, local-only and centralized, on the same windows")] = False,
+    json_out: Annotated[Optional[Path], typer.Option("--json", help="write the results here: rounds, and every client's "
+                                                     "MASE/MSE/MAE per method and what it serves")] = None,
     save_models: Annotated[Optional[Path], typer.Option(help="folder: one checkpoint per client (best round)")] = None,
 ) -> None:
     """Run an in-process FedPer federation over feature-level non-IID clients and print each round."""
-    from coordinator.simulation.participation import participation
     from coordinator.simulation.federation import FederationConfig, run_federation
+    from coordinator.simulation.participation import participation
     from edge_agent.data import build_pool, feature_clients, load_csv, load_sites, steps_per_day
-    from edge_agent.models import ModelConfig
 
     try:
-        cfg = ModelConfig(
-            backbone=backbone, lookback=lookback, horizon=horizon, d_qap=d_qap, hidden=hidden,
-            projection=projection, quantiles=parse_levels(quantiles),
-        )
+        sizes = dict(lookback=lookback, horizon=horizon, d_qap=d_qap, qap_heads=qap_heads, projection=projection,
+                     head=head, seasonal_base=seasonal_base, loss=loss)
+        given = {name: value for name, value in sizes.items() if value != MODEL_DEFAULTS[name]} if paper else sizes
+        cfg = (ModelConfig.paper if paper else ModelConfig)(backbone=backbone, hidden=hidden,
+                                                            quantiles=parse_levels(quantiles), **given)
         fed = FederationConfig(
             rounds=rounds, local_epochs=local_epochs, batch_size=batch_size, lr=lr, seed=seed, twin=twin,
             twin_max_age=twin_max_age, strategy=strategy, server={"lr": server_lr, "momentum": server_momentum},
             personal_epochs=personal_epochs, alternate=alternate, prox_mu=prox_mu, keep_local=keep_local,
-            game={"variant": aggregator},
+            anchors=tuple(a.strip() for a in anchors.split(",") if a.strip()), game={"variant": aggregator},
         )
         matrix = participation(dropout, rounds, clients, absence, seed)
         gaps = GapPolicy(fill=fill, max_fill_steps=max_fill_steps)
@@ -230,7 +246,7 @@ def simulate(
         sites = [] if data else load_sites()
         pool = load_csv(data, date_column, gaps=gaps) if data else build_pool(sites)
         history = None if history_days is None else history_days * steps_per_day(pool)
-        fleet = feature_clients(pool, clients, f_max, seed, lookback, horizon, stride, history=history)
+        fleet = feature_clients(pool, clients, f_max, seed, cfg.lookback, cfg.horizon, stride, history=history)
     except (DataError, ValidationError, ValueError) as exc:
         fail(str(exc))
     if pool.gaps and pool.gaps.gaps:
@@ -241,33 +257,36 @@ def simulate(
         f"[bold]{len(fleet)} clients[/] from a pool of {pool.n_features} features "
         f"({pool.name if data else f'{len(sites)} pvlib weather sites'}); "
         f"features per client {min(counts)}..{max(counts)}; {sum(c.n_train for c in fleet)} train windows"
-        f"{f' ({dropped} dropped at gaps)' if dropped else ''}; backbone {backbone} ({projection})"
+        f"{f' ({dropped} dropped at gaps)' if dropped else ''}; backbone {backbone} ({cfg.projection})"
     )
     table = round_table(cfg.quantiles is not None)
     with Live(table, console=console, refresh_per_second=4):
         result = run_federation(
             fleet, cfg, fed, participation=matrix,
             on_round=lambda r: table.add_row(
-                str(r.round), f"{r.train_loss:.4f}", f"{r.val.mse:.4f}",
-                f"{r.test.mse:.4f}" if r.test else "-", f"{r.test.mae:.4f}" if r.test else "-",
+                str(r.round), f"{r.train_loss:.4f}", f"{r.val.score:.4f}",
+                *((f"{r.test.mase:.4f}", f"{r.test.mse:.4f}") if r.test else ("-", "-")),
                 *(quantile_cells(r.test) if cfg.quantiles else ()),
-                str(len(r.present)), str(len(r.imputed)), f"{r.wire_bytes / 1e3:.1f}", f"{r.seconds:.1f}",
+                str(len(r.present)), str(len(r.imputed)), served_counts(r.serving),
+                f"{r.wire_bytes / 1e3:.1f}", f"{r.seconds:.1f}",
             ),
         )
     console.print()
-    console.print(f"best round {result.best_round} (by validation): {metric_line(result.test)}")
+    console.print(f"best round {result.best_round} (by validation): {metric_line(result.test)}; "
+                  f"served: {served_counts({c: s.which for c, s in zip(result.client_test, result.served)})}")
     summary = {
         "config": {"model": cfg.model_dump(), "federation": fed.model_dump(), "clients": clients, "f_max": f_max,
                    "dropout": dropout, "absence": matrix.absence_rate},
         "rounds": [
-            {"round": r.round, "train_loss": r.train_loss, "val_mse": r.val.mse,
-             "test_mse": r.test.mse if r.test else None, "test_mae": r.test.mae if r.test else None,
-             **{f"test_{k}": v for k, v in quantile_summary(r.test).items()},
+            {"round": r.round, "train_loss": r.train_loss, "val_score": r.val.score,
+             **{f"test_{k}": v for k, v in metric_values(r.test).items()},
              "present": list(r.present), "imputed": list(r.imputed), "dropped": list(r.dropped),
-             "late": list(r.late), "seconds": r.seconds, "wire_bytes_per_client": r.wire_bytes}
+             "late": list(r.late), "serving": r.serving, "seconds": r.seconds, "wire_bytes_per_client": r.wire_bytes}
             for r in result.records
         ],
-        "fed": {"mse": result.test.mse, "mae": result.test.mae, **quantile_summary(result.test), "best_round": result.best_round},
+        "fed": {**metric_values(result.test), "best_round": result.best_round},
+        "clients": {name: {"serves": served.which, "served": metric_values(result.client_test[name])}
+                    for name, served in zip(result.client_test, result.served)},
     }
     if save_models:
         from edge_agent.models import save_checkpoint
@@ -276,11 +295,26 @@ def simulate(
             save_checkpoint(model, save_models / f"{client.name}.safetensors", list(client.columns))
         console.print(f"wrote {len(fleet)} checkpoints to {save_models}")
     if baselines:
-        summary.update(run_baselines(fleet, cfg, fed))
+        run_baselines(fleet, cfg, fed, summary)
     if json_out:
         json_out.parent.mkdir(parents=True, exist_ok=True)
         json_out.write_text(json.dumps(summary, indent=2))
         console.print(f"wrote {json_out}")
+
+
+def served_counts(serving: dict[str, str]) -> str:
+    """How many clients serve each candidate, e.g. "federated 6, ets 3, local 1"."""
+    counts: dict[str, int] = {}
+    for which in serving.values():
+        counts[which] = counts.get(which, 0) + 1
+    return ", ".join(f"{name} {n}" for name, n in sorted(counts.items(), key=lambda item: -item[1])) or "-"
+
+
+def metric_values(metrics: Metrics | None) -> dict[str, float | None]:
+    """A result's MASE, MSE, MAE (and quantile scores) for the JSON summary."""
+    if metrics is None:
+        return {"mase": None, "mse": None, "mae": None}
+    return {"mase": metrics.mase, "mse": metrics.mse, "mae": metrics.mae, **quantile_summary(metrics)}
 
 
 class PretrainStrategy(str, Enum):
@@ -341,18 +375,36 @@ def _devices(names: tuple[str, ...], fleet: int, shown: int = 6) -> str:
     return ", ".join(names) if len(names) <= shown else f"{len(names)} of {fleet}"
 
 
-def run_baselines(fleet, cfg, fed) -> dict[str, dict[str, float]]:
-    """Local-only and centralized baselines with the same epoch budget as the federation."""
+def run_baselines(fleet, cfg, fed, summary: dict) -> None:
+    """Every anchor alone, then local-only and centralized with the same epoch budget as the
+    federation, on the same test windows and scale; prints each with how many gateways the served
+    models beat it for, and adds every client's scores to ``summary``."""
     from coordinator.simulation.baselines import TrainingBudget, run_centralized, run_local_only
+    from edge_agent.anchors import ANCHORS
+    from edge_agent.selection import anchor_metrics
 
-    out = {}
+    served = {name: summary["clients"][name]["served"]["mase"] for name in summary["clients"]}
+    for name in ANCHORS:
+        console.print(f"fitting and running the {name} anchor on {len(fleet)} clients ...")
+        per_client = {c.name: anchor_metrics(c, name, "test") for c in fleet}
+        report_baseline(name, {k: v for k, v in per_client.items() if v is not None}, served, summary)
     for name, runner in (("local", run_local_only), ("centralized", run_centralized)):
-        with console.status(f"training {name} baseline"):
-            budget = TrainingBudget.matching(fed)
-            res = runner(fleet, cfg, budget)
-        console.print(f"{name:>11}: {metric_line(res.test)}")
-        out[name] = {"mse": res.test.mse, "mae": res.test.mae, **quantile_summary(res.test)}
-    return out
+        console.print(f"training the {name} baseline ...")
+        res = runner(fleet, cfg, TrainingBudget.matching(fed))
+        report_baseline(name, res.client_test, served, summary)
+
+
+def report_baseline(name: str, per_client: dict, served: dict[str, float], summary: dict) -> None:
+    """One baseline's line (mean MASE over its clients, how many gateways the served models beat it
+    for) and its per-client scores in ``summary``."""
+    if not per_client:
+        console.print(f"{name:>19}: needs more history than the clients have")
+        return
+    mase = sum(m.mase for m in per_client.values()) / len(per_client)
+    gained = sum(served[c] < m.mase for c, m in per_client.items())
+    console.print(f"{name:>19}: MASE {mase:.4f}; what the gateways serve beats it on {gained}/{len(per_client)}")
+    for client, metrics in per_client.items():
+        summary["clients"][client][name] = metric_values(metrics)
 
 
 if __name__ == "__main__":

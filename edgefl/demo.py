@@ -16,8 +16,8 @@ from coordinator.store import Store
 from edge_agent.config import dump_toml
 from edge_agent.data import list_sites
 
-DEMO_MODEL = {"backbone": "dlinear", "lookback": 48, "horizon": 24, "d_qap": 32}
-DEMO_TRAINING = {"local_epochs": 1, "batch_size": 32, "lr": 0.003, "stride": 13}
+DEMO_MODEL = {"backbone": "dlinear"}  # the recipe: ModelConfig's defaults
+DEMO_TRAINING = {"local_epochs": 1, "stride": 13}  # the recipe's batches, keep_local and anchors (AgentTraining)
 
 
 @dataclass(frozen=True)

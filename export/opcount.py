@@ -206,7 +206,7 @@ DATA_ONLY = (QueryAttentionPooling, SlotEmbedding)  # own parameters only feed c
 def stage_of(name: str) -> str:
     if name.startswith("shared.backbone"):
         return "backbone"
-    return "head" if name.startswith("personal.head") else "pre-backbone"
+    return "head" if name.startswith(("personal.head", "shared.head")) else "pre-backbone"
 
 
 def count_ops(model: Forecaster, windows: WindowSet, batch_size: int = 256) -> tuple[list[LayerOps], int]:

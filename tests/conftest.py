@@ -14,7 +14,7 @@ def small_config(backbone: str, **overrides: object) -> ModelConfig:
     """A scaled-down model (same structure as the paper's, smaller widths)."""
     sizes = dict(lookback=24, horizon=12, d_qap=16, qap_heads=2, hidden=16, d_ff=32, heads=4)
     sizes.update(overrides)
-    return ModelConfig(backbone=backbone, **sizes)
+    return ModelConfig.paper(backbone=backbone, **sizes)
 
 
 def trained(backbone: str, data, steps: int = 25, **overrides: object) -> torch.nn.Module:

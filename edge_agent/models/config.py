@@ -27,22 +27,32 @@ QuantileLevels = Annotated[tuple[float, ...], AfterValidator(check_quantiles)]
 """A config field of quantile levels, checked by ``check_quantiles`` (head and prompt mode alike)."""
 
 
-class ModelConfig(BaseModel):
-    """What to build: backbone, window sizes and the alignment (QAP or a plain projection).
+PAPER: dict[str, object] = {"lookback": 96, "horizon": 48, "d_qap": 128, "qap_heads": 4, "projection": "qap",
+                            "head": "personal", "seasonal_base": False, "loss": "mse"}
+"""FedQAPer's model (section 3, appendix A.2) where the defaults differ: what the paper benchmarks build."""
 
-    Backbone sizes left as ``None`` take the backbone's paper default (FedQAPer Table 6).
+
+class ModelConfig(BaseModel):
+    """What to build: backbone, window sizes and the alignment (QAP, a plain projection or none:
+    channel-independent).
+
+    The defaults are the recipe measured in ``bench/value.py`` (README, "Does joining the fleet
+    pay?"): a week of hourly lookback, a day ahead, every feature its own sequence through one
+    shared DLinear, the head shared too, a seasonal base, trained for the median (MAE). The
+    papers' settings are ``ModelConfig.paper()``. Backbone sizes left as ``None`` take the
+    backbone's paper default (FedQAPer Table 6).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     backbone: str = "dlinear"
-    lookback: int = Field(96, ge=2, description="input window length L")
-    horizon: int = Field(48, ge=1, description="forecast length H")
-    d_qap: int = Field(128, ge=1, description="QAP latent width (paper A.2: 128); per feature when channel-independent")
-    qap_heads: int = Field(4, ge=1)
+    lookback: int = Field(168, ge=2, description="input window length L (a week of hourly steps)")
+    horizon: int = Field(24, ge=1, description="forecast length H (a day of hourly steps)")
+    d_qap: int = Field(1, ge=1, description="QAP latent width (paper A.2: 128); per feature when channel-independent")
+    qap_heads: int = Field(1, ge=1)
     qap_queries: int = Field(1, ge=1, description="learnable queries Q (paper: 1)")
     projection: Literal["qap", "linear", "channel"] = Field(
-        "qap", description="feature alignment: qap (Query Attention Pooling, FedQAPer 3.2), linear (a per-client "
+        "channel", description="feature alignment: qap (Query Attention Pooling, FedQAPer 3.2), linear (a per-client "
         "projection) or channel (channel-independent: every feature its own sequence through the shared model)"
     )
     instance_norm: bool = Field(
@@ -55,21 +65,33 @@ class ModelConfig(BaseModel):
     d_ff: int | None = Field(None, ge=1)
     steps: int = Field(4, ge=1, description="SNN time steps T")
     moving_avg: int = Field(25, ge=1, description="DLinear decomposition kernel")
+    head: Literal["personal", "shared"] = Field(
+        "shared", description="the forecast head stays on the gateway (FedPer) or is aggregated too (channel "
+        "projection only: its shape does not depend on the gateway's features)"
+    )
     seasonal_base: bool = Field(
-        False, description="forecast a correction to a learned average of the lookback's last seasons, starting "
+        True, description="forecast a correction to a learned average of the lookback's last seasons, starting "
         "at the seasonal window average (edge_agent.models.seasonal)"
     )
     season: int = Field(24, ge=1, description="steps per season for seasonal_base (24: a day of hourly data)")
     loss: Literal["mse", "mae"] = Field(
-        "mse", description="point forecasts trained for the mean (mse) or the median (mae, what MASE rewards)"
+        "mae", description="point forecasts trained for the mean (mse) or the median (mae, what MASE rewards)"
     )
     quantiles: QuantileLevels | None = Field(
         None, description="quantile levels of the personal head (e.g. 0.1, 0.5, 0.9); None = point forecasts"
     )
 
+    @classmethod
+    def paper(cls, **overrides: object) -> ModelConfig:
+        """FedQAPer's model (``PAPER``) with ``overrides``."""
+        return cls(**{**PAPER, **overrides})
+
     @model_validator(mode="after")
     def _check(self) -> "ModelConfig":
         registered(self.backbone, BACKBONES, "backbone")
+        if self.head == "shared" and self.projection != "channel":
+            raise ValueError(f"head = 'shared' needs projection = 'channel' (a {self.projection} head is shaped by "
+                             "each gateway's feature count)")
         if self.seasonal_base and self.lookback < self.season:
             raise ValueError(f"seasonal_base needs lookback >= season ({self.season} steps), got {self.lookback}")
         if self.d_qap % self.qap_heads:

@@ -21,7 +21,9 @@ class Forecaster(nn.Module):
     queries, attention, fusion, norm, time projection, concat fusion, backbone) is
     aggregated; everything under ``personal`` (slot embeddings or the plain per-client
     projection, and the forecast head) stays on the device. The personal part is exactly
-    what depends on the client's feature count F_i.
+    what depends on the client's feature count F_i. A channel-independent model's head does not
+    depend on F_i: with ``head = "shared"`` it is aggregated too, and only the slot vectors of a
+    gateway's own features stay on the device.
     """
 
     def __init__(self, cfg: ModelConfig, n_features: int, time_features: int):
@@ -35,7 +37,8 @@ class Forecaster(nn.Module):
         outputs = 1 if self.channel_independent else n_features
         head = (QuantileHead(backbone.out_shape, cfg.horizon, outputs, cfg.quantiles) if cfg.quantiles
                 else PersonalHead(backbone.out_shape, cfg.horizon, outputs))
-        self.personal = nn.ModuleDict({"head": head})
+        self.personal = nn.ModuleDict()
+        (self.shared if cfg.head == "shared" else self.personal)["head"] = head
         if cfg.projection == "qap":
             self.shared["qap"] = QueryAttentionPooling(cfg)
             self.personal["slots"] = SlotEmbedding(n_features, cfg.d_qap)
@@ -52,6 +55,11 @@ class Forecaster(nn.Module):
     @property
     def kind(self) -> str:
         return self.shared["backbone"].kind
+
+    @property
+    def head(self) -> nn.Module:
+        """The forecast head: personal (FedPer), or shared by the fleet (``head = "shared"``)."""
+        return (self.shared if self.cfg.head == "shared" else self.personal)["head"]
 
     @property
     def channel_independent(self) -> bool:
@@ -115,14 +123,14 @@ class Forecaster(nn.Module):
         (B, H, F_i) in the window's own scale (``encode``'s mean and std); a quantile model's median."""
         if self.levels:
             return self.readout_quantiles(representation, mean, std)[..., self.cfg.median_index]
-        return self._per_feature(self.personal["head"](representation), mean) * std + mean
+        return self._per_feature(self.head(representation), mean) * std + mean
 
     def readout_quantiles(self, representation: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) -> torch.Tensor:
         """``readout`` for a quantile model: (B, A, C) -> (B, H, F_i, Q). Scaling by a positive std
         keeps the quantiles non-crossing."""
         if not self.levels:
             raise ValueError("readout_quantiles: this model's config has no quantiles (point forecasts)")
-        head = self._per_feature(self.personal["head"](representation), mean)
+        head = self._per_feature(self.head(representation), mean)
         return head * std.unsqueeze(-1) + mean.unsqueeze(-1)
 
     def _per_feature(self, head: torch.Tensor, mean: torch.Tensor) -> torch.Tensor:
