@@ -95,3 +95,32 @@ def capped_stride(rows: int, lookback: int, horizon: int, max_windows: int) -> i
     """The stride between training windows that leaves at most ``max_windows`` of them in
     ``rows`` rows, so every history length costs about the same to train on."""
     return max(1, -(-(rows - lookback - horizon + 1) // max_windows))
+
+
+from edge_agent.recipe import ANCHORS  # noqa: E402  (the repository is on the path from here on)
+
+
+def anchor_scores(clients: Sequence, names: Sequence[str] = ANCHORS) -> dict[str, dict | None]:
+    """Every anchor's test MASE, MSE and MAE on a benchmark's own clients and windows, weighted by
+    training windows like the benchmarks' methods (None: some client's history is too short for it)."""
+    from edge_agent.selection import anchor_metrics
+    from edge_agent.train import weighted_metrics
+
+    out: dict[str, dict | None] = {}
+    for name in names:
+        per_client = [anchor_metrics(c, name, "test") for c in clients]
+        if any(m is None for m in per_client):
+            out[name] = None
+            continue
+        fleet = weighted_metrics(per_client, [c.n_train for c in clients])
+        out[name] = {"mase": fleet.mase, "mse": fleet.mse, "mae": fleet.mae}
+    return out
+
+
+def anchor_lines(anchors: dict[str, dict | None]) -> list[str]:
+    """The anchors as a markdown table, for a benchmark's report."""
+    lines = ["| anchor (fitted on each client's own history) | MASE | MSE | MAE |", "|---|---|---|---|"]
+    for name, s in anchors.items():
+        lines.append(f"| {name} | " + (" | ".join(f"{s[k]:.4f}" for k in ("mase", "mse", "mae")) if s
+                                       else "needs more history | - | -") + " |")
+    return lines

@@ -25,6 +25,7 @@ method alike.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import subprocess
 import sys
@@ -96,3 +97,19 @@ def citylearn_homes() -> list[SeriesTable]:
     index = pd.date_range(START, periods=len(frames[HOMES[0]]), freq="h")
     return [SeriesTable(f"home{i:02d}", index, frame[list(COLUMNS)].to_numpy(np.float32), tuple(COLUMNS.values()),
                         *FONTANA) for i, frame in frames.items()]
+
+
+@functools.lru_cache(maxsize=8)
+def bench_fleet(dataset: str, days: int, lookback: int, horizon: int, stride: int, val_stride: int,
+                clients: int = 10, f_max: int = 20) -> list:
+    """A benchmark's clients of ``dataset`` (stations, homes or pedestrians) with the last ``days``
+    days of training history (0: all), windowed once per worker process, so anchors fitted on a
+    client are reused by every job of that worker (``ClientData.memo``)."""
+    from edge_agent.data import build_pool, feature_clients, load_sites, prepare_client
+
+    common = dict(lookback=lookback, horizon=horizon, stride=stride, val_stride=val_stride,
+                  history=days * 24 if days else None)
+    if dataset == "stations":
+        return feature_clients(build_pool(load_sites()), clients, f_max, 42, **common)
+    tables = {"homes": citylearn_homes, "pedestrians": auckland_pedestrians}[dataset]()
+    return [prepare_client(t, **common) for t in tables]

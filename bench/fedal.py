@@ -10,9 +10,10 @@ seeds, so one thing changes at a time:
   client's own DBE bias), and the bytes communicated over the run (float32 models both ways for
   every participant and round, plus FeDaL's core-sets up);
 - zero-shot (Table 4's setting): 12 h forecasts from 12 h of context on held-out stations' test
-  windows, MSE/MAE standardized with the statistics of the 14 days a Local model may train on:
-  FeDaL's and FedAvg's foundation models (masked-future reconstruction), seasonal naive (same hour
-  yesterday) and a Local DLinear trained on those 14 days;
+  windows, MSE and MASE on the scale of each station's whole training split: FeDaL's and FedAvg's
+  foundation models (masked-future reconstruction), the anchor each station picks on its
+  validation windows (edge_agent.selection, fitted on the same 14 days) and a Local DLinear trained
+  on those 14 days;
 - attacker report: how closely uploaded core-sets follow a real window of their client
   (nearest-window correlation) per Fourier-magnitude noise level.
 
@@ -143,32 +144,43 @@ def zero_shot(model, held_out: tuple[str, ...], cfg: dict) -> dict[str, dict[str
     from edge_agent.data.canonical import canonical_index
     from edge_agent.zero_shot import fill_horizon
 
+    from edge_agent.train import forecast_metrics
+
     scores = {}
     for site in held_out:
         client = held_out_client(site, items(cfg))
         x, _, y = client.test.batch(torch.arange(len(client.test)))
         index = canonical_index(load_site(site), model.cfg.variables)
-        error = fill_horizon(model, x, index, cfg["horizon"]) - y
-        scores[site] = {"mse": float(error.pow(2).mean()), "mae": float(error.abs().mean())}
+        scores[site] = metric_dict(forecast_metrics([(fill_horizon(model, x, index, cfg["horizon"]), y)], None, None,
+                                                    client.test.scale))
     return scores
 
 
+def metric_dict(metrics) -> dict[str, float]:
+    return {"mse": metrics.mse, "mae": metrics.mae, "mase": metrics.mase}
+
+
 def local_job(fold: int, seed: int, cfg: dict, threads: int) -> dict:
-    """The held-out stations' Local DLinear (14 days, early stopping on validation) and seasonal naive."""
+    """The held-out stations' Local DLinear (14 days, early stopping on validation) and the anchor
+    each would serve: the best on its validation windows, fitted on the same 14 days."""
     import torch
 
-    from coordinator.simulation.baselines import TrainingBudget, run_local_only, run_seasonal_naive
+    from common import ANCHORS
+    from coordinator.simulation.baselines import TrainingBudget, run_local_only
     from edge_agent.models import ModelConfig
+    from edge_agent.selection import best_anchor
 
     torch.set_num_threads(threads)
     started = time.perf_counter()
     clients = [held_out_client(site, items(cfg)) for site in cfg["folds"][fold]]
     model = ModelConfig.paper(lookback=24, horizon=cfg["horizon"], d_qap=32, hidden=32, moving_avg=13)
     budget = TrainingBudget(cfg["local_epochs_max"], cfg["local_patience"], 32, 3e-3, seed)
-    local, naive = run_local_only(clients, model, budget), run_seasonal_naive(clients, period=24)
+    local = run_local_only(clients, model, budget)
+    anchors = {c.name: best_anchor(c, ANCHORS) for c in clients}
     return {"method": "local", "fold": fold, "seed": seed, "seconds": time.perf_counter() - started,
-            "zero_shot": {c: {"mse": m.mse, "mae": m.mae} for c, m in local.client_test.items()},
-            "naive": {c: {"mse": m.mse, "mae": m.mae} for c, m in naive.client_test.items()}}
+            "zero_shot": {c: metric_dict(m) for c, m in local.client_test.items()},
+            "anchor": {c.name: {**metric_dict(anchors[c.name].metrics(c, "test")), "which": anchors[c.name].which}
+                       for c in clients}}
 
 
 def attack(model, devices: list, pcfg, cfg: dict) -> dict[str, float]:

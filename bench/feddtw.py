@@ -22,7 +22,7 @@ import os
 import time
 from pathlib import Path
 
-from common import bench_parser, run_parallel, save_figure, write_report
+from common import anchor_lines, anchor_scores, bench_parser, commit, run_parallel, save_figure, write_report
 
 QUICK = {
     "lookback": 10, "horizon": 5, "stride": 7, "val_stride": 8, "d_qap": 32, "qap_heads": 4, "hidden": 32,
@@ -64,7 +64,7 @@ def run_job(model: str, seed: int, scenario: str, method: str, cfg: dict, thread
     final = result.records[-1].test
     return {
         "model": model, "seed": seed, "scenario": scenario, "method": method,
-        "rmse": math.sqrt(final.mse), "mae": final.mae,
+        "rmse": math.sqrt(final.mse), "mae": final.mae, "mase": final.mase,
         "nrmse_curve": [math.sqrt(r.test.mse) for r in result.records],
         "absence_rate": 0.0 if matrix is None else matrix.absence_rate,
         "imputed": sum(len(r.imputed) for r in result.records),
@@ -109,6 +109,7 @@ def summarize(runs: list[dict], cfg: dict, mode: str, seconds: float) -> dict:
             mae, mae_spread = mean_spread([r["mae"] for r in seeds])
             rows.append({
                 "scenario": scenario, "model": model, "method": method, "rmse": rmse, "mae": mae,
+                "mase": sum(r["mase"] for r in seeds) / len(seeds),
                 "rmse_spread": rmse_spread, "mae_spread": mae_spread,
                 "absence_rate": sum(r["absence_rate"] for r in seeds) / len(seeds),
             })
@@ -123,9 +124,11 @@ def summarize(runs: list[dict], cfg: dict, mode: str, seconds: float) -> dict:
                     "seeds_closer_than_drop": sum(abs(gap[s]) < abs(drop[s]) for s in cfg["seeds"]),
                     "seeds": len(cfg["seeds"]),
                 })
+    clients = site_clients(cfg["lookback"], cfg["horizon"], cfg["stride"], cfg["val_stride"])
     return {
-        "rows": rows, "comparison": comparison, "verdicts": verdicts(comparison),
-        "config": {**cfg, "mode": mode, "wall_seconds": round(seconds, 1), "cpu_count": os.cpu_count()},
+        "rows": rows, "comparison": comparison, "verdicts": verdicts(comparison), "anchors": anchor_scores(clients),
+        "config": {**cfg, "mode": mode, "wall_seconds": round(seconds, 1), "cpu_count": os.cpu_count(),
+                   "commit": commit()},
         "runs": sorted(runs, key=lambda r: (r["model"], r["scenario"], r["method"], r["seed"])),
     }
 
@@ -159,13 +162,15 @@ def markdown(summary: dict) -> str:
     lines += [
         "",
         f"RMSE / MAE of the global model after the last round, mean +- half-range over {seeds} seeds.",
-        "", "| scenario | model | method | RMSE | MAE |", "|---|---|---|---|---|",
+        "", "| scenario | model | method | RMSE | MAE | MASE |", "|---|---|---|---|---|---|",
     ]
     for r in summary["rows"]:
         lines.append(
             f"| {r['scenario']} | {r['model']} | {r['method']} | {r['rmse']:.4f} +- {r['rmse_spread']:.4f} | "
-            f"{r['mae']:.4f} +- {r['mae_spread']:.4f} |"
+            f"{r['mae']:.4f} +- {r['mae_spread']:.4f} | {r['mase']:.4f} |"
         )
+    lines += ["", "The same clients' test windows forecast by the anchors (no training, no fleet):", "",
+              *anchor_lines(summary["anchors"])]
     lines += [
         "", "Gap to FPR (RMSE of the method minus RMSE of full participation, same seed), twins vs FedAvg-drop:",
         "", "| scenario | model | twin | twin gap | drop gap | seeds closer than drop |", "|---|---|---|---|---|---|",

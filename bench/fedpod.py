@@ -2,8 +2,9 @@
 
 Variants: (a) the foundation architecture trained from scratch with FedAvg, (b) the pretrained
 foundation model fine-tuned with FedAvg, (c) pretrained + prompts with FedAvg, (d) full FedPoD
-(prompts, eq. 6 loss, dynamic graph personalization). Task 1 forecasts temp_air from all
-variables, task 2 all variables. Reported per variant and task: trainable parameters per
+(prompts, eq. 6 loss, dynamic graph personalization), and beside them each station's anchor of
+choice on validation (seasonal naive, window average, ETS, Theta fitted on its own history: what
+it gets for free). Task 1 forecasts temp_air from all variables, task 2 all variables. Reported per variant and task: trainable parameters per
 client, bytes each client uploads per round, and test MAE/RMSE (standardized scale, mean over
 stations). Usage:
 
@@ -41,9 +42,12 @@ def foundation(pretrain_rounds: int, stride: int, seed: int):
 
 
 def run_job(variant: str, task: str, seed: int, cfg: dict, threads: int) -> dict:
-    """One variant on one task with one fine-tuning seed (the foundation model is the same)."""
+    """One variant on one task with one fine-tuning seed (the foundation model is the same); the
+    ``anchor`` variant needs no seed."""
     import torch
 
+    if variant == "anchor":
+        return anchor_job(task, cfg, threads)
     from coordinator.simulation.prompts import PromptFederationConfig, mean_scores, run_prompt_federation
     from edge_agent.data import load_sites
     from edge_agent.learners.foundation import foundation_model
@@ -67,6 +71,43 @@ def run_job(variant: str, task: str, seed: int, cfg: dict, threads: int) -> dict
     }
 
 
+def anchor_job(task: str, cfg: dict, threads: int) -> dict:
+    """Each station's anchor of choice (lowest validation MAE), fitted on its own training rows, on the
+    very windows the prompt models forecast (the last 12 hours of each 24-hour window), on the same
+    standardized scale: task 1 its temp_air, task 2 every variable it measures."""
+    import numpy as np
+
+    from common import ANCHORS
+    from edge_agent.anchors import make_anchor
+    from edge_agent.data import load_sites, prepare_client
+    from edge_agent.models.prompts import PromptConfig
+
+    started, prompt = time.perf_counter(), PromptConfig(task=TASKS[task])
+    scores, chosen = [], {}
+    for table in load_sites():
+        data = prepare_client(table, prompt.lookback + prompt.horizon, 1, cfg["stride"], val_stride=cfg["stride"])
+        columns = [table.columns.index(prompt.target)] if prompt.task == "single" else list(range(table.n_features))
+
+        def errors(name: str, split: str) -> np.ndarray | None:
+            anchor = make_anchor(name, data.period)
+            windows = getattr(data, split)
+            origins = windows.origins() - prompt.horizon  # a window's last 12 rows end where its origin() starts
+            if len(data.history) < anchor.min_history or origins.min() < anchor.min_history:
+                return None
+            forecast = anchor.fit(data.history).forecast(data.raw, origins, prompt.horizon)
+            target = data.raw[origins[:, None] + np.arange(prompt.horizon)]
+            return ((forecast - target) / data.scaler.std)[..., columns]
+
+        val = {name: e for name in ANCHORS if (e := errors(name, "val")) is not None}
+        best = min(val, key=lambda name: np.abs(val[name]).mean())
+        test = errors(best, "test")
+        scores.append((float(np.abs(test).mean()), float(np.sqrt((test ** 2).mean()))))
+        chosen[table.name] = best
+    return {"variant": "anchor", "task": task, "seed": None, "trainable_params": 0, "bytes_per_round": 0,
+            "mae": float(np.mean([s[0] for s in scores])), "rmse": float(np.mean([s[1] for s in scores])),
+            "val_curve": [], "chosen": chosen, "seconds": time.perf_counter() - started}
+
+
 def markdown(summary: dict) -> str:
     seeds = len(summary["config"]["seeds"])
     lines = [f"Test MAE / RMSE (standardized), mean +- half-range over {seeds} fine-tuning seeds.", "",
@@ -81,13 +122,13 @@ def summarize(runs: list[dict]) -> list[dict]:
     """One row per (variant, task): means over seeds and half the range."""
     rows = []
     for task in TASKS:
-        for variant in VARIANTS:
+        for variant in (*VARIANTS, "anchor"):
             mine = [r for r in runs if r["variant"] == variant and r["task"] == task]
             row = {k: mine[0][k] for k in ("variant", "task", "trainable_params", "bytes_per_round")}
             for metric in ("mae", "rmse"):
                 values = [r[metric] for r in mine]
                 row[metric], row[f"{metric}_spread"] = sum(values) / len(values), (max(values) - min(values)) / 2
-            row["val_curve"] = [sum(v) / len(v) for v in zip(*(r["val_curve"] for r in mine))]
+            row["val_curve"] = [sum(v) / len(v) for v in zip(*(r["val_curve"] for r in mine))] if mine[0]["val_curve"] else []
             rows.append(row)
     return rows
 
@@ -110,8 +151,10 @@ def plot(summary: dict, path: Path) -> None:
 
 def main() -> None:
     args, cfg, started = configure(bench_parser(__doc__, "few rounds, sparse windows (minutes on 2 cores)"), QUICK, FULL)
-    runs = run_parallel(run_job, [(v, t, s, cfg) for t in TASKS for v in VARIANTS for s in cfg["seeds"]],
-                        args.workers, lambda r: f"{r['variant']:>16} {r['task']} seed {r['seed']}: MAE {r['mae']:.4f} "
+    jobs = [(v, t, s, cfg) for t in TASKS for v in VARIANTS for s in cfg["seeds"]] + [("anchor", t, None, cfg)
+                                                                                      for t in TASKS]
+    runs = run_parallel(run_job, jobs, args.workers,
+                        lambda r: f"{r['variant']:>16} {r['task']} seed {r['seed']}: MAE {r['mae']:.4f} "
                         f"RMSE {r['rmse']:.4f} ({r['seconds']:.0f} s)")
     summary = {"rows": summarize(runs), "runs": runs, "config": run_config(cfg, args.quick, started)}
     write_report(args.out, "fedpod", summary, markdown, plot)

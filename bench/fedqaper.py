@@ -16,7 +16,7 @@ import os
 import time
 from pathlib import Path
 
-from common import bench_parser, run_parallel, save_figure, write_report
+from common import anchor_lines, anchor_scores, bench_parser, commit, run_parallel, save_figure, write_report
 
 QUICK = {
     "clients": 20, "f_max": 20, "seed": 42, "lookback": 48, "horizon": 24,
@@ -55,7 +55,7 @@ def run_job(backbone: str, variant: str, cfg: dict, threads: int) -> dict:
     if variant == "local":
         budget = TrainingBudget(cfg["local_max_epochs"], cfg["patience"], cfg["batch_size"], cfg["lr"], cfg["seed"])
         res = run_local_only(clients, model, budget)
-        out.update(mse=res.test.mse, mae=res.test.mae, epochs=res.epochs)
+        out.update(mse=res.test.mse, mae=res.test.mae, mase=res.test.mase, epochs=res.epochs)
     else:
         fed = FederationConfig(
             rounds=cfg["rounds"], local_epochs=cfg["local_epochs"], batch_size=cfg["batch_size"],
@@ -63,7 +63,7 @@ def run_job(backbone: str, variant: str, cfg: dict, threads: int) -> dict:
         )
         res = run_federation(clients, model, fed)
         out.update(
-            mse=res.test.mse, mae=res.test.mae, best_round=res.best_round,
+            mse=res.test.mse, mae=res.test.mae, mase=res.test.mase, best_round=res.best_round,
             val_curve=[r.val.mse for r in res.records],
         )
     out["seconds"] = time.perf_counter() - started
@@ -80,12 +80,9 @@ def fleet(cfg: dict) -> list:
     )
 
 
-def seasonal_naive(cfg: dict) -> dict:
-    """Test metrics of repeating the last day: the floor every model should beat."""
-    from coordinator.simulation.baselines import run_seasonal_naive
-
-    res = run_seasonal_naive(fleet(cfg), period=24)
-    return {"mse": res.test.mse, "mae": res.test.mae}
+def anchors(cfg: dict) -> dict:
+    """Every anchor's test scores on the same clients and windows: what each method must beat."""
+    return anchor_scores(fleet(cfg))
 
 
 def run_all(cfg: dict, workers: int) -> list[dict]:
@@ -93,12 +90,12 @@ def run_all(cfg: dict, workers: int) -> list[dict]:
     jobs = [(b, v, cfg) for b in cfg["backbones"] for v in VARIANTS]
     return run_parallel(
         run_job, jobs, workers,
-        lambda r: f"{r['backbone']:>12} {r['variant']:<6} test MSE {r['mse']:.4f} MAE {r['mae']:.4f} "
+        lambda r: f"{r['backbone']:>12} {r['variant']:<6} test MASE {r['mase']:.4f} MSE {r['mse']:.4f} "
         f"({r['seconds']:.0f} s)",
     )
 
 
-def summarize(results: list[dict], cfg: dict, mode: str, seconds: float, naive: dict) -> dict:
+def summarize(results: list[dict], cfg: dict, mode: str, seconds: float, anchor_rows: dict) -> dict:
     """The issue's JSON layout plus per-run details."""
     by = {(r["backbone"], r["variant"]): r for r in results}
     rows, qap = [], []
@@ -106,27 +103,30 @@ def summarize(results: list[dict], cfg: dict, mode: str, seconds: float, naive: 
         fed, local, linear = by[b, "fed"], by[b, "local"], by[b, "linear"]
         rows.append({
             "backbone": b, "kind": fed["kind"], "fed_mse": fed["mse"], "fed_mae": fed["mae"],
-            "local_mse": local["mse"], "local_mae": local["mae"],
+            "local_mse": local["mse"], "local_mae": local["mae"], "fed_mase": fed["mase"], "local_mase": local["mase"],
         })
         qap.append({"backbone": b, "qap_mse": fed["mse"], "linear_mse": linear["mse"]})
     return {
         "rows": rows, "qap_vs_linear": qap,
-        "seasonal_naive": naive,
-        "config": {**cfg, "mode": mode, "wall_seconds": round(seconds, 1), "cpu_count": os.cpu_count()},
+        "anchors": anchor_rows,
+        "config": {**cfg, "mode": mode, "wall_seconds": round(seconds, 1), "cpu_count": os.cpu_count(), "commit": commit()},
         "runs": sorted(results, key=lambda r: (r["backbone"], r["variant"])),
     }
 
 
 def markdown(summary: dict) -> str:
     """Two tables: Fed vs Local-only (Table 2 layout) and QAP vs linear projection (Table 4)."""
+    best = min((s["mase"], name) for name, s in summary["anchors"].items() if s)
     lines = [
-        "| backbone | kind | Fed MSE | Local MSE | Fed MAE | Local MAE | Fed better (MSE) |",
-        "|---|---|---|---|---|---|---|",
+        "| backbone | kind | Fed MASE | Local MASE | Fed MSE | Local MSE | Fed MAE | Local MAE | Fed better (MSE) "
+        f"| Fed vs best anchor ({best[1]}, MASE) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in summary["rows"]:
         lines.append(
-            f"| {r['backbone']} | {r['kind']} | {r['fed_mse']:.4f} | {r['local_mse']:.4f} | "
-            f"{r['fed_mae']:.4f} | {r['local_mae']:.4f} | {'yes' if r['fed_mse'] < r['local_mse'] else 'no'} |"
+            f"| {r['backbone']} | {r['kind']} | {r['fed_mase']:.4f} | {r['local_mase']:.4f} | {r['fed_mse']:.4f} | "
+            f"{r['local_mse']:.4f} | {r['fed_mae']:.4f} | {r['local_mae']:.4f} | "
+            f"{'yes' if r['fed_mse'] < r['local_mse'] else 'no'} | {r['fed_mase'] / best[0] - 1:+.1%} |"
         )
     lines += ["", "| backbone | QAP MSE | linear MSE | QAP better |", "|---|---|---|---|"]
     for r in summary["qap_vs_linear"]:
@@ -134,8 +134,7 @@ def markdown(summary: dict) -> str:
             f"| {r['backbone']} | {r['qap_mse']:.4f} | {r['linear_mse']:.4f} | "
             f"{'yes' if r['qap_mse'] < r['linear_mse'] else 'no'} |"
         )
-    naive = summary["seasonal_naive"]
-    lines += ["", f"Seasonal naive (repeat the last 24 h): test MSE {naive['mse']:.4f}, MAE {naive['mae']:.4f}."]
+    lines += ["", *anchor_lines(summary["anchors"])]
     return "\n".join(lines) + "\n"
 
 
@@ -167,8 +166,7 @@ def main() -> None:
         cfg["backbones"] = args.backbones
     started = time.perf_counter()
     results = run_all(cfg, args.workers)
-    naive = seasonal_naive(cfg)
-    summary = summarize(results, cfg, "quick" if args.quick else "full", time.perf_counter() - started, naive)
+    summary = summarize(results, cfg, "quick" if args.quick else "full", time.perf_counter() - started, anchors(cfg))
     write_report(args.out, "fedqaper", summary, markdown, plot)
 
 if __name__ == "__main__":

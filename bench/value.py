@@ -23,23 +23,23 @@ anchor, and the largest excess of one gateway over its own best anchor. Usage:
 
 from __future__ import annotations
 
-import functools
 import time
 from pathlib import Path
 
 from common import bench_parser, configure, run_config, run_parallel, save_figure, write_report
+from datasets import bench_fleet
 
 QUICK = {
     "datasets": ["stations", "homes", "pedestrians"], "history_days": [14, 30, 90, 0], "backbones": ["dlinear"],
     "seeds": [1, 2, 3], "clients": 10, "f_max": 20, "rounds": 10, "local_epochs": 1, "personal_epochs": 1,
     "max_windows": None, "val_stride": 1,
     "anchors": ["seasonal_naive", "seasonal_naive_week", "window_average", "ets", "theta"],
-    "learned": ["local", "fedavg", "fedrep"],
+    "learned": ["local", "fedavg"],
 }
 FULL = {**QUICK, "backbones": ["dlinear", "spikernn"], "clients": 20, "rounds": 20,
-        "anchors": QUICK["anchors"] + ["mstl"], "learned": QUICK["learned"] + ["centralized"]}
-FEDERATED = {"fedavg": {}, "fedrep": {}}  # fedrep's personal_epochs come from the config
-SERVED = "served"
+        "anchors": QUICK["anchors"] + ["mstl"], "learned": QUICK["learned"] + ["fedrep", "centralized"]}
+FEDERATED = ("fedavg", "fedrep")  # fedrep: personal_epochs from the config fit the personal part first
+SERVED, SERVED_FEDERATED = "served", "fedavg"  # what the product serves, and its federated candidate
 
 
 def model_config(backbone: str):
@@ -49,20 +49,11 @@ def model_config(backbone: str):
     return ModelConfig(backbone=backbone)
 
 
-@functools.lru_cache(maxsize=8)
 def clients(dataset: str, days: int, cfg_items: tuple) -> list:
-    """The dataset's clients with K days of training history (0: all), windowed once per worker, so
-    anchors fitted on a client are reused by every job of that worker (``ClientData.memo``)."""
-    from datasets import auckland_pedestrians, citylearn_homes
-    from edge_agent.data import build_pool, feature_clients, load_sites, prepare_client
-
-    cfg, recipe = dict(cfg_items), model_config("dlinear")
-    common = dict(lookback=recipe.lookback, horizon=recipe.horizon, stride=1, val_stride=cfg["val_stride"],
-                  history=days * 24 if days else None)
-    if dataset == "stations":
-        return feature_clients(build_pool(load_sites()), cfg["clients"], cfg["f_max"], 42, **common)
-    tables = citylearn_homes() if dataset == "homes" else auckland_pedestrians()
-    return [prepare_client(t, **common) for t in tables]
+    """The dataset's clients with K days of training history (0: all), windowed for the recipe."""
+    recipe = model_config("dlinear")
+    cfg = dict(cfg_items)
+    return bench_fleet(dataset, days, recipe.lookback, recipe.horizon, 1, cfg["val_stride"], cfg["clients"], cfg["f_max"])
 
 
 def scores(metrics) -> dict:
@@ -85,21 +76,22 @@ def run_job(dataset: str, days: int, backbone: str | None, method: str, seed: in
         val = {c.name: anchor_metrics(c, method, "val") for c in fleet}
         per_client = {name: {**scores(m), "val": val[name].score} for name, m in test.items() if m is not None}
     else:
-        per_client = learned(fleet, backbone, method, seed, cfg)
+        per_client = learned(fleet, model_config(backbone), method, seed, cfg)
     return {"dataset": dataset, "history_days": days, "backbone": backbone, "method": method, "seed": seed,
             "clients": per_client, "seconds": time.perf_counter() - started}
 
 
-def learned(fleet: list, backbone: str, method: str, seed: int, cfg: dict) -> dict:
-    """Per-client test scores and validation score of one learned method."""
+def learned(fleet: list, model, method: str, seed: int, cfg: dict) -> dict:
+    """Per-client test scores and validation score of one learned method with ``model`` (a ModelConfig)."""
     from coordinator.simulation.baselines import TrainingBudget, run_centralized, run_local_only
     from coordinator.simulation.federation import FederationConfig, run_federation
+    from edge_agent.config import AgentTraining
     from edge_agent.train import evaluate
 
-    model = model_config(backbone)
     personal = cfg["personal_epochs"] if method == "fedrep" else 0
-    fed = FederationConfig(rounds=cfg["rounds"], local_epochs=cfg["local_epochs"], seed=seed, test_every_round=False,
-                           personal_epochs=personal, keep_local=False, anchors=())
+    recipe = AgentTraining()  # the product's batch size and learning rate
+    fed = FederationConfig(rounds=cfg["rounds"], local_epochs=cfg["local_epochs"], batch_size=recipe.batch_size,
+                           lr=recipe.lr, seed=seed, test_every_round=False, personal_epochs=personal)
     if method in ("local", "centralized"):
         result = (run_local_only if method == "local" else run_centralized)(fleet, model, TrainingBudget.matching(fed))
     else:
@@ -119,14 +111,14 @@ def jobs(cfg: dict) -> list[tuple]:
 
 def served_runs(runs: list[dict], cfg: dict) -> list[dict]:
     """What each gateway serves per (dataset, K, backbone, seed): its best candidate on validation
-    among FedRep, its local-only model and the anchors (``edge_agent.selection.choose``), with that
-    candidate's test scores."""
+    among the federated model (FedAvg), its local-only model and the anchors
+    (``edge_agent.selection.choose``), with that candidate's test scores."""
     from edge_agent.selection import choose
 
     anchors = [r for r in runs if r["backbone"] is None]
     out = []
     for r in runs:
-        if r["method"] != "fedrep":
+        if r["method"] != SERVED_FEDERATED:
             continue
         local = next(x for x in runs if (x["dataset"], x["history_days"], x["backbone"], x["method"], x["seed"]) ==
                      (r["dataset"], r["history_days"], r["backbone"], "local", r["seed"]))

@@ -21,6 +21,8 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from edge_agent.recipe import ANCHORS as RECIPE_ANCHORS
+
 SEASONS_PER_WEEK = 7
 
 
@@ -242,9 +244,6 @@ def lookback_rule(name: str, lookback: int, horizon: int, period: int) -> tuple[
 ANCHORS: dict[str, Callable[[int], Anchor]] = {
     anchor.name: anchor for anchor in (SeasonalNaive, WeeklyNaive, WindowAverage, ETS, Theta, MSTL)
 }
-DEFAULT_ANCHORS: tuple[str, ...] = ("seasonal_naive", "seasonal_naive_week", "window_average", "ets", "theta")
-"""What a gateway compares itself with unless told otherwise: every anchor but MSTL, whose daily
-refits cost seconds per feature over a validation split."""
 
 
 def make_anchor(name: str, period: int) -> Anchor:
@@ -264,7 +263,7 @@ def partial_season_naive(series: np.ndarray, period: int, horizon: int) -> np.nd
 
 
 def short_history_forecast(series: np.ndarray, period: int, horizon: int,
-                           names: tuple[str, ...] = DEFAULT_ANCHORS) -> tuple[str, np.ndarray, str]:
+                           names: tuple[str, ...] = RECIPE_ANCHORS) -> tuple[str, np.ndarray, str]:
     """The best forecast a gateway with too little history for a validation split can make: each
     anchor it can fit forecasts the last season of its own history from the rows before it, the
     one with the lowest mean absolute error forecasts the next ``horizon`` rows from all of them.

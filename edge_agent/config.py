@@ -8,13 +8,13 @@ from pathlib import Path
 
 from pydantic import ConfigDict, Field, model_validator
 
-from edge_agent.anchors import DEFAULT_ANCHORS
 from edge_agent.limits import NAME_PATTERN
 from edge_agent.models import ModelConfig
 from edge_agent.models.fedal_settings import FedalClientSettings
 from edge_agent.models.foundation import FoundationConfig
 from edge_agent.models.prompts import PromptModeSettings
 from edge_agent.mqtt import DEFAULT_MAX_PAYLOAD_BYTES, BrokerConfig
+from edge_agent.recipe import TRAINING as RECIPE
 from edge_agent.sensors.settings import SensorSettings, ServingSettings
 from edge_agent.toml_config import (  # noqa: F401  (re-exported: every config imports them from here)
     ConfigError,
@@ -57,10 +57,11 @@ class AgentTraining(HeadTraining):
     the gateway serves whichever of its federated model, its local-only model and the anchors
     validates best."""
 
-    batch_size: int = Field(32, ge=1)
-    lr: float = Field(3e-3, gt=0)
-    keep_local: bool = Field(True, description="also train a local-only model and serve it where it validates better")
-    anchors: tuple[str, ...] = Field(DEFAULT_ANCHORS, description="anchors (edge_agent.anchors) the gateway serves "
+    batch_size: int = Field(RECIPE["batch_size"], ge=1)
+    lr: float = Field(RECIPE["lr"], gt=0)
+    keep_local: bool = Field(RECIPE["keep_local"], description="also train a local-only model and serve it where it "
+                             "validates better")
+    anchors: tuple[str, ...] = Field(RECIPE["anchors"], description="anchors (edge_agent.anchors) the gateway serves "
                                      "wherever one validates better than its models")
     stride: int = Field(1, ge=1, description="step between training windows")
 

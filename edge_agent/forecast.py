@@ -12,7 +12,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from edge_agent.anchors import DEFAULT_ANCHORS, make_anchor, short_history_forecast
+from edge_agent.anchors import make_anchor, short_history_forecast
 from edge_agent.config import AgentConfig
 from edge_agent.conformal import apply_offsets
 from edge_agent.data import ClientData, DataError, SeriesTable, WindowSet, prepare_client, steps_per_day, time_features
@@ -21,6 +21,7 @@ from edge_agent.live import gateway_table
 from edge_agent.models import Forecaster
 from edge_agent.models.foundation import load_foundation
 from edge_agent.onnx_model import OnnxForecaster
+from edge_agent.recipe import ANCHORS as RECIPE_ANCHORS
 from edge_agent.selection import Served
 from edge_agent.state import AgentState
 from edge_agent.train import conformal_offsets
@@ -156,7 +157,7 @@ def _anchor(cfg: AgentConfig, table: SeriesTable, data: ClientData, served: Serv
 def _short_history(cfg: AgentConfig, table: SeriesTable, why: str) -> Forecast:
     """Too little history to train: the best anchor the gateway can fit, saying so."""
     name, values, how = short_history_forecast(table.values, steps_per_day(table), cfg.model.horizon,
-                                               cfg.training.anchors or DEFAULT_ANCHORS)
+                                               cfg.training.anchors or RECIPE_ANCHORS)
     return Forecast(next_stamps(table, cfg.model.horizon), list(table.columns), torch.as_tensor(values), name,
                     anchor=f"{why}; {how}", interval=_points_only(cfg, "an anchor"))
 

@@ -112,3 +112,17 @@ def best_anchor(client: ClientData, names: Sequence[str]) -> Served:
     scores = anchor_scores(client, names)
     return Served(choose(scores), None, scores)
 
+
+
+def anchor_quantile_metrics(client: ClientData, name: str, levels: Sequence[float]) -> Metrics | None:
+    """Test metrics of an anchor turned into quantile forecasts by split conformal prediction: each
+    level's forecast is the point forecast plus that level's empirical quantile of the anchor's own
+    validation residuals, per horizon step and feature (the residual-quantile intervals of
+    conformal regression; Lei et al. 2018). None where the history is too short for the anchor."""
+    val, test = anchor_batches(client, name, "val"), anchor_batches(client, name, "test")
+    if val is None or test is None:
+        return None
+    (val_forecast, val_target), (test_forecast, test_target) = val[0], test[0]
+    offsets = torch.quantile(val_target - val_forecast, torch.tensor(list(levels)), dim=0)  # (Q, H, F)
+    quantiles = test_forecast.unsqueeze(-1) + offsets.permute(1, 2, 0)
+    return forecast_metrics([(quantiles, test_target)], levels, None, client.test.scale)

@@ -131,6 +131,41 @@ def forecast_loss(model: nn.Module, x: torch.Tensor, marks: torch.Tensor, y: tor
                           getattr(getattr(model, "cfg", None), "loss", "mse"))
 
 
+LossTerms = torch.Tensor | dict[str, torch.Tensor]
+
+
+def seeded_steps(optimizer: torch.optim.Optimizer, size: int, epochs: int, batch_size: int, seed: int,
+                 step_loss: Callable[[torch.Tensor, int, int], LossTerms]) -> list[tuple[dict[str, float], int]]:
+    """The one seeded training loop of every learner: ``epochs`` passes over ``size`` samples, each
+    in a shuffled order drawn from ``seed`` and cut into batches, one optimizer step per batch on
+    ``step_loss(indices, epoch, step)``: a loss, or named terms whose ``total`` is minimised.
+    Dropout and every other draw of torch's global generator take ``seed`` too, so a run is
+    reproducible. Returns each step's terms as floats (a plain loss as ``total``) and batch size."""
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    steps = []
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        generator = torch.Generator().manual_seed(seed)
+        for epoch in range(epochs):
+            for step, batch in enumerate(torch.randperm(size, generator=generator).split(batch_size)):
+                terms = step_loss(batch, epoch, step)
+                terms = terms if isinstance(terms, dict) else {"total": terms}
+                optimizer.zero_grad(set_to_none=True)
+                terms["total"].backward()
+                optimizer.step()
+                steps.append(({name: value.item() for name, value in terms.items()}, len(batch)))
+    return steps
+
+
+def mean_term(steps: Sequence[tuple[dict[str, float], int]], name: str = "total", weighted: bool = False) -> float:
+    """The mean of one term over ``seeded_steps``' steps, per step or weighted by batch size (NaN: no step)."""
+    if not steps:
+        return float("nan")
+    weights = [size if weighted else 1 for _, size in steps]
+    return sum(terms[name] * w for (terms, _), w in zip(steps, weights)) / sum(weights)
+
+
 def train_epochs(
     model: nn.Module,
     windows: WindowSet,
@@ -141,24 +176,16 @@ def train_epochs(
     penalty: Callable[[], torch.Tensor] | None = None,
 ) -> float:
     """Train with ``forecast_loss`` (plus ``penalty()``, e.g. FedProx's proximal term) for ``epochs``
-    passes over shuffled windows; returns the mean batch loss (without the penalty).
-
-    Shuffling and dropout draw only from ``seed``, so a run is reproducible.
-    """
+    passes over shuffled windows (``seeded_steps``); returns the mean loss per window, without the penalty."""
     model.train()
-    total, count = 0.0, 0
-    with torch.random.fork_rng():
-        torch.manual_seed(seed)
-        generator = torch.Generator().manual_seed(seed)
-        for _ in range(epochs):
-            for x, marks, y in windows.batches(batch_size, shuffle=True, generator=generator):
-                optimizer.zero_grad(set_to_none=True)
-                loss = forecast_loss(model, x, marks, y)
-                (loss if penalty is None else loss + penalty()).backward()
-                optimizer.step()
-                total += loss.item() * len(x)
-                count += len(x)
-    return total / max(count, 1)
+
+    def step_loss(batch: torch.Tensor, epoch: int, step: int) -> dict[str, torch.Tensor]:
+        x, marks, y = windows.batch(batch)
+        loss = forecast_loss(model, x, marks, y)
+        return {"total": loss if penalty is None else loss + penalty(), "forecast": loss}
+
+    steps = seeded_steps(optimizer, len(windows), epochs, batch_size, seed, step_loss)
+    return mean_term(steps, "forecast", weighted=True) if steps else 0.0
 
 
 @torch.no_grad()

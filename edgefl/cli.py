@@ -13,10 +13,10 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from edge_agent.config import AgentTraining
 from edge_agent.data import DataError, GapPolicy
-from edge_agent.models import ModelConfig
 from edge_agent.mqtt import DEFAULT_MAX_PAYLOAD_BYTES
+from edge_agent.recipe import MODEL as MODEL_DEFAULTS
+from edge_agent.recipe import TRAINING as TRAINING_DEFAULTS
 from edgefl.export_cli import energy_command, export_app
 from edgefl.replay import replay_command
 from edgefl.services import agent_app, aggregator_app, coordinator_app
@@ -171,10 +171,6 @@ def parse_levels(text: str | None) -> tuple[float, ...] | None:
         raise ValueError(f"--quantiles: '{text}' is not a comma-separated list of numbers (e.g. 0.1,0.5,0.9)") from None
 
 
-MODEL_DEFAULTS = {name: field.default for name, field in ModelConfig.model_fields.items()}
-TRAINING_DEFAULTS = {name: field.default for name, field in AgentTraining.model_fields.items()}
-
-
 @app.command()
 def simulate(
     backbone: Annotated[str, typer.Option(help="dlinear|itransformer|lstm|gru|spikernn|spikformer|ispikformer")] = "dlinear",
@@ -226,6 +222,7 @@ def simulate(
     from coordinator.simulation.federation import FederationConfig, run_federation
     from coordinator.simulation.participation import participation
     from edge_agent.data import build_pool, feature_clients, load_csv, load_sites, steps_per_day
+    from edge_agent.models import ModelConfig
 
     try:
         sizes = dict(lookback=lookback, horizon=horizon, d_qap=d_qap, qap_heads=qap_heads, projection=projection,
@@ -400,9 +397,12 @@ def report_baseline(name: str, per_client: dict, served: dict[str, float], summa
     if not per_client:
         console.print(f"{name:>19}: needs more history than the clients have")
         return
-    mase = sum(m.mase for m in per_client.values()) / len(per_client)
+    from edge_agent.train import weighted_metrics
+
+    fleet = weighted_metrics(list(per_client.values()), [1] * len(per_client))  # the mean over gateways
     gained = sum(served[c] < m.mase for c, m in per_client.items())
-    console.print(f"{name:>19}: MASE {mase:.4f}; what the gateways serve beats it on {gained}/{len(per_client)}")
+    console.print(f"{name:>19}: MASE {fleet.mase:.4f}; what the gateways serve beats it on {gained}/{len(per_client)}")
+    summary.setdefault("baselines", {})[name] = metric_values(fleet)
     for client, metrics in per_client.items():
         summary["clients"][client][name] = metric_values(metrics)
 

@@ -138,3 +138,34 @@ def test_the_gateway_serves_the_candidate_that_validates_best() -> None:
     served = best_anchor(client, ("window_average", "seasonal_naive"))
     assert served.which == "window_average" and served.scores["seasonal_naive"] == pytest.approx(0.0, abs=1e-6)
     assert served.metrics(client, "test").mase == pytest.approx(0.0, abs=1e-6)
+
+
+def short_csv(path, rows: int) -> None:
+    index = pd.date_range("2024-03-01", periods=rows, freq="h")
+    values = 10 + 5 * np.sin(2 * np.pi * np.arange(rows) / 24)
+    pd.DataFrame({"date": index.strftime("%Y-%m-%d %H:%M:%S"), "power": values}).to_csv(path, index=False)
+
+
+@pytest.mark.parametrize("rows", [10, 24 * 9])
+def test_a_gateway_with_too_little_history_serves_the_best_anchor_it_can_fit_and_says_so(tmp_path, rows) -> None:
+    """Less than one season: seasonal naive over the hours it has (the last value where an hour was
+    never seen), named as such; nine days: the anchor that forecast its own last day best."""
+    from edge_agent.config import AgentConfig
+    from edge_agent.forecast import forecast
+    from edge_agent.toml_config import dump_toml, load_config
+
+    short_csv(tmp_path / "meter.csv", rows)
+    config = tmp_path / "agent.toml"
+    config.write_text(dump_toml({"fleet": "f", "client_id": "meter", "state_dir": str(tmp_path / "state"),
+                                 "data": {"csv": str(tmp_path / "meter.csv")}}))
+    result = forecast(load_config(config, AgentConfig))
+    assert result.values.shape == (24, 1) and np.isfinite(result.values.numpy()).all()
+    assert "local training needs" in result.served_by and result.model in ANCHORS
+    if rows < 24:
+        assert result.model == "seasonal_naive" and "less than one season" in result.served_by
+        series = 10 + 5 * np.sin(2 * np.pi * np.arange(rows) / 24)
+        expected = [series[h - 24 + rows] if h - 24 + rows >= 0 and h < 24 else series[-1] for h in range(24)]
+        assert result.values[:, 0].numpy() == pytest.approx(np.array(expected, dtype=np.float32), rel=1e-5)
+        assert len(set(np.round(result.values[:, 0].numpy(), 4))) > 1  # not a silent constant
+    else:
+        assert "chosen on the last season of its history" in result.served_by

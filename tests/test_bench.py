@@ -19,8 +19,9 @@ FEDQAPER = {"clients": 3, "f_max": 3, "seed": 1, "lookback": 24, "horizon": 12, 
 FEDDTW = {"lookback": 10, "horizon": 5, "stride": 61, "val_stride": 23, "d_qap": 8, "qap_heads": 2, "hidden": 8,
           "batch_size": 64, "lr": 3e-3, "rounds": 3, "local_epochs": 1, "absence": 0.5, "clusters": 3, "stretch": 2}
 FEDPOD = {"rounds": 1, "local_epochs": 1, "stride": 97, "pretrain_rounds": 1, "pretrain_stride": 97, "seed": 42}
-VALUE = {**FEDQAPER, "clients": 3, "max_windows": 16, "val_stride": 31, "rounds": 2, "patience": 1}
-ROBUSTNESS = {**VALUE, "clients": 4, "f_max": 4, "stride": 193, "val_stride": 97, "batch_size": 64, "rounds": 2}
+VALUE = {"clients": 3, "f_max": 3, "val_stride": 31, "rounds": 2, "local_epochs": 1, "personal_epochs": 1}
+ROBUSTNESS = {**FEDQAPER, "clients": 4, "f_max": 4, "stride": 193, "val_stride": 97, "batch_size": 64, "rounds": 2,
+              "max_windows": 16, "patience": 1}
 FEDAL = {"folds": [["greensboro", "amsterdam"]], "steps": ["1h"], "single_variables": ["temp_air"], "rounds": 1,
          "local_epochs": 1, "participation": 0.5, "stride": 97, "test_every": 50, "prox_mu": 0.01, "rates": [0.5],
          "horizon": 12, "history_days": 14, "local_epochs_max": 1, "local_patience": 1, "attack_clients": 1,
@@ -59,7 +60,7 @@ def twice(job, first: tuple, other: tuple) -> tuple[object, object]:
     ("fedpod", ("fedpod", "task2", 1, FEDPOD), ("scratch_fedavg", "task1", 2, FEDPOD)),
     ("energy", ("spikernn", ENERGY), ("dlinear", ENERGY)),
     ("fedal", ("fedal", 0, 1, FEDAL), ("fedprox", 0, 2, FEDAL)),
-    ("value", ("stations", 14, "dlinear", "fedrep_select", 1, VALUE), ("stations", 0, "dlinear", "centralized", 2, VALUE)),
+    ("value", ("stations", 14, "dlinear", "fedavg", 1, VALUE), ("stations", 14, None, "theta", None, VALUE)),
     ("fedgame", ("stations", 6, "fedgame", "game", 1, FEDGAME), ("stations", 6, "no_fl", "game", 2, FEDGAME)),
     ("robustness", ("trimmed_mean", "sign_flip", 1, 1, ROBUSTNESS), ("fedavg", "value_1e30", 2, 2, ROBUSTNESS)),
 ])

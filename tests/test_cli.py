@@ -44,8 +44,13 @@ def test_simulate_on_a_user_csv_prints_every_round_and_writes_json(tmp_path: Pat
     assert "local" in proc.stdout and "centralized" in proc.stdout
     summary = json.loads(out.read_text())
     assert [r["round"] for r in summary["rounds"]] == [1, 2]
-    assert all(np.isfinite(r["val_mse"]) for r in summary["rounds"])
-    assert {"fed", "local", "centralized"} <= summary.keys()
+    assert all(np.isfinite(r["val_score"]) for r in summary["rounds"])
+    assert {"local", "centralized", "seasonal_naive", "window_average", "ets"} <= summary["baselines"].keys()
+    for client in summary["clients"].values():  # every client's scores per method and what it serves
+        assert client["serves"] in {"federated", "local", "seasonal_naive", "seasonal_naive_week", "window_average",
+                                    "ets", "theta"}
+        assert client["served"]["mase"] > 0 and {"local", "centralized", "ets"} <= client.keys()
+    assert "what the gateways serve beats it on" in proc.stdout
 
 
 def test_simulate_under_dropout_imputes_with_the_chosen_twin(tmp_path: Path) -> None:
@@ -168,7 +173,7 @@ def test_simulate_with_quantiles_reports_qs_icp_and_mil(tmp_path: Path) -> None:
     summary = json.loads(out.read_text())
     assert 0.0 <= summary["fed"]["icp"] <= 1.0 and summary["fed"]["qs"] > 0 and summary["fed"]["mil"] > 0
     assert all("test_icp" in r for r in summary["rounds"])
-    assert "icp" in summary["local"] and "icp" in summary["centralized"]
+    assert "icp" in summary["baselines"]["local"] and "icp" in summary["baselines"]["centralized"]
     proc = edgefl("simulate", "--data", str(tmp_path / "ETTh1.csv"), "--quantiles", "0.1,0.9")
     assert proc.returncode == 2 and "quantiles" in proc.stdout and "0.5" in proc.stdout
     proc = edgefl("simulate", "--data", str(tmp_path / "ETTh1.csv"), "--quantiles", "0.1,x")

@@ -101,11 +101,15 @@ def test_zero_shot_refuses_unknown_variables_gaps_and_a_horizon_filling_the_wind
         zero_shot_forecast(model, short, HORIZON)
 
 
-def test_without_a_zero_shot_foundation_the_error_names_the_counts_and_the_remedy(tmp_path, amsterdam) -> None:
+def test_without_a_zero_shot_foundation_the_best_anchor_serves_and_says_why(tmp_path, amsterdam) -> None:
     csv = write_gateway_csv(tmp_path / "gw.csv", amsterdam, 30)
-    with pytest.raises(DataError, match=f"gw.csv: 30 rows of history; local training needs {NEEDED}; "
-                                        "set zero_shot_foundation"):
-        forecast(agent_config(tmp_path, csv))
+    result = forecast(agent_config(tmp_path, csv))
+    assert result.anchor == (f"30 rows of history; local training needs {NEEDED}; 30 rows leave no season to test "
+                             "on: seasonal naive")
+    assert result.model in ("seasonal_naive", "seasonal_naive_week", "window_average", "ets", "theta")
+    assert result.values.shape == (HORIZON, 3) and np.isfinite(result.values.numpy()).all()
+    with pytest.raises(DataError, match=f"gw.csv: 30 rows of history; local training needs {NEEDED}; an ONNX model"):
+        forecast(agent_config(tmp_path, csv), onnx_model=tmp_path / "model.onnx")
 
 
 def test_zero_shot_settings_are_checked(tmp_path, amsterdam, foundation) -> None:
@@ -124,7 +128,8 @@ def test_zero_shot_settings_are_checked(tmp_path, amsterdam, foundation) -> None
 
 def test_with_history_and_trained_state_the_agents_own_model_serves(tmp_path, amsterdam, foundation) -> None:
     csv = write_gateway_csv(tmp_path / "gw.csv", amsterdam, NEEDED + 48)
-    cfg = agent_config(tmp_path, csv, zero_shot_foundation=foundation[0])
+    cfg = agent_config(tmp_path, csv, zero_shot_foundation=foundation[0],
+                       training={"stride": 24, "keep_local": False, "anchors": []})
     before = forecast(cfg)
     assert before.zero_shot and before.model == f"zero-shot foundation (no model trained yet in {cfg.state_dir})"
     learner = make_learner(cfg, cfg.data.load())

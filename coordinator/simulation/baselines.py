@@ -99,19 +99,3 @@ def run_centralized(clients: Sequence[ClientData], cfg: ModelConfig, budget: Tra
 
     epochs = early_stopping(fleet, run_epoch, validate, budget.max_epochs, budget.patience)
     return BaselineResult(*evaluate_fleet(models, clients), {c.name: epochs for c in clients}, models)
-
-
-def run_seasonal_naive(clients: Sequence[ClientData], period: int = 24) -> BaselineResult:
-    """Repeat the last ``period`` observed steps over the horizon: the floor a model must beat."""
-    tests = {}
-    for client in clients:
-        squared = absolute = count = 0.0
-        for x, _, y in client.test.batches(1024, shuffle=False):
-            reps = -(-y.shape[1] // period)
-            error = x[:, -period:].repeat(1, reps, 1)[:, : y.shape[1]] - y
-            squared += error.pow(2).sum().item()
-            absolute += error.abs().sum().item()
-            count += error.numel()
-        tests[client.name] = Metrics(squared / count, absolute / count)
-    sizes = [c.n_train for c in clients]
-    return BaselineResult(weighted_metrics(list(tests.values()), sizes), tests, {})

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-import numpy as np
 import torch
 
 from edge_agent.coreset import learn_coreset, mask_batch, private_coreset
@@ -23,7 +22,7 @@ from edge_agent.models.fedal_settings import FedalClientSettings
 from edge_agent.models.foundation import FoundationConfig, FoundationModel, masked_mse
 from edge_agent.seeds import Stream, derive_seed, seed_for
 from edge_agent.tensors import TensorDict, check_layout, layout_of
-from edge_agent.train import LocalTraining
+from edge_agent.train import LocalTraining, mean_term, seeded_steps
 
 CORESET_PREFIX = "coreset."
 
@@ -82,19 +81,10 @@ class FedalLearner(FoundationLearner):
         optimizer = torch.optim.Adam([p for m in modules for p in m.parameters()], lr=self.training.lr)
         reference = self.model.latent_bias.clone()
         anchor = [p.detach().clone() for p in self.model.parameters()]
-        generator = torch.Generator().manual_seed(seed)
-        losses = []
-        with torch.random.fork_rng():
-            torch.manual_seed(seed)
-            for epoch in range(self.training.local_epochs):
-                order = torch.randperm(len(self.data.train), generator=generator).split(self.training.batch_size)
-                for step, batch in enumerate(order):
-                    loss = self._loss(self.data.train[batch], reference, anchor, derive_seed(seed, epoch, step))
-                    optimizer.zero_grad(set_to_none=True)
-                    loss.backward()
-                    optimizer.step()
-                    losses.append(loss.item())
-        return float(np.mean(losses)) if losses else float("nan")
+        steps = seeded_steps(optimizer, len(self.data.train), self.training.local_epochs, self.training.batch_size,
+                             seed, lambda batch, epoch, step: self._loss(self.data.train[batch], reference, anchor,
+                                                                         derive_seed(seed, epoch, step)))
+        return mean_term(steps)
 
     def _loss(self, x: torch.Tensor, reference: torch.Tensor, anchor: list[torch.Tensor], seed: int) -> torch.Tensor:
         masked = mask_batch(x.shape, self.settings.patch, self.settings.mask_rate, seed)

@@ -16,7 +16,7 @@ from edge_agent.models.foundation import FoundationConfig, FoundationModel, geom
 from edge_agent.protocol import signature
 from edge_agent.seeds import Stream, derive_seed, seed_for
 from edge_agent.tensors import TensorDict, check_layout, layout_of
-from edge_agent.train import LocalTraining
+from edge_agent.train import LocalTraining, mean_term, seeded_steps
 
 
 def foundation_model(cfg: FoundationConfig, seed: int) -> FoundationModel:
@@ -68,21 +68,14 @@ def local_pretraining(model: FoundationModel, device: DeviceSeries, training: Lo
     """E epochs of masked reconstruction on one device with a fresh Adam; returns the mean batch loss."""
     model.train()
     optimizer = torch.optim.Adam(model.parameters(), lr=training.lr)
-    generator = torch.Generator().manual_seed(seed)
-    losses = []
-    with torch.random.fork_rng():
-        torch.manual_seed(seed)
-        for epoch in range(training.local_epochs):
-            order = torch.randperm(len(device.train), generator=generator).split(training.batch_size)
-            for step, batch in enumerate(order):
-                x = device.train[batch]
-                inputs, masked = masked_batch(x, model.cfg, derive_seed(seed, epoch, step))
-                loss = masked_mse(model(inputs), x, masked, device.present)
-                optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                optimizer.step()
-                losses.append(loss.item())
-    return float(np.mean(losses)) if losses else float("nan")
+
+    def step_loss(batch: torch.Tensor, epoch: int, step: int) -> torch.Tensor:
+        x = device.train[batch]
+        inputs, masked = masked_batch(x, model.cfg, derive_seed(seed, epoch, step))
+        return masked_mse(model(inputs), x, masked, device.present)
+
+    return mean_term(seeded_steps(optimizer, len(device.train), training.local_epochs, training.batch_size, seed,
+                                  step_loss))
 
 
 class FoundationLearner(Learner):

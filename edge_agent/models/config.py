@@ -8,6 +8,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validat
 
 from edge_agent.metrics import median_index
 from edge_agent.models.backbones import BACKBONES
+from edge_agent.recipe import MODEL as RECIPE
 from edge_agent.registry import registered
 
 
@@ -36,23 +37,21 @@ class ModelConfig(BaseModel):
     """What to build: backbone, window sizes and the alignment (QAP, a plain projection or none:
     channel-independent).
 
-    The defaults are the recipe measured in ``bench/value.py`` (README, "Does joining the fleet
-    pay?"): a week of hourly lookback, a day ahead, every feature its own sequence through one
-    shared DLinear, the head shared too, a seasonal base, trained for the median (MAE). The
-    papers' settings are ``ModelConfig.paper()``. Backbone sizes left as ``None`` take the
+    The defaults are the product's recipe (``edge_agent.recipe``); the papers' settings are
+    ``ModelConfig.paper()``. Backbone sizes left as ``None`` take the
     backbone's paper default (FedQAPer Table 6).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    backbone: str = "dlinear"
-    lookback: int = Field(168, ge=2, description="input window length L (a week of hourly steps)")
-    horizon: int = Field(24, ge=1, description="forecast length H (a day of hourly steps)")
-    d_qap: int = Field(1, ge=1, description="QAP latent width (paper A.2: 128); per feature when channel-independent")
-    qap_heads: int = Field(1, ge=1)
+    backbone: str = RECIPE["backbone"]
+    lookback: int = Field(RECIPE["lookback"], ge=2, description="input window length L (a week of hourly steps)")
+    horizon: int = Field(RECIPE["horizon"], ge=1, description="forecast length H (a day of hourly steps)")
+    d_qap: int = Field(RECIPE["d_qap"], ge=1, description="QAP latent width (paper A.2: 128); per feature when channel-independent")
+    qap_heads: int = Field(RECIPE["qap_heads"], ge=1)
     qap_queries: int = Field(1, ge=1, description="learnable queries Q (paper: 1)")
     projection: Literal["qap", "linear", "channel"] = Field(
-        "channel", description="feature alignment: qap (Query Attention Pooling, FedQAPer 3.2), linear (a per-client "
+        RECIPE["projection"], description="feature alignment: qap (Query Attention Pooling, FedQAPer 3.2), linear (a per-client "
         "projection) or channel (channel-independent: every feature its own sequence through the shared model)"
     )
     instance_norm: bool = Field(
@@ -66,16 +65,16 @@ class ModelConfig(BaseModel):
     steps: int = Field(4, ge=1, description="SNN time steps T")
     moving_avg: int = Field(25, ge=1, description="DLinear decomposition kernel")
     head: Literal["personal", "shared"] = Field(
-        "shared", description="the forecast head stays on the gateway (FedPer) or is aggregated too (channel "
+        RECIPE["head"], description="the forecast head stays on the gateway (FedPer) or is aggregated too (channel "
         "projection only: its shape does not depend on the gateway's features)"
     )
     seasonal_base: bool = Field(
-        True, description="forecast a correction to a learned average of the lookback's last seasons, starting "
+        RECIPE["seasonal_base"], description="forecast a correction to a learned average of the lookback's last seasons, starting "
         "at the seasonal window average (edge_agent.models.seasonal)"
     )
-    season: int = Field(24, ge=1, description="steps per season for seasonal_base (24: a day of hourly data)")
+    season: int = Field(RECIPE["season"], ge=1, description="steps per season for seasonal_base (24: a day of hourly data)")
     loss: Literal["mse", "mae"] = Field(
-        "mae", description="point forecasts trained for the mean (mse) or the median (mae, what MASE rewards)"
+        RECIPE["loss"], description="point forecasts trained for the mean (mse) or the median (mae, what MASE rewards)"
     )
     quantiles: QuantileLevels | None = Field(
         None, description="quantile levels of the personal head (e.g. 0.1, 0.5, 0.9); None = point forecasts"

@@ -32,7 +32,7 @@ from edge_agent.models.config import QuantileLevels
 from edge_agent.models.foundation import FoundationModel
 from edge_agent.models.heads import monotone_quantiles
 from edge_agent.tensors import TensorDict
-from edge_agent.train import Batch, forecast_error
+from edge_agent.train import Batch, forecast_error, mean_term, seeded_steps
 
 WIRE_PREFIXES = ("prompts.", "shared.")
 
@@ -209,24 +209,15 @@ def train_prompts(model: PromptedForecaster, loss: PromptLoss, windows: torch.Te
     """Local update (Algorithm 2, lines 19-25): AdamW (appendix B.3: weight decay 1e-4) on eq. 6
     over (N, L + H, V) canonical windows; returns each term's mean over the batches."""
     optimizer = torch.optim.AdamW(trainable(model, loss), lr=lr, weight_decay=1e-4)
-    generator = torch.Generator().manual_seed(seed)
     model.train()
-    sums: dict[str, float] = {}
-    steps = 0
-    with torch.random.fork_rng():
-        torch.manual_seed(seed)  # any dropout draws from the round's seed too
-        for _ in range(epochs):
-            for batch in torch.randperm(len(windows), generator=generator).split(batch_size):
-                forecast, target = forecast_and_target(model, windows[batch], present)
-                terms = loss(forecast, target, model.prompt_vector(), **(references or {}))
-                optimizer.zero_grad(set_to_none=True)
-                terms["total"].backward()
-                optimizer.step()
-                for name, value in terms.items():
-                    sums[name] = sums.get(name, 0.0) + value.item()
-                steps += 1
+
+    def step_loss(batch: torch.Tensor, epoch: int, step: int) -> dict[str, torch.Tensor]:
+        forecast, target = forecast_and_target(model, windows[batch], present)
+        return loss(forecast, target, model.prompt_vector(), **(references or {}))
+
+    steps = seeded_steps(optimizer, len(windows), epochs, batch_size, seed, step_loss)
     model.eval()
-    return {name: total / max(steps, 1) for name, total in sums.items()}
+    return {name: mean_term(steps, name) for name in (steps[0][0] if steps else {})}
 
 
 def forecast_and_target(model: PromptedForecaster, windows: torch.Tensor,
