@@ -102,11 +102,11 @@ def learned(fleet: list, model, method: str, seed: int, cfg: dict) -> dict:
 
 
 def jobs(cfg: dict) -> list[tuple]:
-    cells = [(d, k) for d in cfg["datasets"] for k in cfg["history_days"]]
-    anchors = [(d, k, None, a, None, cfg) for d, k in cells for a in cfg["anchors"]]
-    models = [(d, k, b, m, s, cfg) for d, k in cells for b in cfg["backbones"] for m in cfg["learned"]
-              for s in cfg["seeds"]]
-    return anchors + models
+    """Every job, the longest first (the full history, then 90, 30 and 14 days) so the workers finish together."""
+    cells = [(d, k) for k in sorted(cfg["history_days"], key=lambda k: -(k or 10**6)) for d in cfg["datasets"]]
+    return [job for d, k in cells for job in
+            [(d, k, b, m, s, cfg) for b in cfg["backbones"] for m in cfg["learned"] for s in cfg["seeds"]]
+            + [(d, k, None, a, None, cfg) for a in cfg["anchors"]]]
 
 
 def served_runs(runs: list[dict], cfg: dict) -> list[dict]:

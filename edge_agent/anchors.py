@@ -178,51 +178,49 @@ class ETS(StatsforecastAnchor):
                          for o in origins]) if len(origins) else np.empty((0, horizon))
 
 
-class Theta(StatsforecastAnchor):
-    """The Theta method with its variant chosen on the history (statsforecast's AutoTheta, season =
-    ``period``), applied at each origin to the last ``CONTEXT_SEASONS`` seasons before it."""
+class SeasonalRefit(StatsforecastAnchor):
+    """A statsforecast model applied to the last ``CONTEXT_SEASONS`` seasons before the first row of
+    each season: every origin of that season forecasts from there (``forward`` re-runs the
+    model's decomposition, tens of milliseconds; once a day is what a gateway would do anyway)."""
 
-    name: ClassVar[str] = "theta"
-    seasons_needed: ClassVar[int] = 2
     CONTEXT_SEASONS: ClassVar[int] = 28
-
-    def _model(self) -> Any:
-        from statsforecast.models import AutoTheta
-
-        return AutoTheta(season_length=self.period)
-
-    def _series_forecasts(self, model: Any, y: np.ndarray, origins: np.ndarray, horizon: int) -> np.ndarray:
-        context = self.CONTEXT_SEASONS * self.period
-        return np.stack([model.forward(y[max(0, o - context):o], h=horizon)["mean"] for o in origins]) \
-            if len(origins) else np.empty((0, horizon))
-
-
-class MSTL(StatsforecastAnchor):
-    """Daily and weekly seasonal components by MSTL with an AutoETS trend (statsforecast's MSTL),
-    refitted once per season on the last ``CONTEXT_SEASONS`` seasons: every origin of a day
-    forecasts from that day's first row (its decomposition costs about 70 ms per refit, too much
-    for every hour)."""
-
-    name: ClassVar[str] = "mstl"
-    seasons_needed: ClassVar[int] = 2 * SEASONS_PER_WEEK + 1
-    CONTEXT_SEASONS: ClassVar[int] = 28
-
-    def _model(self) -> Any:
-        from statsforecast.models import MSTL as StatsforecastMSTL
-
-        return StatsforecastMSTL(season_length=[self.period, self.period * SEASONS_PER_WEEK])
 
     def _series_forecasts(self, model: Any, y: np.ndarray, origins: np.ndarray, horizon: int) -> np.ndarray:
         context = self.CONTEXT_SEASONS * self.period
         out = np.empty((len(origins), horizon))
         days = origins - origins % self.period
         for day in np.unique(days):
-            ahead = self.period - 1 + horizon
-            path = model.forward(y[max(0, day - context):day], h=ahead)["mean"]
+            path = model.forward(y[max(0, day - context):day], h=self.period - 1 + horizon)["mean"]
             for i in np.flatnonzero(days == day):
                 shift = origins[i] - day
                 out[i] = path[shift: shift + horizon]
         return out
+
+
+class Theta(SeasonalRefit):
+    """The Theta method with its variant chosen on the history (statsforecast's AutoTheta, season =
+    ``period``), refitted on the last four weeks at the first row of each season."""
+
+    name: ClassVar[str] = "theta"
+    seasons_needed: ClassVar[int] = 2
+
+    def _model(self) -> Any:
+        from statsforecast.models import AutoTheta
+
+        return AutoTheta(season_length=self.period)
+
+
+class MSTL(SeasonalRefit):
+    """Daily and weekly seasonal components by MSTL with an AutoETS trend (statsforecast's MSTL),
+    refitted on the last four weeks at the first row of each season."""
+
+    name: ClassVar[str] = "mstl"
+    seasons_needed: ClassVar[int] = 2 * SEASONS_PER_WEEK + 1
+
+    def _model(self) -> Any:
+        from statsforecast.models import MSTL as StatsforecastMSTL
+
+        return StatsforecastMSTL(season_length=[self.period, self.period * SEASONS_PER_WEEK])
 
 
 def lookback_rule(name: str, lookback: int, horizon: int, period: int) -> tuple[np.ndarray, np.ndarray]:
