@@ -103,7 +103,7 @@ class Metrics:
 
 def make_optimizer(model: nn.Module, lr: float) -> torch.optim.Optimizer:
     """Adam over every parameter of ``model``, as in the paper's training setup (A.2: lr 1e-3)."""
-    return torch.optim.Adam(model.parameters(), lr=lr)
+    return torch.optim.Adam(model.parameters(), lr=lr, foreach=True)
 
 
 def full_forecast(model: nn.Module, x: torch.Tensor, marks: torch.Tensor) -> torch.Tensor:

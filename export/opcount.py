@@ -32,7 +32,7 @@ from edge_agent.models import Forecaster
 from edge_agent.models.backbones.spiking import LIF, SpikingSelfAttention
 from edge_agent.models.backbones.dlinear import DLinear
 from edge_agent.models.heads import MonotoneQuantiles
-from edge_agent.models.qap import QueryAttentionPooling, QueryPooling, SlotEmbedding
+from edge_agent.models.qap import QueryAttentionPooling, QueryPooling, SlotEmbedding, TimeFusion
 
 
 SPIKE_VIEWS = {"view", "reshape", "flatten", "unflatten", "transpose", "permute", "contiguous", "__getitem__",
@@ -167,6 +167,14 @@ def _dlinear(ops: LayerOps, module: DLinear, args: tuple, out: torch.Tensor) -> 
     ops.macs += batch * channels * (length * module.kernel + 2 * length * horizon)
 
 
+def _time_fusion(ops: LayerOps, module: TimeFusion, args: tuple, out: torch.Tensor) -> None:
+    """The time projection once per window (t -> d per step), the concat Linear's time half once
+    per window and its value half once per sequence (2d -> d, applied as two d -> d halves)."""
+    z, marks = args
+    d = z.shape[-1]
+    ops.macs += marks.numel() * d + marks.numel() // marks.shape[-1] * d * d + z.numel() * d
+
+
 def _spiking_attention(ops: LayerOps, module: SpikingSelfAttention, args: tuple, out: torch.Tensor) -> None:
     """Only the spike-spike matmuls: the q/k/v/out projections and LIFs are counted as their own
     layers. QK^T costs one AC per pair of co-active query and key bits; attn x V one AC per
@@ -197,6 +205,7 @@ RULES: dict[type[nn.Module], Rule] = {
     nn.TransformerEncoderLayer: _encoder_layer,
     QueryPooling: _query_pooling,
     DLinear: _dlinear,
+    TimeFusion: _time_fusion,
     MonotoneQuantiles: _monotone,
 }
 FOLDED = (nn.BatchNorm1d, nn.BatchNorm2d, nn.LayerNorm)  # folded or elementwise: not counted

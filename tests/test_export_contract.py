@@ -79,7 +79,7 @@ def _halve_nir_threshold(monkeypatch: pytest.MonkeyPatch) -> None:
 def _double_netx_threshold(monkeypatch: pytest.MonkeyPatch) -> None:
     def doubled(path: Path) -> dict:
         netx = read_netx(path)
-        netx["layer"][-1]["neuron"]["vThMant"] *= 2
+        netx["layer"][1]["neuron"]["vThMant"] *= 2  # the first LIF layer (0 is the input) fires most
         return netx
 
     monkeypatch.setattr("export.lava.read_netx", doubled)

@@ -77,10 +77,6 @@ class Forecaster(nn.Module):
             return embedded.flatten(0, 1)
         return self.personal["project"](x)
 
-    def _marks_like(self, marks: torch.Tensor, features: int) -> torch.Tensor:
-        """The calendar inputs once per sequence the backbone sees: per feature when channel-independent."""
-        return marks.repeat_interleave(features, dim=0) if self.channel_independent else marks
-
     def forward(self, x: torch.Tensor, marks: torch.Tensor) -> torch.Tensor:
         """``x`` (B, L, F_i) scaled values, ``marks`` (B, L, t) time features -> (B, H, F_i): the
         point forecast, which is the median of a quantile model (``cfg.quantiles``).
@@ -102,7 +98,8 @@ class Forecaster(nn.Module):
     @staticmethod
     def window_stats(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Per-window, per-feature mean and std (B, 1, F) used by ``instance_norm``."""
-        return x.mean(1, keepdim=True), (x.var(1, keepdim=True, unbiased=False) + 1e-5).sqrt()
+        mean = x.mean(1, keepdim=True)
+        return mean, ((x - mean).square().mean(1, keepdim=True) + 1e-5).sqrt()
 
     def encode(self, x: torch.Tensor, marks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Everything before the backbone: (x, marks) -> aligned, time-fused z (B, L, d_qap) and the
@@ -116,7 +113,7 @@ class Forecaster(nn.Module):
         normalized = (x - mean) / std
         if self.cfg.seasonal_base:
             mean = mean + self.shared["base"](normalized) * std
-        return self.shared["time"](self.align(normalized), self._marks_like(marks, x.shape[-1])), mean, std
+        return self.shared["time"](self.align(normalized), marks), mean, std
 
     def readout(self, representation: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) -> torch.Tensor:
         """Everything after the backbone: its representation (B, A, C) -> personal head -> forecast

@@ -89,4 +89,12 @@ class TimeFusion(nn.Module):
         self.concat = nn.Linear(2 * d, d)
 
     def forward(self, z: torch.Tensor, marks: torch.Tensor) -> torch.Tensor:
-        return self.concat(torch.cat([z, self.project(marks)], dim=-1))
+        """``z`` (B * copies, L, d) and ``marks`` (B, L, t): the time features are projected once per
+        window and shared by its ``copies`` sequences (a channel-independent model's features).
+        The concat Linear is applied as its two halves: the same map without building the concat."""
+        d = z.shape[-1]
+        copies = z.shape[0] // marks.shape[0]
+        weight, bias = self.concat.weight, self.concat.bias
+        time = nn.functional.linear(self.project(marks), weight[:, d:], bias)  # (B, L, d)
+        values = nn.functional.linear(z, weight[:, :d])
+        return (values.unflatten(0, (marks.shape[0], copies)) + time[:, None]).flatten(0, 1)
