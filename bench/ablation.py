@@ -4,7 +4,7 @@ The steps are cumulative, in this order (an ablation in another order would spli
 differently where changes interact): the benchmark's old setting (QAP with d = 32, FedPer's
 personal head, L = 48, MSE, at most 96 training windows per client, 6 epochs or rounds); a
 channel-independent model (every feature its own sequence, d = 1); every training window and 10
-epochs or rounds; a week of lookback; the MAE loss; the seasonal base; the head shared by the
+epochs or rounds; at least 64 optimizer steps a round (more passes over a short history); a week of lookback; the MAE loss; the seasonal base; the head shared by the
 fleet (the recipe, ``ModelConfig()``); and what the product serves, each gateway's best candidate
 on validation among FedAvg, Local-only and the anchors. Local-only and FedAvg at K = 30 days and
 the full history, one seed, the three datasets of bench/value.py, test MASE on the value
@@ -25,9 +25,10 @@ from datasets import bench_fleet
 OLD = {"lookback": 48, "d_qap": 32, "qap_heads": 4, "projection": "qap", "head": "personal", "seasonal_base": False,
        "loss": "mse"}
 STEPS = [
-    ("old setting", OLD, {"max_windows": 96, "rounds": 6}),
+    ("old setting", OLD, {"max_windows": 96, "rounds": 6, "min_steps": 0}),
     ("channel-independent", {"projection": "channel", "d_qap": 1, "qap_heads": 1}, {}),
     ("every window, 10 epochs", {}, {"max_windows": None, "rounds": 10}),
+    (">= 64 steps a round", {}, {"min_steps": 64}),
     ("lookback 168", {"lookback": 168}, {}),
     ("MAE loss", {"loss": "mae"}, {}),
     ("seasonal base", {"seasonal_base": True}, {}),
@@ -75,7 +76,8 @@ def run_job(dataset: str, days: int, step: int | None, method: str, seed: int | 
             if test is not None:
                 per_client[c.name] = {"mase": test.mase, "mse": test.mse, "mae": test.mae, "val": val.score}
     else:
-        per_client = learned(fleet, recipe, method, seed, {**cfg, "rounds": training["rounds"]})
+        per_client = learned(fleet, recipe, method, seed, {**cfg, "rounds": training["rounds"],
+                                                           "min_steps": training["min_steps"]})
     return {"dataset": dataset, "history_days": days, "backbone": None if step is None else f"step{step}",
             "step": step, "method": method, "seed": seed, "clients": per_client,
             "seconds": time.perf_counter() - started}

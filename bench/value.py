@@ -89,9 +89,9 @@ def learned(fleet: list, model, method: str, seed: int, cfg: dict) -> dict:
     from edge_agent.train import evaluate
 
     personal = cfg["personal_epochs"] if method == "fedrep" else 0
-    recipe = AgentTraining()  # the product's batch size and learning rate
+    recipe = AgentTraining()  # the product's batch size, learning rate and steps per round
     fed = FederationConfig(rounds=cfg["rounds"], local_epochs=cfg["local_epochs"], batch_size=recipe.batch_size,
-                           lr=recipe.lr, seed=seed, test_every_round=False, personal_epochs=personal)
+                           lr=recipe.lr, min_steps=cfg.get("min_steps", recipe.min_steps), seed=seed, test_every_round=False, personal_epochs=personal)
     if method in ("local", "centralized"):
         result = (run_local_only if method == "local" else run_centralized)(fleet, model, TrainingBudget.matching(fed))
     else:

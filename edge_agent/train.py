@@ -31,6 +31,14 @@ class LocalTraining(BaseModel):
     local_epochs: int = Field(1, ge=1, description="local epochs E per round")
     batch_size: int = Field(128, ge=1)
     lr: float = Field(1e-3, gt=0)
+    min_steps: int = Field(0, ge=0, description="at least this many optimizer steps per round: a short history "
+                           "gets more passes over its few windows")
+
+    def epochs_over(self, size: int, epochs: int | None = None) -> int:
+        """The passes one round makes over ``size`` windows: ``epochs`` (default ``local_epochs``),
+        or more where those would take fewer than ``min_steps`` steps."""
+        per_epoch = max(1, math.ceil(size / self.batch_size))
+        return max(self.local_epochs if epochs is None else epochs, math.ceil(self.min_steps / per_epoch))
 
 
 class HeadTraining(LocalTraining):

@@ -194,6 +194,7 @@ def simulate(
     stride: Annotated[int, typer.Option(help="step between training windows")] = 1,
     batch_size: int = TRAINING_DEFAULTS["batch_size"],
     lr: float = TRAINING_DEFAULTS["lr"],
+    min_steps: Annotated[int, typer.Option(help="at least this many optimizer steps per round (more passes over a short history)")] = TRAINING_DEFAULTS["min_steps"],
     data: Annotated[Optional[Path], typer.Option(help="your own CSV (date column + numeric columns); default: bundled weather sites")] = None,
     date_column: Annotated[Optional[str], typer.Option(help="name of the date column in --data")] = None,
     fill: Annotated[str, typer.Option(help="gaps in --data: refuse | skip | ffill | interpolate")] = GapPolicy().fill,
@@ -231,7 +232,7 @@ def simulate(
         cfg = (ModelConfig.paper if paper else ModelConfig)(backbone=backbone, hidden=hidden,
                                                             quantiles=parse_levels(quantiles), **given)
         fed = FederationConfig(
-            rounds=rounds, local_epochs=local_epochs, batch_size=batch_size, lr=lr, seed=seed, twin=twin,
+            rounds=rounds, local_epochs=local_epochs, batch_size=batch_size, lr=lr, min_steps=min_steps, seed=seed, twin=twin,
             twin_max_age=twin_max_age, strategy=strategy, server={"lr": server_lr, "momentum": server_momentum},
             personal_epochs=personal_epochs, alternate=alternate, prox_mu=prox_mu, keep_local=keep_local,
             anchors=tuple(a.strip() for a in anchors.split(",") if a.strip()), game={"variant": aggregator},

@@ -28,12 +28,13 @@ class TrainingBudget:
     batch_size: int
     lr: float
     seed: int
+    min_steps: int = 0
 
     @classmethod
     def matching(cls, fed: FederationConfig) -> TrainingBudget:
         """The one baseline definition: as many epochs as the federation's rounds x local epochs,
-        the companion's patience, the same batch size, learning rate and seed."""
-        return cls(fed.rounds * fed.local_epochs, fed.local_patience, fed.batch_size, fed.lr, fed.seed)
+        the companion's patience, the same batch size, learning rate, seed and steps per round."""
+        return cls(fed.rounds * fed.local_epochs, fed.local_patience, fed.batch_size, fed.lr, fed.seed, fed.min_steps)
 
 
 @dataclass
@@ -54,12 +55,13 @@ def fleet_models(clients: Sequence[ClientData], cfg: ModelConfig, seed: int) -> 
 
 def run_local_only(clients: Sequence[ClientData], cfg: ModelConfig, budget: TrainingBudget) -> BaselineResult:
     """Each client trains its own full model on its own data with early stopping (FedQAPer 4.3.1):
-    the ``LocalCompanion`` a federated gateway keeps, run for ``budget.max_epochs``."""
-    training = LocalTraining(batch_size=budget.batch_size, lr=budget.lr)
+    the ``LocalCompanion`` a federated gateway keeps, stepped ``budget.max_epochs`` times (one epoch
+    each, more under ``min_steps``)."""
+    training = LocalTraining(batch_size=budget.batch_size, lr=budget.lr, min_steps=budget.min_steps)
     best, epochs = [], {}
     for i, (model, client) in enumerate(zip(fleet_models(clients, cfg, budget.seed), clients)):
         alone = LocalCompanion(model, client, training, budget.seed, i, budget.patience)
-        while alone.epochs < budget.max_epochs and not alone.stopped:
+        for _ in range(budget.max_epochs):
             alone.step()
         epochs[client.name] = alone.epochs
         best.append(alone.best_model())

@@ -1,6 +1,6 @@
 """Never worse than alone: a gateway's own local-only model, trained beside the federated one.
 
-It trains one epoch per call with a persistent Adam and the local-only baseline's early stopping
+It trains one epoch per call (more under ``min_steps``, each validated) with a persistent Adam and the local-only baseline's early stopping
 (FedQAPer 4.3.1): the state with the best validation score (MSE; QS for quantile models) is
 kept, and training stops after ``patience`` epochs without improvement. Nothing of it is ever
 sent. ``run_local_only`` is this class run for ``max_epochs``, so the companion of a federation
@@ -37,17 +37,19 @@ class LocalCompanion:
         return self.waited >= self.patience
 
     def step(self) -> None:
-        """One more epoch unless early stopping has ended training; keeps the best state."""
-        if self.stopped:
-            return
-        self.epochs += 1
-        train_epochs(self.model, self.data.train, 1, self.training.batch_size, self.optimizer,
-                     seed_for(self.seed, Stream.LOCAL_ONLY_EPOCH, self.client_index, self.epochs))
-        val = evaluate(self.model, self.data.val).score
-        if val < self.best_val:
-            self.best_val, self.best, self.waited = val, copy.deepcopy(self.model.state_dict()), 0
-        else:
-            self.waited += 1
+        """One round's training: one epoch, or as many as ``min_steps`` asks for, each validated so
+        early stopping keeps the best epoch however many a round holds."""
+        for _ in range(self.training.epochs_over(len(self.data.train), 1)):
+            if self.stopped:
+                return
+            self.epochs += 1
+            train_epochs(self.model, self.data.train, 1, self.training.batch_size, self.optimizer,
+                         seed_for(self.seed, Stream.LOCAL_ONLY_EPOCH, self.client_index, self.epochs))
+            val = evaluate(self.model, self.data.val).score
+            if val < self.best_val:
+                self.best_val, self.best, self.waited = val, copy.deepcopy(self.model.state_dict()), 0
+            else:
+                self.waited += 1
 
     def best_model(self) -> Forecaster:
         """A copy of the model in its best validation state."""

@@ -75,7 +75,7 @@ class HeadLearner(Learner):
         self._fit_personal(self.model, round_index)
         t = self.training
         trained = self.model.shared if t.alternate else self.model
-        loss = train_epochs(self.model, self.data.train, t.local_epochs, t.batch_size, make_optimizer(trained, t.lr),
+        loss = train_epochs(self.model, self.data.train, t.epochs_over(len(self.data.train)), t.batch_size, make_optimizer(trained, t.lr),
                             seed_for(self.seed, Stream.LOCAL_TRAINING, round_index, self.client_index),
                             self._proximal() if t.prox_mu > 0 else None)
         if self.alone is not None:
