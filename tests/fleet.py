@@ -16,7 +16,7 @@ from edge_agent.data import allocate_features, build_pool, client_tables, load_c
 
 MODEL = {"backbone": "dlinear", "lookback": 24, "horizon": 12, "d_qap": 16, "qap_heads": 2}
 TRAINING = {"local_epochs": 1, "batch_size": 64, "lr": 0.003, "stride": 16, "keep_local": False,
-            "anchors": []}  # the transport under test; test_service checks the serving choice
+            "anchors": [], "min_steps": 0}  # the transport under test; test_service checks the serving choice
 SEED = 7
 
 

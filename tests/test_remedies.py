@@ -128,3 +128,21 @@ def test_a_federation_with_keep_local_reports_which_gateways_serve_their_local_m
     plain = run_federation(fleet, cfg, fed.model_copy(update={"keep_local": False}))
     assert result.records[-1].val.mse <= plain.records[-1].val.mse  # per-client choice can only help on val
     assert all(set(r.serving_local) <= {c.name for c in fleet} for r in result.records)
+
+
+def test_min_steps_gives_a_short_history_more_passes_and_the_companion_validates_each(fleet) -> None:
+    training = HeadTraining(batch_size=16, lr=3e-3, min_steps=50)
+    windows = len(fleet[0].train)
+    per_epoch = math.ceil(windows / 16)
+    assert training.epochs_over(windows) == math.ceil(50 / per_epoch) > 1
+    assert training.epochs_over(16 * 50) == 1  # a long history keeps local_epochs
+    assert HeadTraining(batch_size=16, local_epochs=3, min_steps=50).epochs_over(16 * 50) == 3
+    cfg = small_config("dlinear")
+    plain = run_local_only(fleet, cfg, TrainingBudget(2, 100, 16, 3e-3, 4))
+    floored = run_local_only(fleet, cfg, TrainingBudget(2, 100, 16, 3e-3, 4, min_steps=50))
+    assert all(e == 2 for e in plain.epochs.values())
+    assert all(floored.epochs[c.name] == 2 * training.epochs_over(len(c.train)) for c in fleet)
+    learner = head_learners(fleet, cfg, training.model_copy(update={"keep_local": True, "local_patience": 1}), seed=4)[0]
+    learner.alone.step()  # one round: every epoch validated, patience 1 may stop it inside the round
+    assert 1 <= learner.alone.epochs <= training.epochs_over(len(fleet[0].train))
+    assert evaluate(learner.alone.best_model(), fleet[0].val).score == pytest.approx(learner.alone.best_val)
