@@ -17,12 +17,14 @@ and M5) is the headline. Reported per (dataset, K, backbone, method): means over
 seeds' half-range, client runs better than their own Local-only model and than their own best
 anchor, and the largest excess of one gateway over its own best anchor. Usage:
 
-    python bench/value.py --quick     # DLinear recipe, 3 datasets x 4 histories x 3 seeds
+    python bench/value.py --quick     # DLinear recipe, 3 datasets x 4 histories x 3 seeds (23 min, 2 cores)
     python bench/value.py             # + a spiking backbone, MSTL, Centralized, 20 station clients
+    python bench/value.py --quick --report-only   # value.md and value.png again from value.json
 """
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
@@ -214,8 +216,34 @@ def verdicts(rows: list[dict], cfg: dict) -> dict:
     return out
 
 
+def headline(summary: dict) -> list[str]:
+    """One line per (dataset, K, backbone): the best anchor, Local-only, the federated methods and
+    what the product serves, with the served forecast's gain over the best anchor and its worst gateway."""
+    cfg = summary["config"]
+    learned = cfg["learned"]
+    lines = ["| dataset | K days | backbone | best anchor | " + " | ".join(learned) + " | served | served vs anchor "
+             "| worst gateway vs its anchor | served (gateway runs) |",
+             "|---|---|---|---|" + "---|" * len(learned) + "---|---|---|---|"]
+    for dataset in cfg["datasets"]:
+        for days in cfg["history_days"]:
+            cell = [r for r in summary["rows"] if (r["dataset"], r["history_days"]) == (dataset, days)]
+            anchor = min((r for r in cell if r["backbone"] is None), key=lambda r: r["mase"])
+            for backbone in cfg["backbones"]:
+                by = {r["method"]: r for r in cell if r["backbone"] == backbone}
+                served = by[SERVED]
+                counts = ", ".join(f"{name} {n}" for name, n in served["served_counts"].items())
+                lines.append(f"| {dataset} | {days or 'full'} | {backbone} | {anchor['method']} {anchor['mase']:.3f} | "
+                             + " | ".join(f"{by[m]['mase']:.3f}" for m in learned)
+                             + f" | **{served['mase']:.3f}** | {served['mase'] / anchor['mase'] - 1:+.1%} | "
+                             f"{served['worst_client_vs_best_anchor']:+.1%} | {counts} |")
+    return lines
+
+
 def markdown(summary: dict) -> str:
-    lines = ["MASE (headline), MSE and MAE on the whole training split's scale per feature, means over seeds ± "
+    lines = ["Per cell: the best anchor (chosen on test, in hindsight), each learned method and what the product "
+             "serves (test MASE, means over seeds); 'worst gateway' = the largest excess of one gateway's served "
+             "MASE over its own best anchor's.", "", *headline(summary), "",
+             "MASE (headline), MSE and MAE on the whole training split's scale per feature, means over seeds ± "
              "half-range of the fleet MASE; 'beat local' / 'beat anchor' = client runs better than their own "
              "Local-only model / their own best anchor (on test); 'worst vs anchor' = the largest excess of one "
              "gateway's MASE over its own best anchor's, over clients and seeds.", "",
@@ -264,8 +292,13 @@ def plot(summary: dict, path: Path) -> None:
 
 
 def main() -> None:
-    args, cfg, started = configure(bench_parser(__doc__, "DLinear recipe, 10 rounds (about 30 min on 2 cores)"),
-                                   QUICK, FULL)
+    parser = bench_parser(__doc__, "DLinear recipe, 10 rounds (23 min on 2 cores)")
+    parser.add_argument("--report-only", action="store_true", help="re-render value.md and value.png from --out/value.json")
+    args, cfg, started = configure(parser, QUICK, FULL)
+    if args.report_only:
+        summary = json.loads((args.out / "value.json").read_text())
+        write_report(args.out, "value", summary, markdown, plot)
+        return
     runs = run_parallel(run_job, jobs(cfg), args.workers,
                         lambda r: f"{r['dataset']:>11} K={r['history_days'] or 'full':>4} {r['backbone'] or '-':>8} "
                                   f"{r['method']:>19} seed {r['seed'] or '-'}: MASE "
