@@ -60,7 +60,7 @@ class AgentTraining(HeadTraining):
     batch_size: int = Field(RECIPE["batch_size"], ge=1)
     lr: float = Field(RECIPE["lr"], gt=0)
     min_steps: int = Field(RECIPE["min_steps"], ge=0, description="at least this many optimizer steps per round: a "
-                           "short history gets more passes over its few windows")
+                           "short history gets more passes over its few windows (head mode)")
     keep_local: bool = Field(RECIPE["keep_local"], description="also train a local-only model and serve it where it "
                              "validates better")
     anchors: tuple[str, ...] = Field(RECIPE["anchors"], description="anchors (edge_agent.anchors) the gateway serves "

@@ -31,14 +31,6 @@ class LocalTraining(BaseModel):
     local_epochs: int = Field(1, ge=1, description="local epochs E per round")
     batch_size: int = Field(128, ge=1)
     lr: float = Field(1e-3, gt=0)
-    min_steps: int = Field(0, ge=0, description="at least this many optimizer steps per round: a short history "
-                           "gets more passes over its few windows")
-
-    def epochs_over(self, size: int, epochs: int | None = None) -> int:
-        """The passes one round makes over ``size`` windows: ``epochs`` (default ``local_epochs``),
-        or more where those would take fewer than ``min_steps`` steps."""
-        per_epoch = max(1, math.ceil(size / self.batch_size))
-        return max(self.local_epochs if epochs is None else epochs, math.ceil(self.min_steps / per_epoch))
 
 
 class HeadTraining(LocalTraining):
@@ -71,6 +63,14 @@ class HeadTraining(LocalTraining):
                                  "difference the coordinator sends")
     anchors: tuple[str, ...] = Field((), description="anchors (edge_agent.anchors: seasonal_naive, window_average, "
                                      "ets, ...) the gateway serves wherever one validates better than its models")
+    min_steps: int = Field(0, ge=0, description="at least this many optimizer steps per round: a short history "
+                           "gets more passes over its few windows (head mode)")
+
+    def epochs_over(self, size: int, epochs: int | None = None) -> int:
+        """The passes one round makes over ``size`` windows: ``epochs`` (default ``local_epochs``),
+        or more where those would take fewer than ``min_steps`` steps."""
+        per_epoch = max(1, math.ceil(size / self.batch_size))
+        return max(self.local_epochs if epochs is None else epochs, math.ceil(self.min_steps / per_epoch))
 
     @field_validator("anchors")
     @classmethod

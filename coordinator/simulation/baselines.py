@@ -15,7 +15,7 @@ from edge_agent.learners.head import client_model, initial_shared_state
 from edge_agent.models import Forecaster, ModelConfig
 from edge_agent.seeds import Stream, seed_for
 from edge_agent.train import (
-    LocalTraining, Metrics, early_stopping, evaluate, forecast_loss, make_optimizer, weighted_metrics,
+    HeadTraining, Metrics, early_stopping, evaluate, forecast_loss, make_optimizer, weighted_metrics,
 )
 
 
@@ -57,7 +57,7 @@ def run_local_only(clients: Sequence[ClientData], cfg: ModelConfig, budget: Trai
     """Each client trains its own full model on its own data with early stopping (FedQAPer 4.3.1):
     the ``LocalCompanion`` a federated gateway keeps, stepped ``budget.max_epochs`` times (one epoch
     each, more under ``min_steps``)."""
-    training = LocalTraining(batch_size=budget.batch_size, lr=budget.lr, min_steps=budget.min_steps)
+    training = HeadTraining(batch_size=budget.batch_size, lr=budget.lr, min_steps=budget.min_steps)
     best, epochs = [], {}
     for i, (model, client) in enumerate(zip(fleet_models(clients, cfg, budget.seed), clients)):
         alone = LocalCompanion(model, client, training, budget.seed, i, budget.patience)

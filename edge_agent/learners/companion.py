@@ -18,13 +18,13 @@ from edge_agent.data import ClientData
 from edge_agent.models import Forecaster
 from edge_agent.seeds import Stream, seed_for
 from edge_agent.tensors import TensorDict, check_layout, layout_of
-from edge_agent.train import LocalTraining, evaluate, make_optimizer, train_epochs
+from edge_agent.train import HeadTraining, evaluate, make_optimizer, train_epochs
 
 
 class LocalCompanion:
     """One client's local-only model and its early-stopping bookkeeping."""
 
-    def __init__(self, model: Forecaster, data: ClientData, training: LocalTraining, seed: int, client_index: int,
+    def __init__(self, model: Forecaster, data: ClientData, training: HeadTraining, seed: int, client_index: int,
                  patience: int):
         self.model, self.data, self.training, self.patience = model, data, training, patience
         self.seed, self.client_index = seed, client_index

@@ -81,8 +81,7 @@ class FedalLearner(FoundationLearner):
         optimizer = torch.optim.Adam([p for m in modules for p in m.parameters()], lr=self.training.lr)
         reference = self.model.latent_bias.clone()
         anchor = [p.detach().clone() for p in self.model.parameters()]
-        epochs = self.training.epochs_over(len(self.data.train))
-        steps = seeded_steps(optimizer, len(self.data.train), epochs, self.training.batch_size,
+        steps = seeded_steps(optimizer, len(self.data.train), self.training.local_epochs, self.training.batch_size,
                              seed, lambda batch, epoch, step: self._loss(self.data.train[batch], reference, anchor,
                                                                          derive_seed(seed, epoch, step)))
         return mean_term(steps)

@@ -74,7 +74,7 @@ def local_pretraining(model: FoundationModel, device: DeviceSeries, training: Lo
         inputs, masked = masked_batch(x, model.cfg, derive_seed(seed, epoch, step))
         return masked_mse(model(inputs), x, masked, device.present)
 
-    return mean_term(seeded_steps(optimizer, len(device.train), training.epochs_over(len(device.train)), training.batch_size, seed,
+    return mean_term(seeded_steps(optimizer, len(device.train), training.local_epochs, training.batch_size, seed,
                                   step_loss))
 
 

@@ -79,8 +79,7 @@ class PromptLearner(Learner):
 
     def train(self, round_index: int) -> float:
         t = self.training
-        epochs = t.epochs_over(len(self.data.train))
-        terms = train_prompts(self.model, self.loss, self.data.train, self.data.present, epochs, t.batch_size,
+        terms = train_prompts(self.model, self.loss, self.data.train, self.data.present, t.local_epochs, t.batch_size,
                               t.lr, seed_for(self.seed, Stream.LOCAL_TRAINING, round_index, self.client_index),
                               self._eq6_targets())
         return terms["total"]
