@@ -19,7 +19,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from common import bench_parser, capped_stride, configure, run_config, run_parallel, save_figure, write_report
+from common import bench_parser, capped_stride, configure, panel_row, run_config, run_parallel, save_figure, write_report
 from datasets import bench_fleet
 
 OLD = {"lookback": 48, "d_qap": 32, "qap_heads": 4, "projection": "qap", "head": "personal", "seasonal_base": False,
@@ -56,7 +56,7 @@ def run_job(dataset: str, days: int, step: int | None, method: str, seed: int | 
     import torch
 
     from edge_agent.models import ModelConfig
-    from value import learned
+    from value import anchored, learned
 
     torch.set_num_threads(threads)
     started = time.perf_counter()
@@ -68,13 +68,7 @@ def run_job(dataset: str, days: int, step: int | None, method: str, seed: int | 
     fleet = bench_fleet(dataset, days, recipe.lookback, recipe.horizon, stride, cfg["val_stride"], cfg["clients"],
                         cfg["f_max"])
     if step is None:
-        from edge_agent.selection import anchor_metrics
-
-        per_client = {}
-        for c in fleet:
-            test, val = anchor_metrics(c, method, "test"), anchor_metrics(c, method, "val")
-            if test is not None:
-                per_client[c.name] = {"mase": test.mase, "mse": test.mse, "mae": test.mae, "val": val.score}
+        per_client = anchored(fleet, method)
     else:
         per_client = learned(fleet, recipe, method, seed, {**cfg, "rounds": training["rounds"],
                                                            "min_steps": training["min_steps"]})
@@ -140,15 +134,10 @@ def markdown(summary: dict) -> str:
 
 def plot(summary: dict, path: Path) -> None:
     """Local-only and FedAvg MASE per step, one panel per (dataset, K), the best anchor dashed."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     cfg = summary["config"]
     panels = [(d, k) for d in cfg["datasets"] for k in cfg["history_days"]]
-    fig, axes = plt.subplots(1, len(panels), figsize=(3.4 * len(panels), 3.4), squeeze=False)
-    for ax, (dataset, days) in zip(axes[0], panels):
+    fig, axes = panel_row(len(panels), 3.4)
+    for ax, (dataset, days) in zip(axes, panels):
         rows = [r for r in summary["rows"] if (r["dataset"], r["history_days"]) == (dataset, days)]
         steps = [r for r in rows if "served" not in r]
         for method in cfg["learned"]:

@@ -86,6 +86,17 @@ def commit() -> str:
     return head + ("+dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
 
 
+def panel_row(count: int, width: float):
+    """A figure of one row of ``count`` panels, each ``width`` inches wide, drawn headless; and its axes."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, count, figsize=(width * count, 3.4), squeeze=False)
+    return fig, axes[0]
+
+
 def save_figure(fig, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)

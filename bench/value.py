@@ -28,7 +28,7 @@ import json
 import time
 from pathlib import Path
 
-from common import bench_parser, configure, run_config, run_parallel, save_figure, write_report
+from common import bench_parser, configure, panel_row, run_config, run_parallel, save_figure, write_report
 from datasets import bench_fleet
 
 QUICK = {
@@ -71,16 +71,22 @@ def run_job(dataset: str, days: int, backbone: str | None, method: str, seed: in
     torch.set_num_threads(threads)
     started = time.perf_counter()
     fleet = clients(dataset, days, tuple(sorted((k, v) for k, v in cfg.items() if not isinstance(v, list))))
-    if backbone is None:
-        from edge_agent.selection import anchor_metrics
-
-        test = {c.name: anchor_metrics(c, method, "test") for c in fleet}
-        val = {c.name: anchor_metrics(c, method, "val") for c in fleet}
-        per_client = {name: {**scores(m), "val": val[name].score} for name, m in test.items() if m is not None}
-    else:
-        per_client = learned(fleet, model_config(backbone), method, seed, cfg)
+    per_client = anchored(fleet, method) if backbone is None else learned(fleet, model_config(backbone), method,
+                                                                          seed, cfg)
     return {"dataset": dataset, "history_days": days, "backbone": backbone, "method": method, "seed": seed,
             "clients": per_client, "seconds": time.perf_counter() - started}
+
+
+def anchored(fleet: list, anchor: str) -> dict:
+    """Per-client test scores and validation score of one anchor (clients too short for it left out)."""
+    from edge_agent.selection import anchor_metrics
+
+    out = {}
+    for client in fleet:
+        test = anchor_metrics(client, anchor, "test")
+        if test is not None:
+            out[client.name] = {**scores(test), "val": anchor_metrics(client, anchor, "val").score}
+    return out
 
 
 def learned(fleet: list, model, method: str, seed: int, cfg: dict) -> dict:
@@ -266,17 +272,12 @@ def markdown(summary: dict) -> str:
 
 def plot(summary: dict, path: Path) -> None:
     """MASE vs history days per method, one panel per (dataset, backbone); anchors dashed."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     cfg = summary["config"]
     panels = [(d, b) for d in cfg["datasets"] for b in cfg["backbones"]]
-    fig, axes = plt.subplots(1, len(panels), figsize=(3.8 * len(panels), 3.4), squeeze=False)
+    fig, axes = panel_row(len(panels), 3.8)
     days = cfg["history_days"]
     ticks = [d or max(days) * 3 for d in days]
-    for ax, (dataset, backbone) in zip(axes[0], panels):
+    for ax, (dataset, backbone) in zip(axes, panels):
         methods = [(m, None) for m in cfg["anchors"]] + [(m, backbone) for m in cfg["learned"] + [SERVED]]
         for method, bb in methods:
             by = {r["history_days"]: r["mase"] for r in summary["rows"]
