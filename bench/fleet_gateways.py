@@ -97,6 +97,8 @@ class Gateway:
             self._publish("status", b"offline", retain=True)
             self.client.disconnect()
             self.done = True
+        elif header.get("participants") is not None and self.id not in header["participants"]:
+            self.tally["rounds_not_asked"] += 1
         elif header["round"] not in self.sent:
             self.sent.add(header["round"])
             self._publish("update", restamp(self.update, sender=self.id, round=header["round"],

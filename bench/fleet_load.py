@@ -32,8 +32,8 @@ from fleet_probe import Monitor, ProcessProbe, folder_bytes
 from mqtt_bench import loopback_broker, raise_fd_limit, raw_throughput, restamp
 
 MODES = ("head", "prompt")
-QUICK = {"agents": [100, 1000], "rounds": 3, "modes": list(MODES)}
-FULL = {"agents": [100, 1000, 5000], "rounds": 3, "modes": list(MODES)}
+QUICK = {"agents": [100, 1000], "rounds": 3, "modes": list(MODES), "fractions": [1.0, 0.1]}
+FULL = {"agents": [100, 1000, 5000], "rounds": 3, "modes": list(MODES), "fractions": [1.0, 0.1]}
 MODEL = {"backbone": "dlinear", "lookback": 48, "horizon": 24, "d_qap": 16, "qap_heads": 4}  # ~23 KB updates
 # Prompt mode (FedPoD's client) around the default foundation model (d_model 64, 2 layers): the
 # update is the prompts plus the shared output layer. Aggregated with FedAvg here: FedPoD's graph
@@ -91,11 +91,15 @@ def check_worker_envelopes(spec: FleetSpec, decode) -> None:
     assert (header.sender, header.round, header.campaign) == ("gw00001", 3, "c1") and tensors
 
 
-def coordinator_toml(work: Path, port: int, agents: int, rounds: int, fleet_model: dict, fleet: str) -> Path:
+def coordinator_toml(work: Path, port: int, agents: int, rounds: int, fleet_model: dict, fleet: str,
+                     fraction: float = 1.0) -> Path:
+    """Round 1 waits for every gateway; each round asks ``fraction`` of them (the round policy)
+    and needs all it asked."""
     from edge_agent.config import dump_toml
 
-    data = {"fleet": fleet, "state_dir": str(work / "state"), "rounds": rounds, "min_clients": agents,
-            "start_clients": agents, "round_timeout_s": float(TIMEOUT_S), "linger_s": 10.0, **fleet_model,
+    data = {"fleet": fleet, "state_dir": str(work / "state"), "rounds": rounds,
+            "min_clients": math.ceil(fraction * agents), "start_clients": agents, "round_timeout_s": float(TIMEOUT_S),
+            "linger_s": 10.0, "participation": {"fraction": fraction, "quorum": 1.0}, **fleet_model,
             "broker": {"port": port}}
     path = work / "coordinator.toml"
     path.write_text(dump_toml(data))
@@ -138,9 +142,10 @@ def collect(report, processes: list, wait_s: float) -> dict:
 
 
 def run_fleet(agents: int, rounds: int, fleet_model: dict, spec: FleetSpec, work: Path,
-              profile: Path | None = None) -> dict:
-    """One N: raw throughput, then the fleet's rounds, timed and measured (with ``profile``, the
-    coordinator runs under pyinstrument and its text report is written there)."""
+              profile: Path | None = None, fraction: float = 1.0) -> dict:
+    """One N: raw throughput, then the fleet's rounds (each asking ``fraction`` of the gateways),
+    timed and measured (with ``profile``, the coordinator runs under pyinstrument and its text
+    report is written there)."""
     from coordinator.broker_setup import MIN_QUEUED, QUEUED_PER_AGENT
     from edge_agent.mqtt import COORDINATOR_RECEIVE_WINDOW
 
@@ -152,7 +157,7 @@ def run_fleet(agents: int, rounds: int, fleet_model: dict, spec: FleetSpec, work
         log = open(work / "coordinator.log", "w")
         coordinator = subprocess.Popen(
             [sys.executable, *profiler(profile, agents), "-m", "edgefl.cli", "coordinator", "serve", "--config",
-             str(coordinator_toml(work, port, agents, rounds, fleet_model, spec.fleet))],
+             str(coordinator_toml(work, port, agents, rounds, fleet_model, spec.fleet, fraction))],
             stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONPATH": str(ROOT)})
         probes = {"coordinator": ProcessProbe(coordinator.pid), "broker": ProcessProbe(bpid)}
         try:
@@ -171,7 +176,7 @@ def run_fleet(agents: int, rounds: int, fleet_model: dict, spec: FleetSpec, work
             monitor.stop()
             for probe in probes.values():
                 probe.stop()
-    row = measures(agents, rounds, size, raw, monitor, probes, started)
+    row = {"fraction": fraction, **measures(agents, rounds, size, raw, monitor, probes, started)}
     row.update(gateways, store_mb=round(folder_bytes(work / "state") / 1e6, 1), completed=row["completed"] and finished)
     if not row["completed"]:
         ended = "the fleet finished" if finished else f"no finished announcement within {TIMEOUT_S} s"
@@ -190,21 +195,25 @@ def profiler(folder: Path | None, agents: int) -> list[str]:
 def measures(agents: int, expected: int, size: int, raw: float, monitor: Monitor, probes: dict, started: float) -> dict:
     """The row of one N from the monitor's timestamps and the process probes."""
     announced, accepted = monitor.announced, monitor.accepted
-    rounds = sorted(r for r in accepted if len(accepted[r]) == agents and r + 1 in announced)
+    rounds = sorted(r for r in accepted if len(accepted[r]) == monitor.asked.get(r, agents) and r + 1 in announced)
+    round_s = [announced[r + 1] - announced[r] for r in rounds]
     ingest = [max(accepted[r]) - announced[r] for r in rounds]
     spread = [(max(accepted[r]) - min(accepted[r])) * 1000 for r in rounds]
     overhead = [(announced[r + 1] - max(accepted[r])) * 1000 for r in rounds]
     coordinator, broker = probes["coordinator"], probes["broker"]
     first, last = announced.get(1, started), announced.get(max(announced, default=1), time.monotonic())
     ingest_s = statistics.median(ingest) if ingest else None
+    updates = statistics.median(len(accepted[r]) for r in rounds) if rounds else agents  # per round
     return {
         "agents": agents, "completed": len(rounds) == expected, "rounds_completed": len(rounds),
         "accepted_per_round": {r: len(times) for r, times in sorted(accepted.items())},
         "update_bytes": size, "join_s": round(first - started, 2),
-        "ingest_updates_s": round(agents / ingest_s, 1) if ingest_s else None,
-        "ingest_mb_s": round(agents * size / ingest_s / 1e6, 2) if ingest_s else None,
+        "ingest_updates_s": round(updates / ingest_s, 1) if ingest_s else None,
+        "ingest_mb_s": round(updates * size / ingest_s / 1e6, 2) if ingest_s else None,
         "raw_mb_s": round(raw, 1), "raw_updates_s": round(raw * 1e6 / size, 1),
         "round_overhead_ms": round(statistics.median(overhead), 1) if overhead else None,
+        "round_s": round(statistics.median(round_s), 3) if round_s else None,
+        "asked_per_round": dict(sorted(monitor.asked.items())),
         "first_to_last_update_ms": [round(x, 1) for x in spread], "ingest_s_per_round": [round(x, 3) for x in ingest],
         "round_overhead_ms_per_round": [round(x, 1) for x in overhead],
         "rss_mb": coordinator.hwm_mb, "rss_end_mb": coordinator.rss_mb, "cpu_s": coordinator.cpu_s(),
@@ -215,14 +224,16 @@ def measures(agents: int, expected: int, size: int, raw: float, monitor: Monitor
 
 def table(summary: dict) -> str:
     """The rows as a markdown table."""
-    head = ("mode", "agents", "done", "KB", "ingest upd/s", "ingest MB/s", "raw MB/s", "overhead ms", "spread ms", "RSS MB",
-            "CPU s", "store MB")
+    head = ("mode", "agents", "fraction", "asked", "done", "KB", "round s", "ingest upd/s", "ingest MB/s", "raw MB/s",
+            "overhead ms", "spread ms", "RSS MB", "CPU s", "store MB")
     lines = [" | ".join(head), " | ".join("---" for _ in head)]
     for r in summary["rows"]:
         spread = max(r["first_to_last_update_ms"], default=None)
+        asked = sorted(set(r.get("asked_per_round", {}).values())) or [r["agents"]]
         lines.append(" | ".join(str(x) for x in (
-            r.get("mode", "head"), r["agents"], r["completed"], round(r["update_bytes"] / 1e3, 1), r["ingest_updates_s"], r["ingest_mb_s"],
-            r["raw_mb_s"], r["round_overhead_ms"], spread and round(spread), r["rss_mb"], r["cpu_s"], r["store_mb"])))
+            r.get("mode", "head"), r["agents"], r.get("fraction", 1.0), "/".join(map(str, asked)), r["completed"],
+            round(r["update_bytes"] / 1e3, 1), r.get("round_s"), r["ingest_updates_s"], r["ingest_mb_s"], r["raw_mb_s"],
+            r["round_overhead_ms"], spread and round(spread), r["rss_mb"], r["cpu_s"], r["store_mb"])))
     return "\n".join(lines)
 
 
@@ -236,7 +247,8 @@ def plot(summary: dict, path: Path) -> None:
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
     for mode, marker in zip(MODES, "os"):
-        rows = [r for r in summary["rows"] if r.get("mode", "head") == mode and r["round_overhead_ms"] is not None]
+        rows = [r for r in summary["rows"] if r.get("mode", "head") == mode and r["round_overhead_ms"] is not None
+                and r.get("fraction", 1.0) == 1.0]
         if not rows:
             continue
         n, size = [r["agents"] for r in rows], f"{rows[0]['update_bytes'] / 1e3:.0f} KB"
@@ -262,11 +274,12 @@ def main() -> None:
     rows = []
     for mode in cfg["modes"]:
         for agents in cfg["agents"]:
-            with tempfile.TemporaryDirectory() as tmp:
-                fleet_model, spec = templates(f"load{agents}", mode, Path(tmp))
-                row = run_fleet(agents, cfg["rounds"], fleet_model, spec, Path(tmp), args.profile)
-                rows.append({"mode": mode, **row})
-            print(table({"rows": rows[-1:]}).splitlines()[-1], flush=True)
+            for fraction in cfg["fractions"]:
+                with tempfile.TemporaryDirectory() as tmp:
+                    fleet_model, spec = templates(f"load{agents}", mode, Path(tmp))
+                    row = run_fleet(agents, cfg["rounds"], fleet_model, spec, Path(tmp), args.profile, fraction)
+                    rows.append({"mode": mode, **row})
+                print(table({"rows": rows[-1:]}).splitlines()[-1], flush=True)
     cfg.update(model=MODEL, prompt=PROMPT, load_average_after=os.getloadavg(), gateways_per_process=GATEWAYS_PER_PROCESS, timeout_s=TIMEOUT_S, distinct_bodies=BODIES)
     summary = {"rows": rows, "config": run_config(cfg, args.quick, started)}
     write_report(args.out, "fleet_load", summary, table, plot)

@@ -25,6 +25,7 @@ class Monitor:
     def __init__(self, port: int, fleet: str):
         self.root = f"edgefl/{fleet}"
         self.announced: dict[int, float] = {}
+        self.asked: dict[int, int] = {}  # round -> participants named by its announcement (sampled rounds)
         self.accepted: dict[int, list[float]] = defaultdict(list)
         self.rejected: Counter = Counter()
         self.online, self.finished = threading.Event(), threading.Event()
@@ -44,6 +45,8 @@ class Monitor:
         header = envelope_header(message.payload)
         if header["kind"] == "round":
             self.announced.setdefault(header["round"] + header["finished"], now)
+            if header.get("participants") is not None:
+                self.asked[header["round"]] = len(header["participants"])
             if header["finished"]:
                 self.finished.set()
         elif header["kind"] == "reply" and header["about"] == "update" and header["accepted"]:

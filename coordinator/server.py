@@ -18,7 +18,9 @@ import queue
 import time
 from collections.abc import Callable
 from functools import partial
+from pathlib import Path
 
+from coordinator.access import Access
 from coordinator.config import CoordinatorConfig
 from coordinator.engine import RoundEngine, RoundResult
 from coordinator.intake import (
@@ -29,7 +31,9 @@ from coordinator.observe.service import Observer
 from coordinator.pretraining import write_foundation
 from coordinator.store import RoundRow, Store
 from coordinator.store_backends import LeaseLost
-from coordinator.strategies import ClientInfo, ClientUpdate, make_strategy
+from coordinator.participants import Participants
+from coordinator.strategies import ClientInfo, ClientUpdate, RoundPolicy, make_strategy
+from edge_agent.config import differences, signed_settings
 from edge_agent.learners import fleet_template
 from edge_agent.mqtt import COORDINATOR_RECEIVE_WINDOW, Connection, Incoming
 from edge_agent.protocol import (
@@ -40,19 +44,25 @@ from edge_agent.tensors import TensorDict
 
 log = logging.getLogger("edgefl.coordinator")
 SENDER = "coordinator"
+FINISHED_EXIT_CODE = 4  # `coordinator serve` on a state_dir whose campaign has ended
+class CampaignFinished(RuntimeError):
+    """The state_dir holds a campaign whose last round is aggregated: nothing left to serve."""
 
 
 class Coordinator:
     """Runs the rounds of one fleet until the last one is aggregated."""
 
     def __init__(self, cfg: CoordinatorConfig, on_event: Callable[[str, dict], None] | None = None,
-                 store: Store | None = None):
-        """``store``: as ``lease.take_lead`` gave it (taken here, waiting for the lease, if None)."""
+                 store: Store | None = None, config_path: Path | None = None):
+        """``store``: as ``lease.take_lead`` gave it (taken here, waiting for the lease, if None);
+        ``config_path``: the file ``cfg`` came from, whose allow-list is reloaded when it changes."""
         self.cfg = cfg
+        self.access = Access(cfg, config_path)
         self.topics = Topics(cfg.fleet)
         self.store = store or take_lead(cfg)
         template = fleet_template(cfg, cfg.seed)
         self.initial, self.signature = template.initial, template.signature
+        self.settings = signed_settings(cfg)  # what the signature stands for: refusals name the differences
         self.update_layout = template.update_layout  # global state + what updates carry beyond it (core-sets)
         self.strategy = make_strategy(cfg, template.initial, cfg.seed)
         self.engine = RoundEngine(self.strategy, cfg, self.store.tensors, robust=cfg.robust,
@@ -64,6 +74,8 @@ class Coordinator:
         self._decoded: dict[tuple[int, str], dict] = {}  # this round's accepted tensors, kept for aggregation
         self.campaign = self._campaign()
         self._announced: RoundRow | None = None  # the round on the broker as of our last announcement
+        policy = RoundPolicy(cfg.participation, cfg.min_clients, cfg.seed)
+        self.participants = Participants(policy, self.store, self.access)
 
     def _connection(self, client_id: str, *extra_subscriptions: str) -> Connection:
         """The broker session: every agent's hello/update/status and the round topic, acknowledged
@@ -82,11 +94,17 @@ class Coordinator:
     # lifecycle -------------------------------------------------------------------------------
 
     def serve(self, stop: Callable[[], bool] = lambda: False) -> None:
-        """Resume or start the rounds and process messages until the last round is aggregated."""
+        """Resume or start the rounds and process messages until the last round is aggregated.
+        Raises ``CampaignFinished`` on a campaign that already ended."""
         current, goodbye = self._resume(), self.topics.coordinator_status
+        if current.closed_at is not None:
+            self.store.close()
+            raise CampaignFinished(f"campaign {self.campaign} finished with round {current.round}: nothing to serve; "
+                                   f"start the next campaign with an empty state_dir (this one: {self.cfg.state_dir})")
         self.connection.start()
         if not self.connection.connected.wait(30):
             raise ConnectionError(f"cannot reach the broker at {self.cfg.broker.host}:{self.cfg.broker.port}")
+        self.access.watch_hangup()
         try:
             self.observer.start(self.campaign)
             current = self._await_fleet(current, stop)
@@ -97,10 +115,7 @@ class Coordinator:
             self._write_foundation(closed)  # again: a crash may have come between the close and the file
             self._announce(current)
             while current.closed_at is None and not stop():
-                batch = self._drain()
-                if batch:
-                    self._process(batch)
-                current = self._maybe_close(current)
+                current = self._maybe_close(current, fresh=self._step())
             self._await_goodbyes(stop)
         except LeaseLost:
             goodbye = None  # another coordinator leads now: not ours to say the coordinator went offline
@@ -139,9 +154,7 @@ class Coordinator:
                 log.info("waiting for the fleet: %d/%d clients registered", registered, self.cfg.start_clients)
                 self.on_event("waiting", {"registered": registered, "needed": self.cfg.start_clients})
                 shown = registered
-            batch = self._drain()
-            if batch:
-                self._process(batch)
+            self._step()
         self.store.extend_deadline(1, time.time() + self.cfg.round_timeout_s)
         return self.store.round(1)
 
@@ -151,9 +164,7 @@ class Coordinator:
         true when the process exits."""
         deadline = time.time() + self.cfg.linger_s
         while self.store.online_clients() and not stop() and time.time() < deadline:
-            batch = self._drain()
-            if batch:
-                self._process(batch)
+            self._step()
         if still := self.store.online_clients():
             log.info("exiting with clients still online (their Last Will or a retained 'offline' will tell): %s",
                      sorted(still))
@@ -171,6 +182,7 @@ class Coordinator:
         header = RoundHeader(
             fleet=self.cfg.fleet, sender=SENDER, round=row.round, deadline_unix=row.deadline,
             model_signature=self.signature, finished=finished, campaign=self.campaign,
+            participants=None if finished else self.participants.named(row),
         )
         self.connection.publish(self.topics.round, encode(header, state), retain=True)
         self._announced = row
@@ -178,19 +190,17 @@ class Coordinator:
 
     # rounds ----------------------------------------------------------------------------------
 
-    def _maybe_close(self, row: RoundRow) -> RoundRow:
-        count, waiting = self.store.quorum_state(row.round)
-        quorum = count >= self.cfg.min_clients
-        if quorum and not waiting:
-            return self._close(row, self.store.updates(row.round), "all online clients reported")
-        if time.time() < row.deadline:
+    def _maybe_close(self, row: RoundRow, fresh: bool = True) -> RoundRow:
+        progress, why = self.participants.close_reason(row, fresh)
+        if why is not None:
+            return self._close(row, self.store.updates(row.round), why)
+        now = time.time()
+        if now < row.deadline:
             return row
-        if quorum:
-            return self._close(row, self.store.updates(row.round), "deadline")
-        deadline = time.time() + self.cfg.round_timeout_s
+        deadline = now + self.cfg.round_timeout_s
         self.store.extend_deadline(row.round, deadline)
         log.warning("round %d: deadline passed with %d/%d updates; waiting until %.0f",
-                    row.round, count, self.cfg.min_clients, deadline)
+                    row.round, progress.reported, self.cfg.min_clients, deadline)
         return self.store.round(row.round)
 
     def _close(self, row: RoundRow, updates: list, why: str) -> RoundRow:
@@ -212,12 +222,14 @@ class Coordinator:
             for u in updates
         ]
         self._decoded.clear()
-        roster = [ClientInfo(c.client_id, c.n_samples, c.latitude, c.longitude) for c in self.store.clients().values()]
+        roster = [ClientInfo(c.client_id, c.n_samples, c.latitude, c.longitude) for c in self.store.clients().values()
+                  if self.access.allows(c.client_id) and self.participants.takes_part(row, c.client_id)]
         result = self.engine.close(row.round, self.store.load_file(row.global_file), on_time, roster)
         self.store.save_strategy_state(row.round, self.strategy.state_dict())
         for client, tensors in result.personal.items():
             self.store.save_personal(row.round, client, tensors)
         metrics = {"clients": list(result.on_time), "imputed": list(result.imputed), "dropped": list(result.dropped),
+                   **self.participants.closed(row, [u.client_id for u in updates]),
                    "twin": result.twin, "loss": result.loss, "closed_by": why, "rejected": result.rejected,
                    "clipped": list(result.clipped), "weight": result.weight, **result.metrics}
         self.store.finish_round(row.round, metrics, result.global_state, next_deadline)
@@ -253,6 +265,26 @@ class Coordinator:
 
     # messages --------------------------------------------------------------------------------
 
+    def _step(self) -> bool:
+        """One turn of a service loop: a changed allow-list into force, then the messages waiting
+        (whether there were any)."""
+        if self.access.refresh():
+            self._revoke()
+        batch = self._drain()
+        if batch:
+            self._process(batch)
+        return bool(batch)
+
+    def _revoke(self) -> None:
+        """Registered clients the reloaded allow-list no longer names: offline from now on (no
+        round waits for them, no twin stands in for them) and refused from their next message."""
+        for client, row in self.store.clients().items():
+            if not self.access.allows(client):
+                if row.online:
+                    self.store.set_online(client, False)
+                log.warning("revoked: %s is no longer in allowed_clients", client)
+                self.on_event("revoked", {"client": client})
+
     def _drain(self, limit: int = COORDINATOR_RECEIVE_WINDOW) -> list[Incoming]:
         """Wait briefly for one message, then take whatever else is already queued."""
         try:
@@ -276,11 +308,13 @@ class Coordinator:
         except STORAGE_ERRORS as err:
             log.error("a batch of %d messages could not be stored; left for redelivery: %s", len(batch), err)
             return
-        for effect in effects:
-            effect()
-        self.on_event("ingested", {"messages": len(batch), "bytes": sum(len(m.payload) for m in batch)})
-        for message in batch:
-            self.connection.ack(message)
+        try:
+            for effect in effects:
+                effect()
+            self.on_event("ingested", {"messages": len(batch), "bytes": sum(len(m.payload) for m in batch)})
+        finally:  # stored: acknowledged even when an effect ends the service (a site refused upstream)
+            for message in batch:
+                self.connection.ack(message)
 
     def _commit(self, batch: list[Incoming]) -> Effects:
         with self.store.batch():
@@ -327,6 +361,8 @@ class Coordinator:
     def _on_status(self, client: str, payload: bytes) -> Effects:
         if payload not in (b"online", b"offline") or not self.store.is_registered(client):
             return []
+        if not self.access.allows(client):
+            return []  # a revoked client stays offline
         self.store.set_online(client, payload == b"online")
         return [partial(self.on_event, "presence", {"client": client, "online": payload == b"online"})]
 
@@ -347,19 +383,31 @@ class Coordinator:
                 partial(self.on_event, "rejected", {"client": client, "code": refusal.code, "reason": refusal.reason})]
 
     def _register(self, hello: HelloHeader) -> Effects:
-        if self.cfg.registration == "closed" and hello.sender not in self.cfg.allowed_clients:
-            raise ProtocolError("unknown_client", f"{hello.sender!r} is not in allowed_clients")
+        if not self.access.allows(hello.sender):
+            raise ProtocolError("not_allowed", f"{hello.sender!r} is not in allowed_clients")
         if hello.model_signature != self.signature:
-            raise ProtocolError("bad_signature", "the agent's model differs from the coordinator's")
+            raise ProtocolError("bad_signature", self._model_difference(hello))
         self.store.register(hello)
         self.store.log("hello", hello.sender, None, True)
-        return [self._reply(hello.sender, "hello", 0, True),
+        return [self._reply(hello.sender, "hello", 0, True), partial(self.participants.heard_from, hello.sender),
                 partial(self.on_event, "registered", {"client": hello.sender})]
+
+    def _model_difference(self, hello: HelloHeader) -> str:
+        """What differs between an agent's model and the fleet's, field by field where its hello
+        says what its signature stands for."""
+        fields = differences(self.settings, hello.model_settings) if hello.model_settings is not None else []
+        if fields:
+            return f"the agent's model differs from the fleet's (set in coordinator.toml): {'; '.join(fields)}"
+        if hello.model_settings is not None:
+            return "the agent's settings match the fleet's but its tensors do not (another edgefl version?)"
+        return "the agent's model differs from the coordinator's"
 
     def _accept_update(self, header: UpdateHeader, tensors: TensorDict, body: bytes) -> Effects:
         client, current = header.sender, self.store.latest_round()
         if header.campaign != self.campaign:
             raise ProtocolError("wrong_campaign", f"update for campaign {header.campaign!r}, this is {self.campaign!r}")
+        if not self.access.allows(client):
+            raise ProtocolError("not_allowed", f"{client!r} is not in allowed_clients (revoked)")
         if not self.store.is_registered(client):
             raise ProtocolError("unknown_client", f"{client!r} has not registered (send hello first)")
         if header.round > current.round:
@@ -368,11 +416,13 @@ class Coordinator:
             raise ProtocolError("duplicate", f"round {header.round} already has an update from {client!r}")
         check_tensors(tensors, self.update_layout)
         late = header.round < current.round or current.closed_at is not None
+        if not late and not self.participants.takes_part(current, client):
+            raise ProtocolError("not_asked", f"round {current.round} did not ask {client!r} to train")
         self.store.save_update(
             header.round, client, header.n_samples, body, header.body_sha256, header.metrics, late=late
         )
         if late:
-            return self._late(client, header.round, tensors)
+            return [*self._late(client, header.round, tensors), partial(self.participants.heard_from, client)]
         self.store.log("update", client, current.round, True)
         return [partial(self._decoded.__setitem__, (current.round, client), tensors),
                 self._reply(client, "update", current.round, True),

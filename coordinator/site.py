@@ -23,6 +23,7 @@ import math
 import time
 from collections.abc import Callable
 from functools import partial
+from pathlib import Path
 
 from coordinator.config import UPLINK, AggregatorConfig
 from coordinator.intake import Effects, Refusal, guarded
@@ -33,6 +34,7 @@ from edge_agent.protocol import (
     MAX_FEATURES, MAX_SAMPLES, HelloHeader, PersonalHeader, ProtocolError, ReplyHeader, RoundHeader, Topics,
     UpdateHeader, check_tensors, decode, encode,
 )
+from edge_agent.session import Session
 from edge_agent.tensors import TensorDict, layout_of
 
 log = logging.getLogger("edgefl.site")
@@ -42,12 +44,13 @@ class SiteAggregator(Coordinator):
     """Serves the central coordinator's rounds to one site's gateways until the campaign ends."""
 
     def __init__(self, cfg: AggregatorConfig, on_event: Callable[[str, dict], None] | None = None,
-                 store: Store | None = None):
+                 store: Store | None = None, config_path: Path | None = None):
         self.uplink = Topics(cfg.fleet, UPLINK)
-        super().__init__(cfg, on_event, store)
+        super().__init__(cfg, on_event, store, config_path)
         self.site = cfg.site
         self._central: dict | None = json.loads(self.store.meta("central") or "null")  # last central announcement
         self._reintroduce = False  # set on (re)connect: hello and pending uploads go out from the main loop
+        self.session = Session(f"site {cfg.site}")  # after a refusal: when to introduce the site again
         self._ended = False  # the central end was passed on to the gateways
 
     def _connection(self, client_id: str, *extra_subscriptions: str) -> Connection:
@@ -65,15 +68,14 @@ class SiteAggregator(Coordinator):
         if not self.connection.connected.wait(30):
             raise ConnectionError(f"cannot reach the broker at {self.cfg.broker.host}:{self.cfg.broker.port}")
         try:
+            self.access.watch_hangup()
             self.observer.start(self.campaign or "(waiting for the central coordinator)")
             self._resume_site()
             while not stop() and not self._ended:
-                if self._reintroduce:
+                if self._reintroduce or self.session.due():
                     self._reintroduce = False
                     self._introduce()
-                batch = self._drain()
-                if batch:
-                    self._process(batch)
+                self._step()
                 self._follow()
             self._await_goodbyes(stop)
         finally:
@@ -161,7 +163,8 @@ class SiteAggregator(Coordinator):
         if not count or count < self.cfg.start_clients:
             return
         hello = HelloHeader(fleet=self.cfg.fleet, sender=self.site, n_features=min(features, MAX_FEATURES),
-                            n_samples=min(samples, MAX_SAMPLES), model_signature=self.signature)
+                            n_samples=min(samples, MAX_SAMPLES), model_signature=self.signature,
+                            model_settings=self.settings)
         self.connection.publish(self.uplink.agent(self.site, "hello"), encode(hello))
 
     def _register(self, hello: HelloHeader) -> Effects:
@@ -218,12 +221,16 @@ class SiteAggregator(Coordinator):
                 partial(self.on_event, "central", central)]
 
     def _on_central_reply(self, reply: ReplyHeader) -> Effects:
+        """The central coordinator's answer; refusals go to the session (backoff, or ``Refused``
+        after repeated terminal ones, raised once the batch is stored)."""
+        answer = [self.session.accepted if reply.accepted else
+                  partial(self.session.refused, reply.code, reply.about, reply.reason)]
         if reply.code == "unknown_client":
-            return [partial(setattr, self, "_reintroduce", True)]
+            return answer
         if reply.about == "update" and (reply.accepted or reply.code == "duplicate"):
             self.store.set_meta("delivered", str(max(reply.round, int(self.store.meta("delivered") or 0))))
-            return [partial(self.on_event, "delivered", {"round": reply.round, "code": reply.code})]
+            return [*answer, partial(self.on_event, "delivered", {"round": reply.round, "code": reply.code})]
         if not reply.accepted:
             log.error("the central coordinator refused our %s of round %d: %s", reply.about, reply.round, reply.reason)
-            return [partial(self.on_event, "refused", {"about": reply.about, "code": reply.code})]
-        return []
+            return [*answer, partial(self.on_event, "refused", {"about": reply.about, "code": reply.code})]
+        return answer

@@ -167,14 +167,14 @@ class Store:
     def online_clients(self) -> set[str]:
         return {row[0] for row in self.db.execute("SELECT client_id FROM clients WHERE online=1")}
 
-    def quorum_state(self, number: int) -> tuple[int, int]:
-        """For round ``number``: how many on-time updates it has, and how many online clients have
-        not sent one (a close check per message must not read every update row)."""
+    def quorum_state(self, number: int) -> tuple[int, set[str]]:
+        """For round ``number``: how many on-time updates it has, and the online clients that have
+        not sent one (two indexed queries; a close check must not read every update row)."""
         updates = self.db.execute("SELECT COUNT(*) FROM updates WHERE round=? AND late=0", (number,)).fetchone()[0]
-        waiting = self.db.execute(
-            "SELECT COUNT(*) FROM clients WHERE online=1 AND client_id NOT IN "
-            "(SELECT client_id FROM updates WHERE round=? AND late=0)", (number,)).fetchone()[0]
-        return updates, waiting
+        pending = {row[0] for row in self.db.execute(
+            "SELECT client_id FROM clients WHERE online=1 AND client_id NOT IN "
+            "(SELECT client_id FROM updates WHERE round=? AND late=0)", (number,))}
+        return updates, pending
 
     def clients(self) -> dict[str, ClientRow]:
         rows = self.db.execute(
@@ -247,6 +247,12 @@ class Store:
 
     def rounds(self) -> list[RoundRow]:
         return [self.round(r) for (r,) in self.db.execute("SELECT round FROM rounds ORDER BY round")]
+
+    def closed_rounds(self, last: int) -> list[RoundRow]:
+        """The ``last`` closed rounds, oldest first."""
+        rows = self.db.execute("SELECT round FROM rounds WHERE closed_at IS NOT NULL ORDER BY round DESC LIMIT ?",
+                               (last,)).fetchall()
+        return [self.round(r) for (r,) in reversed(rows)]
 
     def extend_deadline(self, number: int, deadline: float) -> None:
         self.db.execute("UPDATE rounds SET deadline=? WHERE round=?", (deadline, number))

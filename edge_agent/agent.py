@@ -19,7 +19,7 @@ import queue
 import time
 from collections.abc import Callable
 
-from edge_agent.config import AgentConfig
+from edge_agent.config import AgentConfig, signed_settings
 from edge_agent.data import DataError, SeriesTable
 from edge_agent.learners import HeadLearner, Learner, make_learner
 from edge_agent.live import LiveHistory
@@ -37,6 +37,7 @@ from edge_agent.protocol import (
     encode,
 )
 from edge_agent.serving.renewal import BundleRenewal, BundleWriter
+from edge_agent.session import Refused, Session
 from edge_agent.state import AgentState
 from edge_agent.storage import writable_folder
 from edge_agent.tensors import TensorDict, first_non_finite, l2_norm, layout_of
@@ -64,6 +65,7 @@ class Agent:
         self.serving = BundleRenewal(self.live, write_bundle) if self.live and cfg.serving and write_bundle else None
         self.on_event = on_event or (lambda kind, data: None)
         self.finished = False
+        self.session = Session(cfg.client_id, give_up_after_s=cfg.give_up_after_s)
         self.connection = Connection(
             cfg.broker,
             client_id=f"edgefl-agent-{cfg.fleet}-{cfg.client_id}",
@@ -116,25 +118,31 @@ class Agent:
     # lifecycle -------------------------------------------------------------------------------
 
     def run(self, stop: Callable[[], bool] = lambda: False) -> None:
-        """Serve rounds until the coordinator announces the end (or ``stop`` says so)."""
+        """Serve rounds until the coordinator announces the end (or ``stop`` says so); a live
+        gateway that serves forecasts goes on serving them and joins the next campaign."""
         importlib.import_module("torch._dynamo")  # torch optimizers load it on first use (~1.3 s): not in round 1
         if self.live:
             self.live.start()
         self.connection.start()
         why, polled = "an error (traceback follows)", time.monotonic()
         try:
-            while not self.finished and not stop():
+            while not (self.finished and self.serving is None) and not stop():
                 if self.learner is None and time.monotonic() - polled > HISTORY_POLL_S:
                     self._refresh_history()
                     polled = time.monotonic()
                 if self.serving is not None and self.serving.tick():
                     self.on_event("forecast", {"round": self.trained_round})
+                if self.session.due():
+                    self._introduce(resend=True)
                 try:
                     message = self.connection.inbox.get(timeout=0.1)
                 except queue.Empty:
                     continue
                 self._guarded(message)
             why = f"campaign {self.files.campaign} finished" if self.finished else "asked to stop"
+        except Refused:
+            why = "refused by the coordinator (see above)"
+            raise
         finally:
             log.info("%s exits: %s", self.cfg.client_id, why)
             self.connection.stop(self.topics.agent(self.cfg.client_id, "status"))
@@ -150,14 +158,15 @@ class Agent:
         """Register; with ``resend`` also re-send an update still waiting for its answer.
 
         Called on every connect (resend), when the coordinator comes online (it may not have
-        been subscribed to our hello yet; updates wait in its persistent session) and when it
-        says it does not know us (resend)."""
+        been subscribed to our hello yet; updates wait in its persistent session) and, after
+        the session's backoff, when it refused us (resend)."""
         cid = self.cfg.client_id
         if self.learner is None:
             return  # not enough history yet: the fleet must not wait for this gateway
         hello = HelloHeader(
             fleet=self.cfg.fleet, sender=cid, n_features=self.learner.n_features, n_samples=self.learner.n_samples,
             latitude=self.table.latitude, longitude=self.table.longitude, model_signature=self.learner.signature,
+            model_settings=signed_settings(self.cfg),
         )
         self.connection.publish(self.topics.agent(cid, "hello"), encode(hello))
         if resend and self.files.pending.is_file():
@@ -167,6 +176,8 @@ class Agent:
         """Handle one message; whatever fails is logged and the agent goes on."""
         try:
             self._handle(message)
+        except Refused:
+            raise  # the coordinator keeps refusing us for a reason only an operator can fix: exit
         except Exception:  # the guard's purpose: no message may stop the agent
             log.exception("failed on a message on %s; going on", message.topic)
             self.on_event("error", {"topic": message.topic})
@@ -211,11 +222,18 @@ class Agent:
             self.on_event("global_refused", {"round": header.round, "reason": problem})
             self.learner = self._saved_learner()
         if header.finished:
-            log.info("campaign %s finished with round %d", header.campaign, header.round)
+            going_on = "; serving forecasts and waiting for the next campaign" if self.serving is not None else ""
+            log.info("campaign %s finished with round %d%s", header.campaign, header.round, going_on)
             self.finished = True
             self.on_event("finished", {"round": header.round})
             return
-        if header.round > self.trained_round:
+        if header.participants is not None and self.cfg.client_id not in header.participants:
+            log.info("round %d: not asked to train (%d of the fleet are)", header.round, len(header.participants))
+            self.on_event("not_asked", {"round": header.round})
+        elif self.session.shut_out:
+            log.warning("round %d: not training, the coordinator refused us (%s)", header.round,
+                        self.session.terminal[-1])
+        elif header.round > self.trained_round:
             self._train_and_send(header.round)
 
     def _stale(self, header) -> bool:
@@ -242,6 +260,7 @@ class Agent:
             self.learner, self.trained_round = make_learner(self.cfg, self.table), 0
             self.global_norm = self._model_norm()
         self.files.join(header.campaign)
+        self.finished = False
         self.on_event("joined", {"campaign": header.campaign})
         return True
 
@@ -321,13 +340,14 @@ class Agent:
         self.on_event("personal", {"round": header.round})
 
     def _on_reply(self, reply: ReplyHeader) -> None:
+        """Answers to our hello and updates; a refusal goes to the session, which schedules the
+        next introduction (or gives up: ``Refused``)."""
         self.on_event("reply", reply.model_dump())
-        if reply.code == "unknown_client":
-            self._introduce(resend=True)
-            return
-        if reply.about != "update":
-            if not reply.accepted:
-                log.error("coordinator refused our %s: %s", reply.about, reply.reason)
+        if reply.accepted:
+            self.session.accepted()
+        else:
+            self.session.refused(reply.code, reply.about, reply.reason)
+        if reply.about != "update" or reply.code == "unknown_client":
             return
         if reply.accepted or reply.code == "duplicate":
             self.files.pending.unlink(missing_ok=True)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from edge_agent.limits import NAME_PATTERN
 from edge_agent.models import ModelConfig
@@ -27,6 +27,9 @@ from edge_agent.train import HeadTraining
 
 MODE_FIELDS = {"head": {"model"}, "prompt": {"foundation", "foundation_sha256", "prompt"},
                "pretrain": {"foundation_model", "fedal_client"}}
+SIGNED_FIELDS = {"head": ("model",), "prompt": ("foundation_sha256", "prompt"),
+                 "pretrain": ("foundation_model", "fedal_client")}  # what the model signature stands for
+SHOWN_CHARS = 40  # of one value in a difference
 
 
 class FleetModel(PromptModeSettings):
@@ -49,6 +52,32 @@ class FleetModel(PromptModeSettings):
         if given:
             raise ValueError(f"{', '.join(given)}: not used in mode {self.mode!r}")
         return self
+
+
+def signed_settings(cfg: FleetModel) -> dict:
+    """The settings a fleet's model signature stands for, as plain data: what a hello carries so
+    that a refusal can name every field where an agent's model differs from the fleet's."""
+    values = {name: getattr(cfg, name) for name in SIGNED_FIELDS[cfg.mode]}
+    return {"mode": cfg.mode, **{name: v.model_dump(mode="json") if isinstance(v, BaseModel) else v
+                                 for name, v in values.items()}}
+
+
+def differences(fleet: dict, agent: dict, prefix: str = "") -> list[str]:
+    """Every field where an agent's settings differ from the fleet's, as ``path: agent X, fleet
+    Y`` (nested tables walked; cost bounded by the inputs, which a header bounds)."""
+    found = []
+    for key in sorted({*fleet, *agent}, key=str):
+        ours, theirs = fleet.get(key, "(unset)"), agent.get(key, "(unset)")
+        if isinstance(ours, dict) and isinstance(theirs, dict):
+            found += differences(ours, theirs, f"{prefix}{key}.")
+        elif ours != theirs:
+            found.append(f"{prefix}{key}: agent {_shown(theirs)}, fleet {_shown(ours)}")
+    return found
+
+
+def _shown(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= SHOWN_CHARS else text[: SHOWN_CHARS - 3] + "..."
 
 
 class AgentTraining(HeadTraining):
@@ -86,6 +115,8 @@ class AgentConfig(FleetModel):
         100.0, gt=1.0, description="refuse a global model whose L2 norm exceeds this multiple of the last accepted "
                                    "one's (at least 1.0): a poisoned average is not trained on")
     broker: BrokerConfig = BrokerConfig()
+    give_up_after_s: float = Field(30.0, ge=0, description="refused for good (not allowed, another model) this long "
+                                   "and at least 3 times, the agent exits with status 3")
     sensors: SensorSettings | None = Field(None, description="the gateway's sensors; needed with data.source = "
                                                              "'sensors' and only then")
     serving: ServingSettings | None = Field(None, description="a live gateway: publish forecasts on its local broker")

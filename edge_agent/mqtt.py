@@ -6,8 +6,12 @@ a queue, which the owning service drains on its main thread.
 
 from __future__ import annotations
 
+import logging
 import queue
+import socket
+import ssl
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,7 +20,13 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+log = logging.getLogger("edgefl.mqtt")
 QOS = 1
+REPEAT_FAILURE_LOG_S = 60.0  # the same connect failure is logged again at most this often
+CONNECT_TIMEOUT_S = 3.0  # a TCP/TLS connect that takes longer fails (and is retried): logged within 5 s
+PROBE_TIMEOUT_S = 1.5  # the probe that names a failure's cause
+AUTH_FAILURES = (0x86, 0x87)  # MQTT 5 CONNACK: bad user name or password, not authorized
+FIRST_CONNECT_WAIT_S = 3.0  # no session this long after start: say so, whatever paho is still waiting for
 DEFAULT_MAX_PAYLOAD_BYTES = 64 * 1024 * 1024
 COORDINATOR_RECEIVE_WINDOW = 256  # unacknowledged messages the broker may hand the coordinator at once
 
@@ -80,10 +90,13 @@ class Connection:
         if broker.tls_ca is not None:
             self.client.tls_set(ca_certs=str(broker.tls_ca))
         self.client.reconnect_delay_set(min_delay=1, max_delay=10)
+        self.client.connect_timeout = CONNECT_TIMEOUT_S
         self.client.on_connect = self._on_connect
+        self.client.on_connect_fail = self._on_connect_fail
         self.client.on_disconnect = self._on_disconnect
         self.client.on_message = self._on_message
         self.on_connected: list = []
+        self._failure: tuple[str, float] | None = None  # the last connect failure logged, and when
 
     def start(self) -> None:
         """Connect (clean_start=False, session expiry) and run the network loop in the background."""
@@ -95,6 +108,9 @@ class Connection:
             self.broker.host, self.broker.port, self.broker.keepalive_s, clean_start=False, properties=props
         )
         self.client.loop_start()
+        watchdog = threading.Timer(FIRST_CONNECT_WAIT_S, self._check_first_connect)
+        watchdog.daemon = True
+        watchdog.start()
 
     def stop(self, status_topic: str | None = None) -> None:
         """Say goodbye (retained 'offline') and disconnect cleanly."""
@@ -109,17 +125,68 @@ class Connection:
     def ack(self, message: Incoming) -> None:
         self.client.ack(message.mid, message.qos)
 
+    @property
+    def address(self) -> str:
+        return f"{self.broker.host}:{self.broker.port}"
+
     def _on_connect(self, client: mqtt.Client, _userdata, _flags, reason_code, _props) -> None:
         if reason_code.is_failure:
+            hint = " (check [broker] username and password)" if reason_code.value in AUTH_FAILURES else ""
+            self._log_failure(f"the broker refused the connection: {reason_code}{hint}")
             return
+        if self._failure is not None:
+            log.info("connected to the broker at %s", self.address)
+            self._failure = None
         for topic in self.subscriptions:
             client.subscribe(topic, qos=QOS)
         self.connected.set()
         for callback in self.on_connected:
             callback()
 
-    def _on_disconnect(self, _client, _userdata, _flags, _reason_code, _props) -> None:
+    def _on_connect_fail(self, _client, _userdata) -> None:
+        """The socket or TLS connection failed (paho does not say why: a probe finds out)."""
+        self._log_failure(connect_failure(self.broker))
+
+    def _log_failure(self, cause: str) -> None:
+        """One line naming the broker and the cause, at once; the same cause again at most once
+        every ``REPEAT_FAILURE_LOG_S`` while paho keeps retrying."""
+        now = time.monotonic()
+        if self._failure is None or self._failure[0] != cause or now - self._failure[1] >= REPEAT_FAILURE_LOG_S:
+            log.error("cannot connect to the MQTT broker at %s: %s (retrying)", self.address, cause)
+            self._failure = (cause, now)
+
+    def _check_first_connect(self) -> None:
+        if not self.connected.is_set() and self._failure is None:
+            self._log_failure(connect_failure(self.broker))
+
+    def _on_disconnect(self, _client, _userdata, _flags, reason_code, _props) -> None:
+        if not self.connected.is_set():
+            if self._failure is None or time.monotonic() - self._failure[1] > 1.0:
+                self._log_failure(f"the connection dropped before the broker accepted it ({reason_code})")
+        elif reason_code.is_failure:
+            log.warning("lost the connection to the broker at %s: %s (reconnecting)", self.address, reason_code)
         self.connected.clear()
 
     def _on_message(self, _client, _userdata, message: mqtt.MQTTMessage) -> None:
         self.inbox.put(Incoming(message.topic, bytes(message.payload), message.mid, message.qos, message.retain))
+
+
+def connect_failure(broker: BrokerConfig, timeout_s: float = PROBE_TIMEOUT_S) -> str:
+    """Why a connection to ``broker`` fails: name resolution, TCP or the TLS handshake, tried
+    once with a short timeout (what an operator needs to fix it)."""
+    try:
+        with socket.create_connection((broker.host, broker.port), timeout=timeout_s) as raw:
+            if broker.tls_ca is None:
+                return ("TCP connects but no MQTT session came of it (not an MQTT broker, one that expects TLS, "
+                        "or one too busy to answer?)")
+            context = ssl.create_default_context(cafile=str(broker.tls_ca))
+            with context.wrap_socket(raw, server_hostname=broker.host):
+                return "the TLS handshake succeeded on a retry; the first attempt failed"
+    except socket.gaierror as err:
+        return f"cannot resolve the host name ({err.strerror})"
+    except ssl.SSLError as err:
+        return f"TLS handshake failed ({err.reason or err})"
+    except TimeoutError:
+        return f"no answer within {timeout_s:g} s (unreachable, or a firewall drops the packets)"
+    except OSError as err:
+        return err.strerror or str(err)

@@ -24,7 +24,9 @@ import struct
 from typing import Annotated, Literal, Union
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, TypeAdapter, ValidationError, field_validator
+from pydantic import (
+    BaseModel, ConfigDict, Field, JsonValue, StringConstraints, TypeAdapter, ValidationError, field_validator,
+)
 from safetensors import SafetensorError
 from safetensors.torch import load as load_tensors
 from safetensors.torch import save as save_tensors
@@ -44,7 +46,9 @@ MAX_FEATURES = 10**6
 MAX_BODY_BYTES = 2**40
 MAX_METRICS = 32
 MAX_REASON = 500
+MAX_PARTICIPANTS = 900  # client ids a round announcement may name (64-character ids fit MAX_HEADER_BYTES)
 Metrics = dict[Annotated[str, StringConstraints(pattern=NAME_PATTERN)], float]
+ClientId = Annotated[str, StringConstraints(pattern=NAME_PATTERN)]
 
 class ProtocolError(ValueError):
     """A message that cannot be accepted; ``code`` is a stable machine-readable reason."""
@@ -76,6 +80,9 @@ class HelloHeader(_Header):
     latitude: float | None = Field(None, ge=-90, le=90)
     longitude: float | None = Field(None, ge=-180, le=180)
     model_signature: str = Field(pattern=r"^[0-9a-f]{16,64}$")
+    model_settings: dict[str, JsonValue] | None = Field(None, description="what the signature stands for "
+                                                        "(edge_agent.config.signed_settings), so a refusal can name "
+                                                        "the fields that differ")
 
 
 class UpdateHeader(_Header):
@@ -101,6 +108,8 @@ class RoundHeader(_Header):
     deadline_unix: float = Field(gt=0, le=1e11)
     model_signature: str = Field(pattern=r"^[0-9a-f]{16,64}$")
     finished: bool = False
+    participants: list[ClientId] | None = Field(None, max_length=MAX_PARTICIPANTS, description="the clients asked "
+                                                 "to train this round; None: every client")
 
 
 class ReplyHeader(_Header):

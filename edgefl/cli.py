@@ -201,6 +201,8 @@ def simulate(
     max_fill_steps: Annotated[int, typer.Option(help="longest gap (steps) that --fill fills")] = GapPolicy().max_fill_steps,
     dropout: Annotated[str, typer.Option(help="participation scenario: fpr (everyone) | rcd | vcpr | np | du")] = "fpr",
     absence: Annotated[float, typer.Option(help="share of missing updates under --dropout")] = 0.5,
+    fraction: Annotated[float, typer.Option(help="share of the clients the round policy asks each round (a seeded "
+                                            "draw, as the coordinator's [participation] fraction)")] = 1.0,
     twin: Annotated[str, typer.Option(help="impute missing clients: drop | stale | maf | wsf (FedDTW)")] = "drop",
     twin_max_age: Annotated[Optional[int], typer.Option(help="drop instead of imputing clients unseen for more rounds")] = None,
     strategy: Annotated[str, typer.Option(help="fedavg | fedavgm | fedadam | median | trimmed_mean | dp_fedavg | fedgame")] = "fedavg",
@@ -236,8 +238,12 @@ def simulate(
             twin_max_age=twin_max_age, strategy=strategy, server={"lr": server_lr, "momentum": server_momentum},
             personal_epochs=personal_epochs, alternate=alternate, prox_mu=prox_mu, keep_local=keep_local,
             anchors=tuple(a.strip() for a in anchors.split(",") if a.strip()), game={"variant": aggregator},
+            participation={"fraction": fraction},
         )
-        matrix = participation(dropout, rounds, clients, absence, seed)
+        if fraction < 1.0 and dropout != "fpr":
+            raise ValueError("--fraction samples the clients of each round; --dropout makes the asked ones miss "
+                             "rounds: choose one")
+        matrix = None if fraction < 1.0 else participation(dropout, rounds, clients, absence, seed)
         gaps = GapPolicy(fill=fill, max_fill_steps=max_fill_steps)
         if not data and gaps != GapPolicy():
             raise ValueError("--fill and --max-fill-steps apply to --data (the bundled weather sites have no gaps)")
@@ -274,7 +280,7 @@ def simulate(
                   f"served: {served_counts({c: s.which for c, s in zip(result.client_test, result.served)})}")
     summary = {
         "config": {"model": cfg.model_dump(), "federation": fed.model_dump(), "clients": clients, "f_max": f_max,
-                   "dropout": dropout, "absence": matrix.absence_rate},
+                   "dropout": dropout, "absence": 0.0 if matrix is None else matrix.absence_rate},
         "rounds": [
             {"round": r.round, "train_loss": r.train_loss, "val_score": r.val.score,
              **{f"test_{k}": v for k, v in metric_values(r.test).items()},

@@ -16,6 +16,7 @@ from rich.table import Table
 from edge_agent.toml_config import ConfigError, load_config
 from edge_agent.data import DataError
 from edge_agent.candidates import served_name, validation_scores
+from edge_agent.session import REFUSED_EXIT_CODE, Refused
 from edge_agent.storage import StateDirError
 
 console = Console(stderr=True)
@@ -31,9 +32,9 @@ def _setup(verbose: bool) -> None:
     )
 
 
-def _fail(message: str) -> None:
+def _fail(message: str, status: int = 2) -> None:
     console.print(f"[bold red]error:[/] {escape(message)}")
-    raise typer.Exit(2)
+    raise typer.Exit(status)
 
 
 class _Stopper:
@@ -61,8 +62,8 @@ def _print_event(kind: str, data: dict) -> None:
         line = f"round {data['round']}: foundation checkpoint {data['path']} (sha256 {data['sha256']})"
     elif kind == "sent":
         line = f"round {data['round']}: site update sent up ({data['n_samples']} samples)"
-    elif kind in ("rejected", "resumed", "registered", "campaign", "cleared", "ignored", "standby", "leading",
-                  "delivered", "refused") or (kind == "presence" and not data["online"]):
+    elif kind in ("rejected", "resumed", "registered", "revoked", "campaign", "cleared", "ignored", "standby",
+                  "leading", "delivered", "refused") or (kind == "presence" and not data["online"]):
         line = f"{kind}: {data}"
     else:
         return
@@ -86,6 +87,7 @@ def _serve(config: Path, verbose: bool, http: str | None, settings: type, servic
     """Load ``config`` as ``settings``, take the lead of its store (at once on SQLite; on
     PostgreSQL once the lease is ours) and run ``service`` until it ends or is stopped."""
     from coordinator.lease import take_lead
+    from coordinator.server import FINISHED_EXIT_CODE, CampaignFinished
     from coordinator.observe.settings import HttpSettings
     from coordinator.store_backends import LeaseLost
 
@@ -100,11 +102,15 @@ def _serve(config: Path, verbose: bool, http: str | None, settings: type, servic
     try:
         store = take_lead(cfg, stop, _print_event)
         if store is not None:
-            service(cfg, on_event=_print_event, store=store).serve(stop=stop)
+            service(cfg, on_event=_print_event, store=store, config_path=config).serve(stop=stop)
     except (ConnectionError, StateDirError) as err:
         _fail(str(err))
     except LeaseLost as err:
         _fail(f"{err}; stopped (a standby coordinator takes over)")
+    except Refused as err:
+        _fail(str(err), REFUSED_EXIT_CODE)
+    except CampaignFinished as err:
+        _fail(str(err), FINISHED_EXIT_CODE)
 
 
 @coordinator_app.command("serve")
@@ -226,7 +232,10 @@ def agent_run(config: ConfigPath, verbose: bool = False) -> None:
     table = agent.table
     if table is not None and table.gaps and table.gaps.gaps:
         console.print(f"{table.name}: {table.gaps.summary()}", soft_wrap=True)
-    agent.run(stop=_Stopper())
+    try:
+        agent.run(stop=_Stopper())
+    except Refused as err:
+        _fail(str(err), REFUSED_EXIT_CODE)
 
 
 @agent_app.command("serve")

@@ -57,8 +57,9 @@ def coordinator_config(
 
 
 def agent_config(folder: Path, port: int, index: int, csv: Path, training: dict | None = None,
-                 model: dict | None = None, **broker: object) -> Path:
-    data = {
+                 model: dict | None = None, extra: dict | None = None, **broker: object) -> Path:
+    """``agent.toml`` of a test gateway; ``extra``: more top-level fields, ``broker``: the [broker] table's."""
+    data = {**(extra or {}),
         "fleet": "test", "client_id": f"client{index:02d}", "state_dir": str(folder / f"agent{index}"),
         "seed": SEED, "client_index": index, "data": {"csv": str(csv)}, "model": model or MODEL,
         "training": {**TRAINING, **(training or {})}, "broker": {"port": port, "keepalive_s": 5, **broker},

@@ -124,7 +124,7 @@ def test_bad_inputs_are_rejected_with_reasons_and_the_run_finishes(tmp_path: Pat
                            model_signature=coordinator.signature)
     rogue.send("hello", encode(intruder), client="intruder")
     client, reply = rogue.reply()
-    assert (client, reply.accepted, reply.code) == ("intruder", False, "unknown_client")
+    assert (client, reply.accepted, reply.code) == ("intruder", False, "not_allowed")
 
     rogue.send("update", good)
     round_two = rogue.round(2)
@@ -139,7 +139,7 @@ def test_bad_inputs_are_rejected_with_reasons_and_the_run_finishes(tmp_path: Pat
     store = Store(cfg.state_dir)
     rejected = store.events(accepted=False)
     logged = {e["code"] for e in rejected}
-    assert {code for _, code in bad.values()} | {"unknown_client", "duplicate"} <= logged
+    assert {code for _, code in bad.values()} | {"not_allowed", "duplicate"} <= logged
     assert all(e["reason"] for e in rejected)
     for number in (1, 2):
         rows = store.updates(number)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
@@ -16,6 +17,7 @@ from paho.mqtt.properties import Properties
 
 from coordinator.broker_setup import COORDINATOR_USER, mosquitto_password_hash, write_fleet_setup
 from edge_agent.config import AgentConfig, dump_toml, load_config
+from edge_agent.mqtt import BrokerConfig, Connection
 from coordinator.config import CoordinatorConfig
 from tests.broker import Mosquitto, free_port
 
@@ -108,6 +110,30 @@ def test_passwords_are_checked_by_the_broker(fleet) -> None:
     client.loop_stop()
     _, rc = connect(port, "agent01", "wrong password")
     assert rc != 0
+
+
+def connect_failure_logged(broker: BrokerConfig, caplog: pytest.LogCaptureFixture) -> tuple[str, float]:
+    """Start a client session (the agent's and the site aggregator's) against ``broker``: the
+    first line it logs about the failure, and how long after the start that came."""
+    connection = Connection(broker, client_id="probe", will_topic="probe/status", subscriptions=[])
+    started = time.monotonic()
+    with caplog.at_level(logging.ERROR, logger="edgefl.mqtt"):
+        connection.start()
+        try:
+            wait_until(lambda: caplog.records, "a connect failure logged", timeout=10)
+        finally:
+            connection.stop()
+    return caplog.records[0].getMessage(), time.monotonic() - started
+
+
+def test_a_wrong_password_or_an_unreachable_broker_is_logged_within_5_s(fleet, caplog) -> None:
+    port, _ = fleet
+    line, seconds = connect_failure_logged(BrokerConfig(port=port, username="agent01", password="wrong"), caplog)
+    assert f"127.0.0.1:{port}" in line and "Not authorized (check [broker] username and password)" in line and seconds < 5, (line, seconds)
+    caplog.clear()
+    closed = free_port()
+    line, seconds = connect_failure_logged(BrokerConfig(port=closed), caplog)
+    assert f"127.0.0.1:{closed}" in line and "refused" in line and seconds < 5, (line, seconds)
 
 
 def test_an_agent_cannot_publish_on_another_agents_topic(fleet) -> None:

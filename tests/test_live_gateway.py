@@ -128,9 +128,12 @@ def test_a_live_gateway_stores_replayed_readings_keeps_them_across_a_restart_and
     wait_for(lambda: all(f"({kind}" in log.read_text() for kind in KINDS), 60, "every bad kind logged")
     coordinator = start(tmp_path, "coordinator", "coordinator", "serve", "-c",
                         str(coordinator_config(tmp_path, port, 2, start_clients=1)))
-    for process in (coordinator, second):
-        process.wait(240)
-    assert coordinator.returncode == 0, (tmp_path / "coordinator.log").read_text()
+    assert coordinator.wait(240) == 0, (tmp_path / "coordinator.log").read_text()
+    wait_for(lambda: "serving forecasts and waiting for the next campaign" in log.read_text(), 60,
+             "the gateway going on after the campaign")
+    assert second.poll() is None  # a live gateway serves on after the campaign ends, and joins the next
+    second.send_signal(signal.SIGTERM)
+    assert second.wait(60) == 0
 
     site = load_site("amsterdam").select(list(FEATURES))
     assert table.columns == FEATURES and table.n_rows == ROWS and table.observed.all()

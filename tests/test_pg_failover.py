@@ -66,7 +66,7 @@ def test_standby_takes_over_from_a_killed_leader_with_every_accepted_update(
         store.close()
     assert not list(tmp_path.glob("*/coordinator/**/*.safetensors"))  # tensors and twins: all in the database
     status = CliRunner(env={"COLUMNS": "250"}).invoke(app, ["coordinator", "status", "-c", str(standby_config)])
-    assert status.exit_code == 0 and status.stdout.count("all online clients reported") == ROUNDS, status.output
+    assert status.exit_code == 0 and status.stdout.count("all participants reported") == ROUNDS, status.output
     assert "fleet test is led by no coordinator" in status.stdout, status.output
     assert_rounds_equal(served_rounds(db, postgres_url), replay(db, paths, ROUNDS, postgres_url, twin="maf").states)
 

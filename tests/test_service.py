@@ -109,21 +109,22 @@ def on_time_rounds(store: Store, client: str) -> int:
     return sum(client in {u.client_id for u in store.updates(r.round)} for r in store.rounds())
 
 
-def run_agents(tmp_path: Path, port: int, paths: list[Path], training: dict | None = None, **broker: object) -> list:
+def run_agents(tmp_path: Path, port: int, paths: list[Path], training: dict | None = None,
+               extra: dict | None = None, **broker: object) -> list:
     return [start(tmp_path, f"agent{i}", "agent", "run", "-c",
-                  str(agent_config(tmp_path, port, i, p, training, **broker))) for i, p in enumerate(paths)]
+                  str(agent_config(tmp_path, port, i, p, training, extra=extra, **broker))) for i, p in enumerate(paths)]
 
 
 def start_fleet(
     tmp_path: Path, port: int, n_agents: int, rounds: int = ROUNDS, agent_broker: dict | None = None,
-    training: dict | None = None, **overrides: object,
+    training: dict | None = None, agent_extra: dict | None = None, **overrides: object,
 ):
     """Client CSVs, a coordinator and one agent per CSV, all started: (coordinator, agents, state dir).
     Round 1 waits for the whole fleet, so a slow-starting agent is never late for it."""
     paths = write_client_csvs(tmp_path, n_agents)
     config = coordinator_config(tmp_path, port, rounds, **{"start_clients": n_agents, **overrides})
     coordinator = start(tmp_path, "coordinator", "coordinator", "serve", "-c", str(config))
-    agents = run_agents(tmp_path, port, paths, training, **(agent_broker or {}))
+    agents = run_agents(tmp_path, port, paths, training, agent_extra, **(agent_broker or {}))
     return coordinator, agents, tmp_path / "coordinator"
 
 

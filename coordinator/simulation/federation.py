@@ -11,9 +11,9 @@ from typing import Literal
 from pydantic import ConfigDict, Field, model_validator
 
 from coordinator.engine import RoundEngine
-from coordinator.simulation.participation import Participation, everyone
+from coordinator.simulation.participation import Participation, everyone, policy_driven
 from coordinator.simulation.rounds import SimulatedRound, Tamper, run_rounds
-from coordinator.strategies import ClientInfo, StrategySettings, make_strategy
+from coordinator.strategies import ClientInfo, RoundPolicy, StrategySettings, make_strategy
 from coordinator.twins import TwinSettings
 from edge_agent.data import ClientData
 from edge_agent.learners import HeadLearner
@@ -127,6 +127,9 @@ def run_federation(
     ``tamper`` alters updates as they leave the clients (attacks, see ``run_rounds``); ``claims``
     are sample counts clients declare at hello instead of their true ones (lying gateways).
     """
+    if participation is None and fed.participation.sampling:
+        policy = RoundPolicy(fed.participation, 1, fed.seed)
+        participation = policy_driven(policy, fed.rounds, [c.name for c in clients])
     participation = participation or everyone(fed.rounds, len(clients))
     if participation.present.shape != (fed.rounds, len(clients)):
         raise ValueError(f"participation matrix is {participation.present.shape}, "

@@ -4,7 +4,8 @@ scenarios of FedDTW (section 3.3), or what a real fleet did (read from a coordin
 A ``Participation`` holds ``present`` (rounds x clients, 1 = the update arrives on time) and,
 for delayed updates, ``late`` (1 = the client trained but its update arrived after the round
 closed: it is discarded for aggregation and kept only as twin history) with ``arrival``, the
-round during which it arrives (by default the next one).
+round during which it arrives (by default the next one); and ``asked`` where the round policy
+samples (1 = asked to train; a client not asked is not missing: no twin stands in for it).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Literal
 import numpy as np
 
 from coordinator.store import Store
+from coordinator.strategies.participation import RoundPolicy
 from edge_agent.seeds import Stream, seed_for
 
 Scenario = Literal["fpr", "rcd", "vcpr", "np", "du"]
@@ -29,6 +31,7 @@ class Participation:
     present: np.ndarray
     late: np.ndarray
     arrival: np.ndarray | None = None
+    asked: np.ndarray | None = None
 
     @property
     def absence_rate(self) -> float:
@@ -42,6 +45,12 @@ class Participation:
         """The clients that train in ``round_number`` (on time or late)."""
         row = round_number - 1
         return [i for i in range(self.present.shape[1]) if self.present[row, i] or self.late[row, i]]
+
+    def asked_in(self, round_number: int) -> list[int]:
+        """The clients asked to train in ``round_number`` (every client unless the policy samples)."""
+        if self.asked is None:
+            return list(range(self.present.shape[1]))
+        return [int(i) for i in np.flatnonzero(self.asked[round_number - 1])]
 
     def arrival_round(self, round_number: int, client: int) -> int:
         """The round during which client ``client``'s late update for ``round_number`` arrives."""
@@ -66,13 +75,27 @@ def sampled(rounds: int, clients: int, share: float, seed: int) -> Participation
     return Participation("sampled", present, np.zeros_like(present))
 
 
+def policy_driven(policy: RoundPolicy, rounds: int, clients: Sequence[str]) -> Participation:
+    """The round policy's participants, drawn as the coordinator draws them for a fleet whose
+    ``clients`` are all online and eligible, every one of them reporting on time."""
+    asked = np.zeros((rounds, len(clients)), dtype=np.int8)
+    for number in range(1, rounds + 1):
+        chosen = set(policy.participants(number, clients))
+        asked[number - 1] = [c in chosen for c in clients]
+    return Participation("policy", asked.copy(), np.zeros_like(asked), asked=asked)
+
+
 def recorded(store: Store, clients: Sequence[str]) -> Participation:
     """What a real fleet did, read from its coordinator's store: whose update was on time in each
-    closed round, and each late update with the round during which it arrived (the first round
-    closed after it was received). Replaying it in a simulation reproduces the fleet's rounds."""
-    closed = [(row.round, row.closed_at) for row in store.rounds() if row.closed_at is not None]
+    closed round, each late update with the round during which it arrived (the first round
+    closed after it was received) and, where the round policy sampled, who was asked. Replaying
+    it in a simulation reproduces the fleet's rounds."""
+    rows = [row for row in store.rounds() if row.closed_at is not None]
+    closed = [(row.round, row.closed_at) for row in rows]
     shape = (len(closed), len(clients))
     present, late, arrival = np.zeros(shape, np.int8), np.zeros(shape, np.int8), np.zeros(shape, np.int64)
+    asked = np.array([[c in row.metrics.get("asked", ()) for c in clients] for row in rows], np.int8).reshape(shape)
+    sampled_rounds = any(row.metrics.get("sampled") for row in rows)
     for number, client, was_late, received in store.arrivals():
         if number > len(closed) or client not in clients:
             continue
@@ -82,7 +105,7 @@ def recorded(store: Store, clients: Sequence[str]) -> Participation:
             continue
         late[cell] = 1
         arrival[cell] = next((r for r, at in closed if at > received), len(closed) + 1)
-    return Participation("recorded", present, late, arrival)
+    return Participation("recorded", present, late, arrival, asked if sampled_rounds else None)
 
 
 def participation(

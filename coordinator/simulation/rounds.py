@@ -77,7 +77,7 @@ def run_rounds(learners: Sequence[Learner], roster: Sequence[ClientInfo], engine
                 pending[participation.arrival_round(number, i)].append((number, update))
         for trained_in, update in pending.pop(number, []):
             engine.observe_late(update.client_id, trained_in, update.params)
-        result = engine.close(number, state, on_time, roster)
+        result = engine.close(number, state, on_time, [roster[i] for i in participation.asked_in(number)])
         state = result.global_state
         for learner, client in zip(learners, roster):
             learner.load_global(state)

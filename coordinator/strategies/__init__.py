@@ -16,6 +16,7 @@ from coordinator.strategies.fedopt import FedAdam, FedAvgM, ServerSettings
 from coordinator.strategies.fedpod import FedPoD, GraphSettings
 from coordinator.strategies.game import GameSettings
 from coordinator.strategies.median import Median
+from coordinator.strategies.participation import ParticipationSettings, RoundPolicy
 from coordinator.strategies.trimmed_mean import TrimmedMean
 from edge_agent.registry import registered
 from edge_agent.tensors import TensorDict
@@ -34,6 +35,8 @@ class StrategySettings(BaseModel):
     fedal: GBESettings = Field(GBESettings(), description="fedal: Global Bias Elimination (correction, core-set "
                                "tuning, fusion)")
     game: GameSettings = Field(GameSettings(), description="fedgame: server learning rate and the GAME aggregator")
+    participation: ParticipationSettings = Field(ParticipationSettings(), description="the round policy: who is "
+                                                 "asked to train, when a round closes, who is left out")
 
     @field_validator("strategy")
     @classmethod
@@ -61,7 +64,7 @@ def make_strategy(settings: StrategySettings, initial: TensorDict, seed: int) ->
 
 __all__ = [
     "STRATEGIES", "Aggregate", "ClientInfo", "ClientUpdate", "GBESettings", "GameSettings", "GraphSettings",
-    "NoiseSettings", "RobustSettings",
+    "NoiseSettings", "ParticipationSettings", "RobustSettings", "RoundPolicy",
     "ServerSettings", "Strategy",
     "StrategySettings",
     "make_strategy", "weighted_mean",

@@ -1,0 +1,111 @@
+"""The service side of the round policy (``coordinator.strategies.participation``): who the open
+round asked, kept in the store so a restarted coordinator asks the same clients; how far the
+round has come; and each client's streak of missed rounds."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass
+
+from coordinator.access import Access
+from coordinator.store import RoundRow, Store
+from coordinator.strategies import RoundPolicy
+from coordinator.strategies.participation import Progress
+
+log = logging.getLogger("edgefl.coordinator")
+ASKED = "asked"  # store meta: the open round's participants, as first announced
+PROGRESS_EVERY_S = 0.5  # without new messages, a round's progress is read from the store this often
+
+
+@dataclass
+class OpenRound:
+    """The round on the broker: its participants, when it was announced (or resumed) and when it
+    first had its quorum."""
+
+    round: int
+    asked: frozenset[str]
+    opened_at: float
+    quorum_at: float | None = None
+    progress: Progress | None = None  # as last read from the store
+    read_at: float = 0.0
+
+
+class Participants:
+    """The open round's participants and progress, and the clients' missed-round streaks."""
+
+    def __init__(self, policy: RoundPolicy, store: Store, access: Access):
+        self.policy, self.store, self.access = policy, store, access
+        self._open: OpenRound | None = None
+        # from the last closed rounds: after a restart an excluded client is asked again (it was not
+        # asked in the rounds read, so it missed none of them)
+        rows = store.closed_rounds(policy.settings.exclude_after)
+        self.missed = policy.missed([(r.metrics.get("asked", []), r.metrics.get("reported", [])) for r in rows])
+
+    @property
+    def sampling(self) -> bool:
+        return self.policy.settings.sampling
+
+    def of(self, row: RoundRow) -> OpenRound:
+        """The open round's state: its participants as first announced, else drawn now by the
+        round policy from the eligible clients (online, allowed, not excluded)."""
+        if self._open is not None and self._open.round == row.round:
+            return self._open
+        saved = json.loads(self.store.meta(ASKED) or "null")
+        if saved is not None and saved["round"] == row.round:
+            asked = saved["clients"]
+        else:
+            excluded = self.policy.excluded(self.missed)
+            eligible = [c for c in self.store.online_clients() if self.access.allows(c) and c not in excluded]
+            asked = self.policy.participants(row.round, eligible)
+            with self.store.savepoint():
+                self.store.set_meta(ASKED, json.dumps({"round": row.round, "clients": asked}))
+            if excluded:
+                log.info("round %d: not asking %d clients that missed %d rounds in a row: %s", row.round,
+                         len(excluded), self.policy.settings.exclude_after, sorted(excluded)[:20])
+        self._open = OpenRound(row.round, frozenset(asked), time.time())
+        return self._open
+
+    def named(self, row: RoundRow) -> list[str] | None:
+        """The participants a round's announcement names (None: every client trains)."""
+        return sorted(self.of(row).asked) if self.sampling else None
+
+    def takes_part(self, row: RoundRow, client: str) -> bool:
+        """Whether ``client`` belongs in the round's close (every client unless the policy samples)."""
+        return not self.sampling or client in self.of(row).asked
+
+    def close_reason(self, row: RoundRow, fresh: bool) -> tuple[Progress, str | None]:
+        """The round's progress and why it closes now (None: it stays open)."""
+        state = self.of(row)
+        progress = self._progress(row, state, fresh)
+        return progress, self.policy.close_reason(progress, len(state.asked), row.deadline, time.time())
+
+    def _progress(self, row: RoundRow, state: OpenRound, fresh: bool) -> Progress:
+        """Read again after new messages (``fresh``) or every ``PROGRESS_EVERY_S``: who is still
+        expected is every participant online without an update (with ``fraction = 1``: every
+        allowed online client not excluded, joiners too)."""
+        now = time.time()
+        if state.progress is not None and not fresh and now - state.read_at < PROGRESS_EVERY_S:
+            return state.progress
+        reported, pending = self.store.quorum_state(row.round)
+        if self.sampling:
+            expected = pending & state.asked
+        else:
+            excluded = self.policy.excluded(self.missed)
+            expected = {c for c in pending if c not in excluded and self.access.allows(c)}
+        if state.quorum_at is None and reported >= self.policy.quorum(len(state.asked)):
+            state.quorum_at = now
+        state.progress, state.read_at = Progress(reported, len(expected), state.opened_at, state.quorum_at), now
+        return state.progress
+
+    def closed(self, row: RoundRow, reported: list[str]) -> dict:
+        """A round closed with updates from ``reported``: the streaks move on; returns what the
+        round's metrics record of it."""
+        asked = sorted(self.of(row).asked)
+        self.missed = self.policy.missed([(asked, reported)], self.missed)
+        return {"asked": asked, "reported": reported, "sampled": self.sampling}
+
+    def heard_from(self, client: str) -> None:
+        """A message of ``client`` (hello, late update): asked again from the next round on."""
+        self.missed.pop(client, None)

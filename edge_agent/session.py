@@ -1,0 +1,85 @@
+"""How a client of the coordinator (an edge agent, a site aggregator) answers the coordinator's
+refusals: one rule for both.
+
+A refusal that concerns the client as a whole is either *transient* (``unknown_client``: the
+coordinator does not know us yet, or lost us; introducing ourselves again fixes it) or *terminal*
+(``not_allowed``, ``bad_signature``, ...: nothing changes until an operator acts; the client
+stops training meanwhile); a refusal of one message (a duplicate, a late or malformed update) is
+neither and changes nothing here. Either way the next introduction waits an exponentially
+growing, jittered delay (equal jitter, as in AWS's "Exponential Backoff And Jitter": at least
+half of ``base_s * 2**n``, so the hellos a minute have a hard bound), so a refused client
+cannot flood the broker; after ``max_terminal`` terminal refusals in a row, spread over at least
+``give_up_after_s`` (an operator fixing the coordinator's config meanwhile loses no gateway),
+the client gives up (``Refused``) and its process exits non-zero for systemd and the operator
+to see. An accepted message resets both.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+
+log = logging.getLogger("edgefl.session")
+RETRY = frozenset({"unknown_client"})
+TERMINAL = frozenset({"not_allowed", "bad_signature", "wrong_fleet", "wrong_sender", "bad_version", "too_large"})
+REFUSED_EXIT_CODE = 3  # what `edgefl agent run` / `aggregator serve` exit with when the coordinator keeps refusing
+
+
+class Refused(RuntimeError):
+    """The coordinator refused this client for a reason it cannot fix by itself, too often."""
+
+
+class Session:
+    """When to introduce ourselves (again) to the coordinator, and when to give up."""
+
+    def __init__(self, who: str, *, base_s: float = 2.0, cap_s: float = 300.0, max_terminal: int = 3,
+                 give_up_after_s: float = 30.0, seed: int | None = None):
+        self.who, self.base_s, self.cap_s, self.max_terminal = who, base_s, cap_s, max_terminal
+        self.give_up_after_s = give_up_after_s
+        self.refusals = 0  # introductions refused in a row: the backoff's exponent
+        self.terminal: list[str] = []  # the terminal refusals in a row, their reasons
+        self._first_terminal = 0.0  # when the first of them came (monotonic)
+        self._due_at: float | None = None
+        self._random = random.Random(seed)
+
+    def accepted(self) -> None:
+        """The coordinator took a message of ours: start over."""
+        self.refusals, self.terminal = 0, []
+
+    def refused(self, code: str, about: str, reason: str) -> None:
+        """A refusal: schedule the next introduction after a backoff; raise ``Refused`` after
+        ``max_terminal`` terminal refusals in a row."""
+        if code not in RETRY | TERMINAL:
+            return
+        if code in TERMINAL:
+            if not self.terminal:
+                self._first_terminal = time.monotonic()
+            self.terminal.append(f"{about} refused ({code}): {reason}")
+            log.error("%s: the coordinator refused our %s (%s): %s [terminal refusal %d; giving up after %d over "
+                      "%.0f s]", self.who, about, code, reason, len(self.terminal), self.max_terminal,
+                      self.give_up_after_s)
+            waited = time.monotonic() - self._first_terminal
+            if len(self.terminal) >= self.max_terminal and waited >= self.give_up_after_s:
+                raise Refused(f"{self.who}: the coordinator refused us {len(self.terminal)} times for reasons only "
+                              f"an operator can fix; last: {self.terminal[-1]}")
+        if self._due_at is not None:
+            return  # the answers to one introduction (hello, re-sent update) share its backoff
+        ceiling = min(self.cap_s, self.base_s * 2 ** self.refusals)
+        delay = self._random.uniform(ceiling / 2, ceiling)
+        self.refusals += 1
+        self._due_at = time.monotonic() + delay
+        log.info("%s: introducing ourselves again in %.1f s (refusal %d in a row: %s)", self.who, delay,
+                 self.refusals, code)
+
+    @property
+    def shut_out(self) -> bool:
+        """Whether the coordinator's last word was a terminal refusal (no point in training)."""
+        return bool(self.terminal)
+
+    def due(self) -> bool:
+        """Whether a scheduled introduction is due now (it is then taken off the schedule)."""
+        if self._due_at is None or time.monotonic() < self._due_at:
+            return False
+        self._due_at = None
+        return True
