@@ -95,12 +95,13 @@ class Coordinator:
 
     def serve(self, stop: Callable[[], bool] = lambda: False) -> None:
         """Resume or start the rounds and process messages until the last round is aggregated.
-        Raises ``CampaignFinished`` on a campaign that already ended."""
+        On a campaign that had already ended: announce its end again (a crash may have come
+        before that announcement), wait for the goodbyes, then raise ``CampaignFinished``."""
         current, goodbye = self._resume(), self.topics.coordinator_status
-        if current.closed_at is not None:
-            self.store.close()
-            raise CampaignFinished(f"campaign {self.campaign} finished with round {current.round}: nothing to serve; "
-                                   f"start the next campaign with an empty state_dir (this one: {self.cfg.state_dir})")
+        ended = current.closed_at is not None
+        if ended:
+            log.warning("campaign %s already finished with round %d: announcing its end again, then exiting",
+                        self.campaign, current.round)
         self.connection.start()
         if not self.connection.connected.wait(30):
             raise ConnectionError(f"cannot reach the broker at {self.cfg.broker.host}:{self.cfg.broker.port}")
@@ -124,6 +125,9 @@ class Coordinator:
             self.connection.stop(goodbye)
             self.observer.stop()
             self.store.close()
+        if ended:
+            raise CampaignFinished(f"campaign {self.campaign} finished with round {current.round}: nothing to serve; "
+                                   f"start the next campaign with an empty state_dir (this one: {self.cfg.state_dir})")
 
     def _resume(self) -> RoundRow:
         """The open round (round 1 on a fresh start), with the strategy's state as of the last close."""

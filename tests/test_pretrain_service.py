@@ -15,7 +15,7 @@ import torch
 from coordinator.broker_setup import free_port
 from coordinator.config import CoordinatorConfig
 from coordinator.pretraining import FOUNDATION_FILE
-from coordinator.server import Coordinator
+from coordinator.server import FINISHED_EXIT_CODE, Coordinator
 from coordinator.simulation.participation import recorded
 from coordinator.simulation.pretrain import PretrainConfig, pretrain
 from coordinator.store import Store
@@ -100,7 +100,8 @@ def test_fedal_pretraining_killed_mid_run_resumes_with_its_drift_and_equals_the_
     restarted = start(tmp_path, "coordinator-restarted", "coordinator", "serve", "-c", config)
     finish([restarted, *agents], 240)
     output = (tmp_path / "coordinator-restarted.log").read_text()
-    assert restarted.returncode == 0, output
+    # 0: it closed round 2; FINISHED_EXIT_CODE: the kill came after the last close (it announced the end again)
+    assert restarted.returncode in (0, FINISHED_EXIT_CODE), output
     for i in range(len(SITES)):
         assert (tmp_path / f"agent{i}.log").read_text().count("update sent") == ROUNDS
     served = served_rounds(db)
