@@ -67,6 +67,19 @@ def test_simulate_under_dropout_imputes_with_the_chosen_twin(tmp_path: Path) -> 
     assert proc.returncode == 2 and "storm" in proc.stdout and "rcd" in proc.stdout
 
 
+def test_simulate_with_a_fraction_asks_the_round_policys_clients(tmp_path: Path) -> None:
+    """``--fraction``: the coordinator's round policy in the simulation; the clients not asked
+    are not missing (no twin stands in for them), and a dropout scenario on top is refused."""
+    proc, out = simulate_small(tmp_path, 3, "--fraction", "0.5", "--twin", "stale")
+    assert proc.returncode == 0, proc.stderr
+    rounds = json.loads(out.read_text())["rounds"]
+    assert [len(r["present"]) for r in rounds] == [2, 2, 2]  # ceil(0.5 x 3) a round
+    assert not any(r["imputed"] or r["dropped"] for r in rounds)
+    assert len({tuple(r["present"]) for r in rounds}) > 1
+    proc = edgefl("simulate", "--data", str(tmp_path / "ETTh1.csv"), "--fraction", "0.5", "--dropout", "rcd")
+    assert proc.returncode == 2 and "--fraction" in proc.stdout
+
+
 def test_simulate_reports_bad_input_clearly(tmp_path: Path) -> None:
     short = write_csv(tmp_path / "short.csv", n_rows=50)
     proc = edgefl("simulate", "--data", str(short), "--lookback", "24", "--horizon", "12")
