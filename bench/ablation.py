@@ -113,7 +113,7 @@ def table(runs: list[dict], cfg: dict) -> list[dict]:
                 rows.append(row)
             served = served_runs([r for r in cell if r["step"] is None or r["backbone"] == last], cfg)
             rows.append({"dataset": dataset, "history_days": days, "step": len(STEPS),
-                         "change": "served: best of FedAvg, Local, anchors", "served": mean(served),
+                         "change": "served: best of FedAvg, Local, anchors, re-chosen daily", "served": mean(served),
                          "best_anchor": best, "best_anchor_mase": anchors[best]})
     return rows
 

@@ -7,9 +7,12 @@ bench/datasets.py says where each comes from). Each client keeps only the last K
 history (K in 14, 30, 90 and the full training split); validation and test stay fixed, every
 training window is used. Methods: the anchors (seasonal naive a day and a week back, the
 seasonal window average, statsforecast's ETS and Theta, MSTL in full mode), Local-only (early
-stopping), FedAvg and FedRep-style FedPer (``personal_epochs``), Centralized in full mode, and
-``served``: what the product serves, each gateway's best candidate on its own validation windows
-among the federated model, its local-only model and the anchors (``edge_agent.selection``).
+stopping), FedAvg and FedRep-style FedPer (``personal_epochs``), Centralized in full mode, the
+median of FedAvg, Local-only and the anchors (``edge_agent.models.combination``), and
+``served``: what the product serves, each gateway re-choosing once a day, among the federated
+model, its local-only model, the anchors and the median, the one with the lowest MASE over its
+latest two weeks of known outcomes (``edge_agent.selection``; validation windows first, then the
+test windows already past, so no forecast is chosen with its own outcome).
 
 Every score is on one scale per feature, fixed whatever K (the whole training split's), so rows
 compare across K; MASE (scaled by the training split's in-sample seasonal naive error, as in M4
@@ -25,6 +28,8 @@ anchor, and the largest excess of one gateway over its own best anchor. Usage:
 from __future__ import annotations
 
 import json
+import os
+import tempfile
 import time
 from pathlib import Path
 
@@ -42,6 +47,7 @@ FULL = {**QUICK, "backbones": ["dlinear", "spikernn"], "clients": 20, "rounds": 
         "anchors": QUICK["anchors"] + ["mstl"], "learned": QUICK["learned"] + ["fedrep", "centralized"]}
 FEDERATED = ("fedavg", "fedrep")  # fedrep: personal_epochs from the config fit the personal part first
 SERVED, SERVED_FEDERATED = "served", "fedavg"  # what the product serves, and its federated candidate
+SELECTION_DAYS = 14  # the recipe's selection_days (edge_agent.recipe): a gateway re-chooses on its last two weeks
 
 
 def model_config(backbone: str):
@@ -58,88 +64,182 @@ def clients(dataset: str, days: int, cfg_items: tuple) -> list:
     return bench_fleet(dataset, days, recipe.lookback, recipe.horizon, 1, cfg["val_stride"], cfg["clients"], cfg["f_max"])
 
 
+MEDIAN_MEMBERS = ("fedavg", "local")  # with the anchors: the median a gateway may serve
+ANCHOR_CACHE = "EDGEFL_VALUE_ANCHOR_CACHE"
+
+
 def scores(metrics) -> dict:
     return {"mase": metrics.mase, "mse": metrics.mse, "mae": metrics.mae}
 
 
-def run_job(dataset: str, days: int, backbone: str | None, method: str, seed: int | None, cfg: dict,
+def run_job(dataset: str, days: int, backbone: str | None, method: str | None, seed: int | None, cfg: dict,
             threads: int) -> dict:
-    """One method on one (dataset, history): per-client test scores and validation score (MASE).
-    An anchor (``backbone`` None) is deterministic and run once; learned methods once per seed."""
+    """One anchor (``backbone`` None; deterministic, run once), or every learned method and their
+    median with one seed, on one (dataset, history): per-client test scores, validation score and
+    per-window errors (``windows``, for the daily re-choice of ``served_runs``; not written out)."""
     import torch
 
     torch.set_num_threads(threads)
     started = time.perf_counter()
     fleet = clients(dataset, days, tuple(sorted((k, v) for k, v in cfg.items() if not isinstance(v, list))))
-    per_client = anchored(fleet, method) if backbone is None else learned(fleet, model_config(backbone), method,
-                                                                          seed, cfg)
-    return {"dataset": dataset, "history_days": days, "backbone": backbone, "method": method, "seed": seed,
-            "clients": per_client, "seconds": time.perf_counter() - started}
+    if backbone is None:
+        per_method = {method: anchored(fleet, method)}
+        cached_anchors(fleet, dataset, days, [method], save=True)
+    else:
+        cached_anchors(fleet, dataset, days, cfg["anchors"], save=False)
+        per_method, models = {}, {}
+        for name in cfg["learned"]:
+            per_method[name], models[name] = trained(fleet, model_config(backbone), name, seed, cfg)
+        if all(name in models for name in MEDIAN_MEMBERS):
+            per_method["median"] = median_of(fleet, [models[name] for name in MEDIAN_MEMBERS], cfg["anchors"])
+    seconds = time.perf_counter() - started
+    return {"runs": [{"dataset": dataset, "history_days": days, "backbone": backbone, "method": name, "seed": seed,
+                      "clients": per_client, "seconds": seconds} for name, per_client in per_method.items()]}
+
+
+def scored(client, val_batches, test_batches) -> dict:
+    """One client's test scores, validation score and per-window errors of one candidate."""
+    from edge_agent.selection import window_metrics
+
+    val, test = window_metrics(val_batches, client.val.scale), window_metrics(test_batches, client.test.scale)
+    return {**{name: float(values.mean()) for name, values in test.items()}, "val": float(val["mase"].mean()),
+            "windows": {"val": val["mase"], "test": test, "val_origins": client.val.origins(),
+                        "test_origins": client.test.origins(), "horizon": client.test.horizon,
+                        "period": client.period}}
 
 
 def anchored(fleet: list, anchor: str) -> dict:
-    """Per-client test scores and validation score of one anchor (clients too short for it left out)."""
-    from edge_agent.selection import anchor_metrics
+    """Per-client scores of one anchor (clients too short for it left out)."""
+    from edge_agent.selection import anchor_batches
 
     out = {}
     for client in fleet:
-        test = anchor_metrics(client, anchor, "test")
-        if test is not None:
-            out[client.name] = {**scores(test), "val": anchor_metrics(client, anchor, "val").score}
+        val, test = anchor_batches(client, anchor, "val"), anchor_batches(client, anchor, "test")
+        if val is not None and test is not None:
+            out[client.name] = scored(client, val, test)
     return out
 
 
-def learned(fleet: list, model, method: str, seed: int, cfg: dict) -> dict:
-    """Per-client test scores and validation score of one learned method with ``model`` (a ModelConfig)."""
+def trained(fleet: list, model, method: str, seed: int, cfg: dict) -> tuple[dict, list]:
+    """Per-client scores of one learned method with ``model`` (a ModelConfig), and its per-client models."""
     from coordinator.simulation.baselines import TrainingBudget, run_centralized, run_local_only
     from coordinator.simulation.federation import FederationConfig, run_federation
     from edge_agent.config import AgentTraining
-    from edge_agent.train import evaluate
+    from edge_agent.train import forecasts
 
     personal = cfg["personal_epochs"] if method == "fedrep" else 0
     recipe = AgentTraining()  # the product's batch size, learning rate and steps per round
     fed = FederationConfig(rounds=cfg["rounds"], local_epochs=cfg["local_epochs"], batch_size=recipe.batch_size,
-                           lr=recipe.lr, min_steps=cfg.get("min_steps", recipe.min_steps), seed=seed, test_every_round=False, personal_epochs=personal)
+                           lr=recipe.lr, min_steps=cfg.get("min_steps", recipe.min_steps), seed=seed,
+                           test_every_round=False, personal_epochs=personal)
     if method in ("local", "centralized"):
         result = (run_local_only if method == "local" else run_centralized)(fleet, model, TrainingBudget.matching(fed))
     else:
         result = run_federation(fleet, model, fed)
-    models = result.models
-    return {c.name: {**scores(result.client_test[c.name]), "val": evaluate(m, c.val).score}
-            for c, m in zip(fleet, models)}
+    per_client = {c.name: scored(c, forecasts(m, c.val), forecasts(m, c.test)) for c, m in zip(fleet, result.models)}
+    return per_client, result.models
+
+
+def learned(fleet: list, model, method: str, seed: int, cfg: dict) -> dict:
+    """Per-client scores of one learned method with ``model`` (a ModelConfig)."""
+    return trained(fleet, model, method, seed, cfg)[0]
+
+
+def median_of(fleet: list, models: list[list], anchors: list[str]) -> dict:
+    """Per-client scores of the median a gateway may serve: of its ``models`` (one list per method,
+    a model per client) and every anchor its history allows (``edge_agent.selection``)."""
+    from edge_agent.selection import candidate_batches, median_batches
+
+    out = {}
+    for index, client in enumerate(fleet):
+        members = {**{f"model{k}": per_client[index] for k, per_client in enumerate(models)}, **dict.fromkeys(anchors)}
+        val, test = (median_batches([candidate_batches(client, name, model, split) for name, model in members.items()])
+                     for split in ("val", "test"))
+        out[client.name] = scored(client, val, test)
+    return out
+
+
+def cached_anchors(fleet: list, dataset: str, days: int, anchors: list[str], save: bool) -> None:
+    """Share anchor forecasts between the jobs of one run (ETS and Theta take up to a minute per
+    cell): load those another job saved into each client's memo, or with ``save`` save this job's.
+    The folder is the run's own (``ANCHOR_CACHE`` in the environment, set by ``main``)."""
+    import numpy as np
+
+    folder = os.environ.get(ANCHOR_CACHE)
+    if not folder:
+        return
+    for client in fleet:
+        for name in anchors:
+            for split in ("val", "test"):
+                path = Path(folder) / f"{dataset}-{days}-{client.name}-{name}-{split}.npy"
+                if save and (name, split) in client.memo and client.memo[name, split] is not None:
+                    np.save(path.with_suffix(".tmp.npy"), client.memo[name, split])
+                    os.replace(path.with_suffix(".tmp.npy"), path)
+                elif not save and path.exists():
+                    client.memo[name, split] = np.load(path)
 
 
 def jobs(cfg: dict) -> list[tuple]:
-    """Every job, the longest first (the full history, then 90, 30 and 14 days) so the workers finish together."""
+    """Every job: the anchors first (the learned jobs' medians reuse their forecasts), then the
+    learned ones, each the longest first (the full history, then 90, 30 and 14 days) so the
+    workers finish together."""
     cells = [(d, k) for k in sorted(cfg["history_days"], key=lambda k: -(k or 10**6)) for d in cfg["datasets"]]
-    return [job for d, k in cells for job in
-            [(d, k, b, m, s, cfg) for b in cfg["backbones"] for m in cfg["learned"] for s in cfg["seeds"]]
-            + [(d, k, None, a, None, cfg) for a in cfg["anchors"]]]
+    return ([(d, k, None, a, None, cfg) for d, k in cells for a in cfg["anchors"]]
+            + [(d, k, b, None, s, cfg) for d, k in cells for b in cfg["backbones"] for s in cfg["seeds"]])
 
 
 def served_runs(runs: list[dict], cfg: dict) -> list[dict]:
-    """What each gateway serves per (dataset, K, backbone, seed): its best candidate on validation
-    among the federated model (FedAvg), its local-only model and the anchors
-    (``edge_agent.selection.choose``), with that candidate's test scores."""
-    from edge_agent.selection import choose
-
+    """What each gateway serves per (dataset, K, backbone, seed), re-chosen once a day as its
+    forecasts' outcomes come in: each day the candidate (FedAvg as its federated model, its
+    local-only model, the anchors, the median where run) with the lowest MASE over the latest
+    ``SELECTION_DAYS`` days of windows whose outcome is known by then (validation windows, then
+    the test windows already past), the rule of ``edge_agent.selection.select`` applied every
+    day; its test scores are those of the forecasts it served."""
     anchors = [r for r in runs if r["backbone"] is None]
     out = []
     for r in runs:
         if r["method"] != SERVED_FEDERATED:
             continue
-        local = next(x for x in runs if (x["dataset"], x["history_days"], x["backbone"], x["method"], x["seed"]) ==
-                     (r["dataset"], r["history_days"], r["backbone"], "local", r["seed"]))
+        key = (r["dataset"], r["history_days"], r["backbone"], r["seed"])
+        same = {x["method"]: x for x in runs if (x["dataset"], x["history_days"], x["backbone"], x["seed"]) == key}
         cell = [a for a in anchors if (a["dataset"], a["history_days"]) == (r["dataset"], r["history_days"])]
-        candidates = {"federated": r, "local": local, **{a["method"]: a for a in cell}}
-        per_client = {}
-        for client in r["clients"]:
-            options = {name: run["clients"][client]["val"] for name, run in candidates.items()
-                       if client in run["clients"]}
-            which = choose(options)
-            per_client[client] = {**candidates[which]["clients"][client], "served": which}
+        candidates = {"federated": r, "local": same["local"], **{a["method"]: a for a in cell}}
+        if "median" in same:
+            candidates["median"] = same["median"]
+        per_client = {client: served_client({name: run["clients"][client] for name, run in candidates.items()
+                                             if client in run["clients"]})
+                      for client in r["clients"]}
         out.append({**r, "method": SERVED, "clients": per_client})
     return out
+
+
+def served_client(candidates: dict[str, dict]) -> dict:
+    """One gateway's served test scores and the share of its forecasts each candidate made."""
+    import numpy as np
+
+    from edge_agent.selection import choose, recent_score
+
+    first = next(iter(candidates.values()))["windows"]
+    horizon, period, test_origins = first["horizon"], first["period"], first["test_origins"]
+    origins = np.concatenate([first["val_origins"], test_origins])
+    history = {name: np.concatenate([c["windows"]["val"], c["windows"]["test"]["mase"]]) for name, c in candidates.items()}
+    days = (test_origins - test_origins[0]) // period
+    picks = np.empty(len(test_origins), dtype=object)
+    for day in np.unique(days):
+        at = int(test_origins[0] + day * period)
+        scores = {name: recent_score(errors, origins, horizon, at, SELECTION_DAYS * period)
+                  for name, errors in history.items()}
+        picks[days == day] = choose(scores)
+    served = {metric: float(np.mean([candidates[p]["windows"]["test"][metric][j] for j, p in enumerate(picks)]))
+              for metric in ("mase", "mse", "mae")}
+    names, counts = np.unique(picks.astype(str), return_counts=True)
+    return {**served, "served": {str(n): int(c) for n, c in zip(names, counts)}}
+
+
+def public(runs: list[dict]) -> list[dict]:
+    """The runs as value.json keeps them: without the per-window errors."""
+    return [{**r, "clients": {c: {k: v for k, v in s.items() if k != "windows"} for c, s in r["clients"].items()}}
+            for r in runs]
 
 
 def summarize(runs: list[dict], cfg: dict) -> list[dict]:
@@ -176,8 +276,12 @@ def summarize(runs: list[dict], cfg: dict) -> list[dict]:
                 s["mase"] < local[dataset, days, backbone, r["seed"]][c]["mase"]
                 for r in group for c, s in r["clients"].items())
         if method == SERVED:
-            served = [s["served"] for r in group for s in r["clients"].values()]
-            row["served_counts"] = {name: served.count(name) for name in sorted(set(served))}
+            counts: dict[str, int] = {}
+            for r in group:
+                for s in r["clients"].values():
+                    for name, n in s["served"].items():
+                        counts[name] = counts.get(name, 0) + n
+            row["served_share"] = {name: n / sum(counts.values()) for name, n in sorted(counts.items())}
         rows.append(row)
     return rows
 
@@ -228,7 +332,7 @@ def headline(summary: dict) -> list[str]:
     cfg = summary["config"]
     learned = cfg["learned"]
     lines = ["| dataset | K days | backbone | best anchor | " + " | ".join(learned) + " | served | served vs anchor "
-             "| worst gateway vs its anchor | served (gateway runs) |",
+             "| worst gateway vs its anchor | served (share of forecasts) |",
              "|---|---|---|---|" + "---|" * len(learned) + "---|---|---|---|"]
     for dataset in cfg["datasets"]:
         for days in cfg["history_days"]:
@@ -237,7 +341,7 @@ def headline(summary: dict) -> list[str]:
             for backbone in cfg["backbones"]:
                 by = {r["method"]: r for r in cell if r["backbone"] == backbone}
                 served = by[SERVED]
-                counts = ", ".join(f"{name} {n}" for name, n in served["served_counts"].items())
+                counts = ", ".join(f"{name} {share:.0%}" for name, share in served["served_share"].items())
                 lines.append(f"| {dataset} | {days or 'full'} | {backbone} | {anchor['method']} {anchor['mase']:.3f} | "
                              + " | ".join(f"{by[m]['mase']:.3f}" for m in learned)
                              + f" | **{served['mase']:.3f}** | {served['mase'] / anchor['mase'] - 1:+.1%} | "
@@ -278,7 +382,7 @@ def plot(summary: dict, path: Path) -> None:
     days = cfg["history_days"]
     ticks = [d or max(days) * 3 for d in days]
     for ax, (dataset, backbone) in zip(axes, panels):
-        methods = [(m, None) for m in cfg["anchors"]] + [(m, backbone) for m in cfg["learned"] + [SERVED]]
+        methods = [(m, None) for m in cfg["anchors"]] + [(m, backbone) for m in cfg["learned"] + ["median", SERVED]]
         for method, bb in methods:
             by = {r["history_days"]: r["mase"] for r in summary["rows"]
                   if (r["dataset"], r["backbone"], r["method"]) == (dataset, bb, method)}
@@ -292,6 +396,15 @@ def plot(summary: dict, path: Path) -> None:
     save_figure(fig, path)
 
 
+def describe(result: dict) -> str:
+    """One line per finished job: each method's fleet MASE."""
+    first = result["runs"][0]
+    scores = ", ".join(f"{r['method']} {sum(c['mase'] for c in r['clients'].values()) / len(r['clients']):.4f}"
+                       for r in result["runs"])
+    return (f"{first['dataset']:>11} K={first['history_days'] or 'full':>4} {first['backbone'] or '-':>8} "
+            f"seed {first['seed'] or '-'}: MASE {scores} ({first['seconds']:.0f} s)")
+
+
 def main() -> None:
     parser = bench_parser(__doc__, "DLinear recipe, 10 rounds (23 min on 2 cores)")
     parser.add_argument("--report-only", action="store_true", help="re-render value.md and value.png from --out/value.json")
@@ -300,15 +413,15 @@ def main() -> None:
         summary = json.loads((args.out / "value.json").read_text())
         write_report(args.out, "value", summary, markdown, plot)
         return
-    runs = run_parallel(run_job, jobs(cfg), args.workers,
-                        lambda r: f"{r['dataset']:>11} K={r['history_days'] or 'full':>4} {r['backbone'] or '-':>8} "
-                                  f"{r['method']:>19} seed {r['seed'] or '-'}: MASE "
-                                  f"{sum(c['mase'] for c in r['clients'].values()) / len(r['clients']):.4f} "
-                                  f"({r['seconds']:.0f} s)")
+    with tempfile.TemporaryDirectory() as cache:
+        os.environ[ANCHOR_CACHE] = cache
+        results = run_parallel(run_job, jobs(cfg), args.workers, describe)
+    runs = [run for result in results for run in result["runs"]]
     runs += served_runs(runs, cfg)
     rows = summarize(runs, cfg)
     summary = {"rows": rows, "anchors": cfg["anchors"], "federated": list(FEDERATED), "served": SERVED,
-               "verdicts": None, "runs": runs, "config": run_config(cfg, args.quick, started)}
+               "verdicts": None, "runs": public(runs),
+               "config": {**run_config(cfg, args.quick, started), "selection_days": SELECTION_DAYS}}
     summary["verdicts"] = verdicts(rows, cfg)
     write_report(args.out, "value", summary, markdown, plot)
 

@@ -94,6 +94,10 @@ class AgentTraining(HeadTraining):
                              "validates better")
     anchors: tuple[str, ...] = Field(RECIPE["anchors"], description="anchors (edge_agent.anchors) the gateway serves "
                                      "wherever one validates better than its models")
+    median: bool = Field(RECIPE["median"], description="also serve the median of its models and lookback anchors "
+                         "where it scores better")
+    selection_days: int = Field(RECIPE["selection_days"], ge=0, description="choose what to serve on the latest this "
+                                "many days of validation windows (0: all of them)")
     stride: int = Field(1, ge=1, description="step between training windows")
 
 

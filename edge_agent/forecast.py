@@ -22,7 +22,8 @@ from edge_agent.models import Forecaster
 from edge_agent.models.foundation import load_foundation
 from edge_agent.onnx_model import OnnxForecaster
 from edge_agent.recipe import ANCHORS as RECIPE_ANCHORS
-from edge_agent.selection import Served
+from edge_agent.models.combination import median_forecast
+from edge_agent.selection import MEDIAN, Served
 from edge_agent.state import AgentState
 from edge_agent.train import conformal_offsets
 from edge_agent.zero_shot import zero_shot_forecast
@@ -127,6 +128,8 @@ def forecast(cfg: AgentConfig, onnx_model: Path | None = None, conformal: bool =
     served = serving(cfg, table) if onnx_model is None else None
     if served is not None and served.is_anchor:
         return _anchor(cfg, table, data, served)
+    if served is not None and served.which == MEDIAN:
+        return _median(cfg, table, data, served, series, marks)
     model, which = _model(served, cfg, onnx_model)
     stamps = next_stamps(table, cfg.model.horizon)
     if not cfg.model.quantiles:
@@ -147,11 +150,30 @@ def _model(served: Served | None, cfg: AgentConfig, onnx_model: Path | None) -> 
 
 def _anchor(cfg: AgentConfig, table: SeriesTable, data: ClientData, served: Served) -> Forecast:
     """The anchor that validated best, fitted on the gateway's training rows and run over its whole history."""
-    anchor = make_anchor(served.which, data.period).fit(data.history)
-    values = anchor.forecast(data.raw, np.array([len(data.raw)]), cfg.model.horizon)[0]
-    scores = ", ".join(f"{name} {score:.4f}" for name, score in served.scores.items() if np.isfinite(score))
+    values = _anchor_values(served.which, data, cfg.model.horizon)
     return Forecast(next_stamps(table, cfg.model.horizon), list(data.columns), torch.as_tensor(values), served.which,
-                    anchor=f"best on validation, MASE {scores}", interval=_points_only(cfg, "an anchor"))
+                    anchor=f"best on validation, MASE {_scores(served)}", interval=_points_only(cfg, "an anchor"))
+
+
+def _median(cfg: AgentConfig, table: SeriesTable, data: ClientData, served: Served, series: torch.Tensor,
+            marks: torch.Tensor) -> Forecast:
+    """The median of the members' forecasts in the data's units (the median commutes with the
+    per-feature scaling of the models' inputs)."""
+    members = [torch.as_tensor(_anchor_values(name, data, cfg.model.horizon) if model is None else
+                               data.scaler.inverse_transform(model.eval()(series, marks)[0].numpy()), dtype=torch.float64)
+               for name, model in served.members.items()]
+    return Forecast(next_stamps(table, cfg.model.horizon), list(data.columns), median_forecast(torch.stack(members)),
+                    MEDIAN, anchor=f"median of {', '.join(served.members)}; best on validation, MASE {_scores(served)}",
+                    interval=_points_only(cfg, "the median"))
+
+
+def _anchor_values(name: str, data: ClientData, horizon: int) -> np.ndarray:
+    """Anchor ``name`` fitted on the gateway's training rows, forecasting after its whole history (H, F)."""
+    return make_anchor(name, data.period).fit(data.history).forecast(data.raw, np.array([len(data.raw)]), horizon)[0]
+
+
+def _scores(served: Served) -> str:
+    return ", ".join(f"{name} {score:.4f}" for name, score in served.scores.items() if np.isfinite(score))
 
 
 def _short_history(cfg: AgentConfig, table: SeriesTable, why: str) -> Forecast:

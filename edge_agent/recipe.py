@@ -4,7 +4,8 @@ defaults before any model is built). Chosen by measurement in ``bench/value.py``
 ahead, every feature its own sequence through one shared DLinear whose head is shared too, a
 seasonal base, the MAE loss; small batches and at least 64 steps a round (more passes over a
 short history); and every gateway serving the best of its federated
-model, its local-only model and the anchors on its own validation windows."""
+model, its local-only model, the anchors and the median of them on its latest two weeks of
+validation windows."""
 
 from __future__ import annotations
 
@@ -13,4 +14,5 @@ MODEL = {"backbone": "dlinear", "lookback": 168, "horizon": 24, "d_qap": 1, "qap
 ANCHORS = ("seasonal_naive", "seasonal_naive_week", "window_average", "ets", "theta")
 """What a gateway compares itself with: every anchor but MSTL, whose refits cost seconds per feature
 over a validation split (``edge_agent.anchors``)."""
-TRAINING = {"batch_size": 32, "lr": 3e-3, "min_steps": 64, "keep_local": True, "anchors": ANCHORS}
+TRAINING = {"batch_size": 32, "lr": 3e-3, "min_steps": 64, "keep_local": True, "anchors": ANCHORS, "median": True,
+            "selection_days": 14}

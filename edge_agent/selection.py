@@ -1,9 +1,14 @@
 """What a gateway serves: the best of everything it can make, chosen on its own validation windows.
 
-The candidates are its federated model, its local-only model (``keep_local``) and the anchors
-(``edge_agent.anchors``) it is allowed to serve, fitted on its own history. Each is scored on the
-same validation windows and scale (``Metrics.score``: MASE for point forecasts) and the lowest
-wins; a tie goes to the candidate listed first (federated, local, then the anchors in order).
+The candidates are its federated model, its local-only model (``keep_local``), the anchors
+(``edge_agent.anchors``) it is allowed to serve, fitted on its own history, and the median of its
+models and anchors (``median``; ``edge_agent.models.combination``). Each is scored on the
+same windows and scale (``Metrics.score`` per window: MASE for point forecasts), over the latest
+``selection_days`` days of windows whose outcome is known (0: every validation window), and the
+lowest wins; a tie goes to the candidate listed first (federated, local, the anchors in order, the
+median). Recent errors, because which candidate wins moves with the seasons: on the homes the
+validation months (Sep-Oct) favour other candidates than the test weeks (Nov-Dec), and a gateway
+re-choosing on its last two weeks of outcomes follows that (README, "Does joining the fleet pay?").
 This extends FedPer's personalization with the oldest rule of forecasting practice: never serve
 a model that loses to what the data's own seasonality gives for free.
 """
@@ -17,12 +22,19 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from edge_agent.anchors import make_anchor
+from torch import nn
+
+from edge_agent.anchors import lookback_rule, make_anchor
 from edge_agent.data import ClientData, WindowSet
+from edge_agent.metrics import pinball_terms
 from edge_agent.models import Forecaster
+from edge_agent.models.combination import median_forecast
+from edge_agent.models.seasonal import LookbackAnchor
+from edge_agent.scoring import Scale, scaled_errors
 from edge_agent.train import Batch, Metrics, forecast_metrics, forecasts
 
 SPLITS = ("train", "val", "test")
+MEDIAN = "median"  # the candidate that combines the others (``edge_agent.models.combination``)
 
 
 def split_windows(client: ClientData, split: str) -> WindowSet:
@@ -66,27 +78,45 @@ def anchor_metrics(client: ClientData, name: str, split: str) -> Metrics | None:
 
 @dataclass(frozen=True)
 class Served:
-    """What one gateway serves: ``which`` candidate ("federated", "local" or an anchor's name),
-    its model (None for an anchor) and every candidate's validation score (NaN: not available)."""
+    """What one gateway serves: ``which`` candidate ("federated", "local", an anchor's name or
+    "median"), its model (None for an anchor and the median), every candidate's validation score
+    (NaN: not available) and, for the median, its members by name (a model, None for an anchor)."""
 
     which: str
     model: Forecaster | None
     scores: dict[str, float] = field(default_factory=dict)
+    members: dict[str, nn.Module | None] = field(default_factory=dict)
 
     @property
     def is_anchor(self) -> bool:
-        return self.model is None
+        return self.model is None and self.which != MEDIAN
 
-    def batches(self, client: ClientData, split: str) -> Iterable[Batch]:
+    def batches(self, client: ClientData, split: str) -> list[Batch]:
         """(forecast, target) batches of the served candidate over ``split`` on the normalized scale."""
-        if self.model is None:
-            return anchor_batches(client, self.which, split) or []
-        return forecasts(self.model, split_windows(client, split))
+        if self.which == MEDIAN:
+            return median_batches([candidate_batches(client, name, model, split)
+                                   for name, model in self.members.items()])
+        return candidate_batches(client, self.which, self.model, split) or []
 
     def metrics(self, client: ClientData, split: str) -> Metrics:
         """The served candidate's metrics over ``split``."""
         levels = None if self.model is None else self.model.levels
         return forecast_metrics(self.batches(client, split), levels, None, split_windows(client, split).scale)
+
+
+def candidate_batches(client: ClientData, name: str, model: nn.Module | None, split: str) -> list[Batch] | None:
+    """A model's (``model``) or an anchor's (``name``) batches over ``split`` (None: an anchor
+    with too little history)."""
+    if model is None:
+        return anchor_batches(client, name, split)
+    return list(forecasts(model, split_windows(client, split)))
+
+
+def median_batches(members: Sequence[list[Batch] | None]) -> list[Batch]:
+    """One batch: the median of the members' forecasts (those that have any) and the target."""
+    present = [batches for batches in members if batches]
+    forecast = median_forecast(torch.stack([torch.cat([f for f, _ in batches]) for batches in present]))
+    return [(forecast, torch.cat([y for _, y in present[0]]))]
 
 
 def choose(scores: dict[str, float]) -> str:
@@ -98,19 +128,88 @@ def choose(scores: dict[str, float]) -> str:
     return min(finite, key=finite.__getitem__) if finite else next(iter(scores))
 
 
-def anchor_scores(client: ClientData, names: Sequence[str]) -> dict[str, float]:
-    """Each named anchor's validation score on the client (NaN where its history is too short)."""
-    scores = {}
-    for name in names:
-        metrics = anchor_metrics(client, name, "val")
-        scores[name] = math.nan if metrics is None else metrics.score
-    return scores
+@torch.no_grad()
+def window_metrics(batches: Iterable[Batch], scale: Scale | None) -> dict[str, np.ndarray]:
+    """Per window (N,) of point forecasts: MSE and MAE on the reference scale and MASE (NaN without
+    a scale), each the mean over the window's steps and features; their means over the windows
+    are ``forecast_metrics``' (every window has as many elements)."""
+    parts: dict[str, list[np.ndarray]] = {"mse": [], "mae": [], "mase": []}
+    for forecast, y in batches:
+        error, mase = scaled_errors(forecast - y, scale)
+        for name, terms in (("mse", error.pow(2)), ("mae", error.abs()), ("mase", mase)):
+            parts[name].append(terms.flatten(1).mean(1).double().numpy())
+    return {name: np.concatenate(values) if values else np.zeros(0) for name, values in parts.items()}
+
+
+@torch.no_grad()
+def window_scores(batches: Iterable[Batch], levels: Sequence[float] | None, scale: Scale | None) -> np.ndarray:
+    """Each window's ``Metrics.score`` (N,): QS of quantile forecasts, else MASE, else (no scale) MSE."""
+    if levels is None:
+        per_window = window_metrics(batches, scale)
+        return per_window["mse"] if scale is None else per_window["mase"]
+    parts = []
+    for forecast, y in batches:
+        factor = torch.ones(1) if scale is None else scale.reference
+        parts.append((pinball_terms(forecast, y, levels) * factor.unsqueeze(-1)).flatten(1).mean(1).double().numpy())
+    return np.concatenate(parts) if parts else np.zeros(0)
+
+
+def recent_score(scores: np.ndarray, origins: np.ndarray, horizon: int, at: int, span: int | None) -> float:
+    """Mean of the per-window ``scores`` over the windows whose outcome is known at row ``at``
+    (origin + horizon <= at) and that start at most ``span`` rows before it (None: all known);
+    NaN where there is none."""
+    known = origins + horizon <= at
+    if span is not None:
+        known &= origins >= at - span
+    return float(scores[known].mean()) if known.any() else math.nan
+
+
+def selection_span(client: ClientData, selection_days: int) -> int | None:
+    """``selection_days`` in rows of the client's data (None: 0 days, every window)."""
+    return selection_days * client.period if selection_days else None
+
+
+def lookback_anchors(client: ClientData, names: Sequence[str]) -> list[LookbackAnchor]:
+    """The named anchors that need nothing but the model's lookback window, as modules."""
+    windows = client.val
+    return [LookbackAnchor(name, windows.lookback, windows.horizon, client.period) for name in names
+            if fits_window(name, windows, client.period)]
+
+
+def fits_window(anchor: str, windows: WindowSet, period: int) -> bool:
+    """True when ``anchor`` needs nothing but the lookback window of ``windows``."""
+    try:
+        lookback_rule(anchor, windows.lookback, windows.horizon, period)
+    except ValueError:
+        return False
+    return True
+
+
+def select(client: ClientData, models: dict[str, nn.Module], anchors: Sequence[str], median: bool = False,
+           selection_days: int = 0) -> Served:
+    """What the gateway serves: among ``models``, the ``anchors`` and (with ``median``, point models
+    and at least three members) the median of them all, the candidate with the lowest score over
+    its latest ``selection_days`` days of validation windows (0: all of them)."""
+    val = client.val
+    members: dict[str, nn.Module | None] = {**models, **dict.fromkeys(anchors)}
+    batches = {name: candidate_batches(client, name, model, "val") for name, model in members.items()}
+    members = {name: model for name, model in members.items() if batches[name] is not None}
+    levels = {name: model.levels for name, model in models.items() if model.levels}
+    windows = {name: window_scores(b, levels.get(name), val.scale) for name, b in batches.items() if b is not None}
+    if median and len(members) >= 3 and not levels:
+        windows[MEDIAN] = window_scores(median_batches(list(batches.values())), None, val.scale)
+    origins, horizon = val.origins(), val.horizon
+    at = int(origins.max()) + horizon if len(origins) else 0
+    span = selection_span(client, selection_days)
+    scores = {name: math.nan for name in [*models, *anchors]}
+    scores |= {name: recent_score(errors, origins, horizon, at, span) for name, errors in windows.items()}
+    which = choose(scores)
+    return Served(which, models.get(which), scores, members if which == MEDIAN else {})
 
 
 def best_anchor(client: ClientData, names: Sequence[str]) -> Served:
     """The anchor a gateway serves when it has nothing learned to serve."""
-    scores = anchor_scores(client, names)
-    return Served(choose(scores), None, scores)
+    return select(client, {}, names)
 
 
 

@@ -45,7 +45,8 @@ class HeadTraining(LocalTraining):
 
     ``keep_local`` makes joining never worse than staying alone: the gateway also trains its own
     local-only model (one epoch per round, nothing sent) and serves whichever validates better;
-    ``anchors`` adds the simple forecasts it can make alone to that choice (``edge_agent.selection``).
+    ``anchors`` adds the simple forecasts it can make alone to that choice, ``median`` their median
+    with the models, and ``selection_days`` makes it on recent windows (``edge_agent.selection``).
 
     ``private_model`` is Fed-GAME's client (``edge_agent.learners.private``): the gateway's model
     persists from round to round and only the proximal term (``prox_mu``) ties it to the
@@ -65,6 +66,10 @@ class HeadTraining(LocalTraining):
                                      "ets, ...) the gateway serves wherever one validates better than its models")
     min_steps: int = Field(0, ge=0, description="at least this many optimizer steps per round: a short history "
                            "gets more passes over its few windows (head mode)")
+    median: bool = Field(False, description="also serve the median of the models and the lookback anchors where it "
+                         "scores better (edge_agent.models.combination)")
+    selection_days: int = Field(0, ge=0, description="choose what to serve on the latest this many days of "
+                                "validation windows (0: all of them)")
 
     def epochs_over(self, size: int, epochs: int | None = None) -> int:
         """The passes one round makes over ``size`` windows: ``epochs`` (default ``local_epochs``),

@@ -215,6 +215,9 @@ def simulate(
     keep_local: Annotated[bool, typer.Option(help="each client also keeps a local-only model and serves the better")] = TRAINING_DEFAULTS["keep_local"],
     anchors: Annotated[str, typer.Option(help="anchors a client serves where they validate better, comma-separated "
                                          "('' for none): seasonal_naive, seasonal_naive_week, window_average, ets, theta, mstl")] = ",".join(TRAINING_DEFAULTS["anchors"]),
+    median: Annotated[bool, typer.Option(help="a client may also serve the median of its models and lookback anchors")] = TRAINING_DEFAULTS["median"],
+    selection_days: Annotated[int, typer.Option(help="choose what each client serves on its latest N days of validation "
+                                                "windows (0: all)")] = TRAINING_DEFAULTS["selection_days"],
     history_days: Annotated[Optional[int], typer.Option(help="keep only the last N days of training history per client")] = None,
     baselines: Annotated[bool, typer.Option(help="also every anchor alone, local-only and centralized, on the same windows")] = False,
     json_out: Annotated[Optional[Path], typer.Option("--json", help="write the results here: rounds, and every client's "
@@ -237,8 +240,8 @@ def simulate(
             rounds=rounds, local_epochs=local_epochs, batch_size=batch_size, lr=lr, min_steps=min_steps, seed=seed, twin=twin,
             twin_max_age=twin_max_age, strategy=strategy, server={"lr": server_lr, "momentum": server_momentum},
             personal_epochs=personal_epochs, alternate=alternate, prox_mu=prox_mu, keep_local=keep_local,
-            anchors=tuple(a.strip() for a in anchors.split(",") if a.strip()), game={"variant": aggregator},
-            participation={"fraction": fraction},
+            anchors=tuple(a.strip() for a in anchors.split(",") if a.strip()), median=median,
+            selection_days=selection_days, game={"variant": aggregator}, participation={"fraction": fraction},
         )
         if fraction < 1.0 and dropout != "fpr":
             raise ValueError("--fraction samples the clients of each round; --dropout makes the asked ones miss "

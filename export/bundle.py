@@ -14,16 +14,18 @@ import pandas as pd
 
 import torch
 
-from edge_agent.anchors import lookback_rule
 from edge_agent.data import ClientData
 from edge_agent.learners import HeadLearner
+from edge_agent.models import Forecaster
+from edge_agent.models.backbones.spiking import SpikingBackbone
+from edge_agent.models.combination import MedianForecaster
 from edge_agent.models.seasonal import LookbackAnchor
-from edge_agent.selection import Served
+from edge_agent.selection import MEDIAN, Served, fits_window
 from edge_agent.serving.onnx_serving import INFO_FILE, MODEL_FILE, BundleInfo
 from edge_agent.storage import write_bytes_atomically
 from export.contract import ExportReport
 from export.contract import sample_windows
-from export.onnx import _export, compare, export_onnx, run_session
+from export.onnx import TOLERANCE, _export, compare, export_onnx, ort_session, run_session
 
 VERIFY_WINDOWS = 16  # the latest test windows the export must reproduce
 
@@ -34,15 +36,19 @@ def write_bundle(learner: HeadLearner, client_id: str, round_index: int, step: p
     first, then ``serving.json`` naming its sha256, so a reader never pairs a new JSON with an
     old model (it refuses the other mix). An anchor that needs only the lookback window (the
     seasonal rules) is exported as a graph too; one that needs the whole history (ETS, Theta,
-    MSTL) cannot be served from a window, so the bundle holds the best candidate that can.
+    MSTL) cannot be served from a window, so the bundle holds the best candidate that can; so does
+    the median of the candidates (``edge_agent.models.combination``), unless a spiking member's
+    threshold tests make ONNX Runtime and torch disagree legitimately (then the best single one).
     Raises ``export.contract.ExportMismatchError`` when ONNX Runtime does not reproduce the model."""
     data = learner.data
     served = servable(learner, round_index)
     staging = Path(folder) / ".next"
     shutil.rmtree(staging, ignore_errors=True)
-    if served.model is None:
-        module = LookbackAnchor(served.which, data.train.lookback, data.train.horizon, data.period)
-        report = export_anchor(module, staging, data)
+    if served.which == MEDIAN:
+        members = [model or _window_anchor(name, data) for name, model in served.members.items()]
+        report = export_module(MedianForecaster(members), staging, data)
+    elif served.model is None:
+        report = export_module(_window_anchor(served.which, data), staging, data)
     else:
         report = export_onnx(served.model, staging, data.test, VERIFY_WINDOWS)
     model = (staging / MODEL_FILE).read_bytes()
@@ -59,30 +65,44 @@ def write_bundle(learner: HeadLearner, client_id: str, round_index: int, step: p
 
 
 def servable(learner: HeadLearner, round_index: int) -> Served:
-    """What ``learner`` serves, or where that is an anchor needing the whole history, the best
-    candidate among its models and the anchors computable from the lookback window."""
+    """What ``learner`` serves, or where that needs more than the lookback window (ETS, Theta, MSTL,
+    or a median with one of them), the best candidate among its models and the anchors computable
+    from the window; a median with a spiking member is left out (its threshold tests may make ONNX
+    Runtime and torch disagree legitimately)."""
     served, data = learner.serving_model(round_index), learner.data
-    if served.model is not None or _fits_window(served.which, data):
+    if _exportable(served, data):
         return served
-    return learner.serving_model(round_index, [a for a in learner.training.anchors if _fits_window(a, data)])
+    window = [a for a in learner.training.anchors if fits_window(a, data.val, data.period)]
+    served = learner.serving_model(round_index, window)
+    return served if _exportable(served, data) else learner.serving_model(round_index, window, median=False)
 
 
-def _fits_window(anchor: str, data: ClientData) -> bool:
-    try:
-        lookback_rule(anchor, data.train.lookback, data.train.horizon, data.period)
-    except ValueError:
-        return False
-    return True
+def _exportable(served: Served, data: ClientData) -> bool:
+    if served.which == MEDIAN:
+        return all(fits_window(name, data.val, data.period) if model is None else not _spiking(model)
+                   for name, model in served.members.items())
+    return served.model is not None or fits_window(served.which, data.val, data.period)
 
 
-def export_anchor(module: LookbackAnchor, folder: Path, data: ClientData) -> ExportReport:
-    """A lookback anchor as ``model.onnx`` (inputs x, marks; output forecast), checked against torch
-    on the latest test windows."""
+def _spiking(model: torch.nn.Module) -> bool:
+    return isinstance(model, Forecaster) and isinstance(model.shared["backbone"], SpikingBackbone)
+
+
+def _window_anchor(name: str, data: ClientData) -> LookbackAnchor:
+    return LookbackAnchor(name, data.train.lookback, data.train.horizon, data.period)
+
+
+def export_module(module: torch.nn.Module, folder: Path, data: ClientData) -> ExportReport:
+    """A module with a forecaster's interface that is not one forecaster (a lookback anchor, a
+    median) as ``model.onnx`` (inputs x and, where it reads the calendar, marks; output forecast),
+    checked against torch on the latest test windows."""
     folder.mkdir(parents=True, exist_ok=True)
     x, marks = sample_windows(data.test, VERIFY_WINDOWS)
     _export(module, (x, marks), folder / MODEL_FILE, ["x", "marks"], ["forecast"])
     with torch.no_grad():
-        expected = (module(x, marks).numpy(),)
-    got = run_session(folder / MODEL_FILE, {"x": x.numpy()})  # the rule reads no calendar: the graph has no marks
-    error = compare(expected, got, 1e-5, MODEL_FILE)
+        expected = (module.eval()(x, marks).numpy(),)
+    feeds = {"x": x.numpy(), "marks": marks.numpy()}
+    inputs = {i.name for i in ort_session(folder / MODEL_FILE).get_inputs()}  # an anchor reads no calendar
+    got = run_session(folder / MODEL_FILE, {name: value for name, value in feeds.items() if name in inputs})
+    error = compare(expected, got, TOLERANCE, MODEL_FILE)
     return ExportReport("onnx", [str(folder / MODEL_FILE)], len(x), None, error)

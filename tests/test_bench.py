@@ -7,6 +7,7 @@ import importlib
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -19,7 +20,8 @@ FEDQAPER = {"clients": 3, "f_max": 3, "seed": 1, "lookback": 24, "horizon": 12, 
 FEDDTW = {"lookback": 10, "horizon": 5, "stride": 61, "val_stride": 23, "d_qap": 8, "qap_heads": 2, "hidden": 8,
           "batch_size": 64, "lr": 3e-3, "rounds": 3, "local_epochs": 1, "absence": 0.5, "clusters": 3, "stretch": 2}
 FEDPOD = {"rounds": 1, "local_epochs": 1, "stride": 97, "pretrain_rounds": 1, "pretrain_stride": 97, "seed": 42}
-VALUE = {"clients": 3, "f_max": 3, "val_stride": 31, "rounds": 2, "local_epochs": 1, "personal_epochs": 1}
+VALUE = {"clients": 3, "f_max": 3, "val_stride": 31, "rounds": 2, "local_epochs": 1, "personal_epochs": 1,
+         "learned": ["local", "fedavg"], "anchors": ["seasonal_naive", "window_average", "theta"]}
 ROBUSTNESS = {**FEDQAPER, "clients": 4, "f_max": 4, "stride": 193, "val_stride": 97, "batch_size": 64, "rounds": 2,
               "max_windows": 16, "patience": 1}
 FEDAL = {"folds": [["greensboro", "amsterdam"]], "steps": ["1h"], "single_variables": ["temp_air"], "rounds": 1,
@@ -39,7 +41,7 @@ def numbers(result: object) -> object:
         return {k: numbers(v) for k, v in result.items() if k not in TIMINGS}
     if isinstance(result, list):
         return [numbers(v) for v in result]
-    return result
+    return result.tolist() if isinstance(result, np.ndarray) else result
 
 
 def twice(job, first: tuple, other: tuple) -> tuple[object, object]:
@@ -60,7 +62,7 @@ def twice(job, first: tuple, other: tuple) -> tuple[object, object]:
     ("fedpod", ("fedpod", "task2", 1, FEDPOD), ("scratch_fedavg", "task1", 2, FEDPOD)),
     ("energy", ("spikernn", ENERGY), ("dlinear", ENERGY)),
     ("fedal", ("fedal", 0, 1, FEDAL), ("fedprox", 0, 2, FEDAL)),
-    ("value", ("stations", 14, "dlinear", "fedavg", 1, VALUE), ("stations", 14, None, "theta", None, VALUE)),
+    ("value", ("stations", 14, "dlinear", None, 1, VALUE), ("stations", 14, None, "theta", None, VALUE)),
     ("fedgame", ("stations", 6, "fedgame", "game", 1, FEDGAME), ("stations", 6, "no_fl", "game", 2, FEDGAME)),
     ("robustness", ("trimmed_mean", "sign_flip", 1, 1, ROBUSTNESS), ("fedavg", "value_1e30", 2, 2, ROBUSTNESS)),
 ])

@@ -165,7 +165,7 @@ def run_federation(
 
 def frozen(choice: Served) -> Served:
     """A served candidate with its own copy of the model (later rounds go on training the original)."""
-    return replace(choice, model=copy.deepcopy(choice.model))
+    return replace(choice, model=copy.deepcopy(choice.model), members=copy.deepcopy(choice.members))
 
 
 def mean_bytes(sizes: Mapping[str, int]) -> float:

@@ -18,7 +18,7 @@ from edge_agent.learners.private import ANCHOR, UPLOADED, PrivateModel
 from edge_agent.models import Forecaster, ModelConfig, build_forecaster
 from edge_agent.protocol import signature
 from edge_agent.seeds import Stream, seed_for
-from edge_agent.selection import Served, anchor_scores, choose
+from edge_agent.selection import Served, select
 from edge_agent.tensors import TensorDict, check_layout, layout_of
 from edge_agent.train import HeadTraining, evaluate, make_optimizer, train_epochs
 
@@ -84,22 +84,24 @@ class HeadLearner(Learner):
             self.private.record(self.received, self.model.shared_state())
         return loss
 
-    def serving_model(self, round_index: int, anchors: Sequence[str] | None = None) -> Served:
+    def serving_model(self, round_index: int, anchors: Sequence[str] | None = None,
+                      median: bool | None = None) -> Served:
         """What this gateway serves once ``round_index`` is announced: the federated model (its
         personal part fitted to the installed global state, as the round's training starts), or,
-        where it validates better, its local-only model (``keep_local``) or one of the anchors
-        (``training.anchors``, or ``anchors`` where given; ``edge_agent.selection``)."""
+        where it scores better on the latest ``selection_days`` of validation windows, its
+        local-only model (``keep_local``, once it has trained), one of the anchors
+        (``training.anchors``, or ``anchors`` where given) or the median of them all
+        (``training.median``, or ``median`` where given; ``edge_agent.selection``)."""
         model = self.model
         if self.training.personal_epochs:
             model = copy.deepcopy(self.model)
             self._fit_personal(model, round_index)
-        scores = {"federated": evaluate(model, self.data.val).score}
-        if self.alone is not None:
-            scores["local"] = self.alone.best_val  # NaN-free only after its first epoch
-        scores |= anchor_scores(self.data, self.training.anchors if anchors is None else anchors)
-        which = choose(scores)
-        chosen = {"federated": model, "local": self.alone.best_model() if self.alone else None}.get(which)
-        return Served(which, chosen, scores)
+        models = {"federated": model}
+        if self.alone is not None and math.isfinite(self.alone.best_val):
+            models["local"] = self.alone.best_model()
+        t = self.training
+        return select(self.data, models, t.anchors if anchors is None else anchors,
+                      t.median if median is None else median, t.selection_days)
 
     def serving_metrics(self, round_index: int) -> dict[str, float]:
         """With ``keep_local`` or ``anchors``: every candidate's validation score (``val.<name>``;
