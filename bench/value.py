@@ -330,7 +330,7 @@ def headline(summary: dict) -> list[str]:
     """One line per (dataset, K, backbone): the best anchor, Local-only, the federated methods and
     what the product serves, with the served forecast's gain over the best anchor and its worst gateway."""
     cfg = summary["config"]
-    learned = cfg["learned"]
+    learned = cfg["learned"] + (["median"] if any(r["method"] == "median" for r in summary["rows"]) else [])
     lines = ["| dataset | K days | backbone | best anchor | " + " | ".join(learned) + " | served | served vs anchor "
              "| worst gateway vs its anchor | served (share of forecasts) |",
              "|---|---|---|---|" + "---|" * len(learned) + "---|---|---|---|"]

@@ -1,0 +1,89 @@
+"""What a gateway serves: the median combination (by its definition, in torch and in ONNX
+Runtime), per-window scores that average to the split's score, and a choice made on the latest
+windows when the regime changes."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from edge_agent.data import SeriesTable, prepare_client
+from edge_agent.models import build_forecaster
+from edge_agent.models.combination import MedianForecaster, median_forecast
+from edge_agent.selection import (MEDIAN, anchor_batches, anchor_metrics, candidate_batches, lookback_anchors,
+                                  median_batches, recent_score, select, window_scores)
+from edge_agent.train import evaluate, forecasts
+from export.bundle import export_module
+from tests.conftest import small_config
+
+
+def hourly(values: np.ndarray) -> SeriesTable:
+    index = pd.date_range("2023-01-01", periods=len(values), freq="h")
+    return SeriesTable("site", index, values.reshape(len(values), -1), ("power",))
+
+
+def regime_change(days: int = 300, seed: int = 4) -> np.ndarray:
+    """A daily shape on a level that climbs by one a day (yesterday is the best guess), until the
+    last two weeks of the validation split, from where the level jumps at random each day (the
+    mean of the last week is the best guess)."""
+    level = np.arange(days, dtype=float)
+    switch = int(days * 0.9) - 14
+    level[switch:] = level[switch] + np.random.default_rng(seed).normal(0, 6, days - switch)
+    shape = 10 * np.sin(2 * np.pi * np.arange(24) / 24)
+    return (level[:, None] + shape[None, :]).ravel()
+
+
+def test_the_median_is_numpys_for_odd_and_even_counts() -> None:
+    for count in (3, 4, 7):
+        stacked = torch.randn(count, 5, 6, 2, generator=torch.Generator().manual_seed(count))
+        np.testing.assert_allclose(median_forecast(stacked).numpy(), np.median(stacked.numpy(), axis=0), rtol=1e-6)
+    with pytest.raises(ValueError, match="at least two"):
+        MedianForecaster([torch.nn.Identity()])
+
+
+def test_per_window_scores_average_to_the_splits_score() -> None:
+    client = prepare_client(hourly(regime_change()), 48, 24)
+    for name in ("seasonal_naive", "window_average"):
+        scores = window_scores(anchor_batches(client, name, "val"), None, client.val.scale)
+        assert len(scores) == len(client.val) and scores.mean() == pytest.approx(anchor_metrics(client, name, "val").score)
+    model = build_forecaster(small_config("dlinear", lookback=48, horizon=24), 1, 4, seed=1)
+    scores = window_scores(forecasts(model, client.val), None, client.val.scale)
+    assert scores.mean() == pytest.approx(evaluate(model, client.val).score, rel=1e-5)
+
+
+def test_recent_scores_count_only_windows_whose_outcome_is_known() -> None:
+    scores, origins = np.array([1.0, 2.0, 3.0, 4.0]), np.array([0, 10, 20, 30])
+    assert recent_score(scores, origins, 5, 26, None) == pytest.approx(2.0)  # windows 0-2 known at row 26
+    assert recent_score(scores, origins, 5, 26, 20) == pytest.approx(2.5)  # of those, the ones from row 6 on
+    assert math.isnan(recent_score(scores, origins, 5, 4, None))
+
+
+def test_a_gateway_follows_the_regime_of_its_latest_windows() -> None:
+    client = prepare_client(hourly(regime_change()), 48, 24)
+    anchors = ("seasonal_naive", "window_average")
+    assert select(client, {}, anchors).which == "seasonal_naive"  # over the whole validation month
+    latest = select(client, {}, anchors, selection_days=7)
+    assert latest.which == "window_average"
+    assert latest.metrics(client, "test").mase < anchor_metrics(client, "seasonal_naive", "test").mase
+
+
+def test_the_median_candidate_forecasts_the_median_of_its_members_and_exports_to_onnx(tmp_path) -> None:
+    client = prepare_client(hourly(regime_change()), 48, 24)
+    model = build_forecaster(small_config("dlinear", lookback=48, horizon=24), 1, 4, seed=1)
+    anchors = ("seasonal_naive", "seasonal_naive_week", "window_average")  # a week back needs 168 steps: left out
+    served = select(client, {"federated": model}, anchors, median=True)
+    assert set(served.scores) == {"federated", *anchors, MEDIAN} and np.isfinite(served.scores[MEDIAN])
+    members = [list(forecasts(model, client.test)), anchor_batches(client, "seasonal_naive", "test"),
+               anchor_batches(client, "window_average", "test")]
+    expected = np.median(np.stack([torch.cat([f for f, _ in m]).numpy() for m in members]), axis=0)
+    got = median_batches([candidate_batches(client, n, m, "test") for n, m in
+                          {"federated": model, "seasonal_naive": None, "window_average": None}.items()])
+    np.testing.assert_allclose(got[0][0].numpy(), expected, rtol=1e-5, atol=1e-6)
+    module = MedianForecaster([model, *lookback_anchors(client, anchors)])
+    assert [m.name for m in module.members[1:]] == ["seasonal_naive"]  # the lookback holds two days
+    report = export_module(module, tmp_path, client)
+    assert report.max_abs_error <= 1e-5
