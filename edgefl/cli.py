@@ -281,6 +281,12 @@ def simulate(
     console.print()
     console.print(f"best round {result.best_round} (by validation): {metric_line(result.test)}; "
                   f"served: {served_counts({c: s.which for c, s in zip(result.client_test, result.served)})}")
+    rates = fleet_firing_rates(result.models, fleet)
+    if rates:
+        silent = [name for name, rate in rates.items() if rate == 0]
+        console.print("firing rates (test windows, mean over clients): "
+                      + ", ".join(f"{name.removeprefix('shared.backbone.')} {rate:.3f}" for name, rate in rates.items())
+                      + (f"; silent: {', '.join(silent)}" if silent else ""), soft_wrap=True)
     summary = {
         "config": {"model": cfg.model_dump(), "federation": fed.model_dump(), "clients": clients, "f_max": f_max,
                    "dropout": dropout, "absence": 0.0 if matrix is None else matrix.absence_rate},
@@ -292,6 +298,7 @@ def simulate(
             for r in result.records
         ],
         "fed": {**metric_values(result.test), "best_round": result.best_round},
+        "firing_rates": rates,
         "clients": {name: {"serves": served.which, "served": metric_values(result.client_test[name])}
                     for name, served in zip(result.client_test, result.served)},
     }
@@ -307,6 +314,15 @@ def simulate(
         json_out.parent.mkdir(parents=True, exist_ok=True)
         json_out.write_text(json.dumps(summary, indent=2))
         console.print(f"wrote {json_out}")
+
+
+def fleet_firing_rates(models: list, fleet: list) -> dict[str, float]:
+    """Each LIF layer's firing rate on the clients' first test windows, mean over clients (empty for an ANN)."""
+    from export.opcount import firing_rates
+
+    per_client = [firing_rates(model, client.test) for model, client in zip(models, fleet)]
+    names = per_client[0] if per_client else {}
+    return {name: sum(rates[name] for rates in per_client) / len(per_client) for name in names}
 
 
 def served_counts(serving: dict[str, str]) -> str:

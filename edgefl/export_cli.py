@@ -21,6 +21,8 @@ AgentConfigPath = Annotated[Optional[Path], typer.Option("--agent-config", help=
 Site = Annotated[Optional[str], typer.Option(help="bundled weather site (or 'pool': all sites) to verify on")]
 Csv = Annotated[Optional[Path], typer.Option("--csv", help="CSV whose windows verify the export")]
 Windows = Annotated[int, typer.Option(help="real test windows used to verify the export")]
+AllowSilent = Annotated[bool, typer.Option(help="keep an export whose spike check compared nothing (a layer that "
+                                                 "emitted no spike on the windows checked)")]
 
 
 def fail(message: str) -> None:
@@ -63,15 +65,17 @@ def model_and_data(
 def export_onnx_command(
     out: Annotated[Path, typer.Option(help="folder for model.onnx (and the streaming graphs)")],
     checkpoint: Checkpoint = None, agent_config: AgentConfigPath = None, site: Site = None, csv: Csv = None,
-    windows: Windows = 64,
+    windows: Windows = 64, allow_silent: AllowSilent = False,
 ) -> None:
     """Any backbone + QAP + head to ONNX; spiking backbones also as streaming graphs."""
-    run_export("onnx", out, model_and_data(checkpoint, agent_config, site, csv), windows)
+    run_export("onnx", out, model_and_data(checkpoint, agent_config, site, csv), windows, allow_silent)
 
 
-def run_export(fmt: str, out: Path, source: tuple[Forecaster, ClientData], windows: int, **options: Any) -> None:
+def run_export(fmt: str, out: Path, source: tuple[Forecaster, ClientData], windows: int, allow_silent: bool,
+               **options: Any) -> None:
     """Export ``source``'s model in format ``fmt``, verified on its test windows, and print the report;
-    a model the format cannot express or an artefact that does not reproduce it fails the command."""
+    a model the format cannot express, an artefact that does not reproduce it, or (without
+    ``allow_silent``) a spike check that compared nothing fails the command."""
     from export import exporter
     from export.contract import ExportMismatchError
     from export.lava_check import LavaUnavailableError
@@ -82,8 +86,17 @@ def run_export(fmt: str, out: Path, source: tuple[Forecaster, ClientData], windo
         report = exporter(fmt)(model, out, data.test, windows, **options)
     except (UnsupportedLayerError, ExportMismatchError, LavaUnavailableError) as err:
         fail(f"{fmt} export refused: {err}")
+    silent = [name for name, rate in report.firing_rates.items() if rate == 0]
+    if silent:
+        report.notes.append(f"no spike at all from {', '.join(silent)}: the spike check compared nothing there")
     for line in report_lines(report):
         console.print(line, markup=False)
+    if silent and not allow_silent:
+        for name in report.files:
+            Path(name).unlink(missing_ok=True)
+        fail(f"{fmt} export refused: {', '.join(silent)} emitted no spike over the {report.windows} windows checked, "
+             f"so its agreement means nothing (train longer, or check on other windows); the files were removed "
+             f"(--allow-silent keeps them)")
 
 
 def report_lines(report: ExportReport) -> list[str]:
@@ -157,10 +170,10 @@ def energy_command(
 def export_nir_command(
     out: Annotated[Path, typer.Option(help="NIR file to write (HDF5, e.g. model.nir)")],
     checkpoint: Checkpoint = None, agent_config: AgentConfigPath = None, site: Site = None, csv: Csv = None,
-    windows: Windows = 256,
+    windows: Windows = 256, allow_silent: AllowSilent = False,
 ) -> None:
     """A spiking backbone's Dense + LIF stack to a NIR graph, read back and simulated to match."""
-    run_export("nir", out, model_and_data(checkpoint, agent_config, site, csv), windows)
+    run_export("nir", out, model_and_data(checkpoint, agent_config, site, csv), windows, allow_silent)
 
 
 @export_app.command("lava")
@@ -173,8 +186,10 @@ def export_lava_command(
         help="also run the file in Lava's own fixed-point simulator (venv from `make lava-venv`)")] = False,
     lava_venv: Annotated[Path, typer.Option(help="the Lava venv for --verify-in-lava")] = Path(".lava-venv"),
     lava_windows: Annotated[int, typer.Option(help="windows Lava runs (its simulator is slow)")] = 8,
+    allow_silent: AllowSilent = False,
 ) -> None:
     """A spiking backbone's Dense + LIF stack to Lava netx HDF5, checked by a fixed-point CUBA model
     (and, with --verify-in-lava, by Lava itself)."""
-    run_export("lava", out, model_and_data(checkpoint, agent_config, site, csv), windows, min_agreement=min_agreement,
+    run_export("lava", out, model_and_data(checkpoint, agent_config, site, csv), windows, allow_silent,
+               min_agreement=min_agreement,
                lava_venv=lava_venv if verify_in_lava else None, lava_windows=lava_windows)

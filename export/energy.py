@@ -52,6 +52,7 @@ class EnergyReport:
     unpriced: list[str]  # operations priced neither on the target nor on the host
     on_chip: list[str] | None = None  # the layers the target runs; None: all of them
     host: str | None = None  # the profile that prices the off-chip layers
+    layer_rates: dict[str, float] = field(default_factory=dict)  # each LIF layer's firing rate
 
     @property
     def chip_pj(self) -> float:
@@ -107,7 +108,8 @@ def energy_report(
         _add(stages[layer.stage], row)
     return EnergyReport(profile.name, precision, windows, stages, per_layer, firing_rate(layers), sorted(unpriced),
                         None if on_chip is None else sorted(on_chip & per_layer.keys()),
-                        host.name if host and on_chip is not None else None)
+                        host.name if host and on_chip is not None else None,
+                        {layer.name: layer.firing_rate for layer in layers if layer.firing_rate is not None})
 
 
 def _check_placement(layers: list[LayerOps], profile: HardwareProfile, on_chip: frozenset[str] | None) -> None:
@@ -119,16 +121,17 @@ def _check_placement(layers: list[LayerOps], profile: HardwareProfile, on_chip: 
 
 
 def _priced(layer: LayerOps, windows: int, profile: HardwareProfile, precision: str, unpriced: set[str]) -> StageEnergy:
-    """One layer on ``profile``: each op at its price, spike-fed ACs as dense MACs on a target
-    without ACs, and an op the target cannot run listed as off-chip (added to ``unpriced``)."""
+    """One layer on ``profile``: each op at its price, a spike-fed layer as dense MACs on a target
+    without ACs (however many spikes reached it, none included: a GPU multiplies the zeros too),
+    and an op the target cannot run listed as off-chip (added to ``unpriced``)."""
     row = StageEnergy()
     for op in OPS:
         count = getattr(layer, op) / windows
-        if not count:
-            continue
-        setattr(row, op, count)
         cost = profile.cost(PROFILE_OP[op], precision)
-        dense = profile.cost("mac", precision) if op == "acs" else None
+        dense = profile.cost("mac", precision) if op == "acs" and layer.cost == "ac" else None
+        if not count and (cost is not None or dense is None):
+            continue  # nothing done; but a dense target runs a spike-fed layer whether spikes came or not
+        setattr(row, op, count)
         if cost is not None:
             row.pj_by_op[op] = count * cost.pj
         elif dense is not None:  # no event-driven accumulate: the layer runs as dense MACs

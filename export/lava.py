@@ -229,9 +229,10 @@ def export_lava(model: Forecaster, out: Path, windows: WindowSet, n_windows: int
     position, neuron) entries (``spike_agreement`` is the lowest layer's), or ``ExportMismatchError``
     names the layer and ``out`` keeps whatever it held before. Agreement with the unquantized model
     is the cost of 8-bit weights, reported per layer, not checked (measured 0.96-0.9996 per layer on
-    weather windows). Details: ``clipped_weights``, ``off_chip``. With ``lava_venv`` (built by
-    ``make lava-venv``) Lava itself runs the file on the first ``lava_windows`` windows and must
-    agree with the fixed-point model in at least ``min_agreement`` of every layer's entries.
+    weather windows). Every integer read back from the file must equal the one verified. Details:
+    ``clipped_weights``, ``off_chip``. With ``lava_venv`` (built by ``make lava-venv``) Lava itself
+    runs the file on the first ``lava_windows`` windows and every spike must equal the fixed-point
+    model's (else the file is removed).
     """
     stack = spiking_stack(model.eval().shared["backbone"])  # UnsupportedLayerError names the layer
     if lava_venv is not None:
@@ -241,7 +242,9 @@ def export_lava(model: Forecaster, out: Path, windows: WindowSet, n_windows: int
     path = Path(out)
     with verified_write(path) as partial:
         quantized = write_netx(stack, partial, steps=spikes.shape[0])
-        chip = simulate_cuba(read_netx(partial), spikes)
+        written = read_netx(partial)
+        check_integers(written, quantized, path)
+        chip = simulate_cuba(written, spikes)
         agree_q = agreement(chip, quantized_stack(stack).run(spikes))
         check_agreement(stack, agree_q, min_agreement, path)
     agree_f = agreement(chip, stack.run(spikes))
@@ -252,13 +255,29 @@ def export_lava(model: Forecaster, out: Path, windows: WindowSet, n_windows: int
         details={"clipped_weights": sum(q.clipped_weights for q in quantized), "off_chip": list(stack.off_chip)},
     )
     positions = lava_windows * spikes.shape[1] // len(x)  # the first windows' positions
-    check_in_lava(report, path, spikes[:, :positions], [s[:, :positions] for s in chip], lava_venv, min_agreement)
+    check_in_lava(report, path, spikes[:, :positions], [s[:, :positions] for s in chip], lava_venv)
     return report
 
 
 def agreement(chip: list[np.ndarray], reference: list[np.ndarray]) -> list[float]:
     """Per layer, the fraction of (step, position, neuron) entries where both runs spike alike."""
     return [float((a == b).mean()) for a, b in zip(chip, reference)]
+
+
+def check_integers(netx: dict, quantized: list[Quantized], path: Path) -> None:
+    """Raise ``ExportMismatchError`` unless every integer of the file read back equals the one
+    quantized and verified: a threshold off by one mantissa step is refused, however few spikes
+    it would change on the windows checked."""
+    if len(netx["layer"]) - 1 != len(quantized):
+        raise ExportMismatchError(f"the netx file holds {len(netx['layer']) - 1} dense layers, the stack "
+                                  f"{len(quantized)}; {path} not written")
+    for layer, q in zip(netx["layer"][1:], quantized):
+        fields = {"weight": (layer["weight"], q.weight), "bias": (layer["bias"], q.bias),
+                  "vThMant": (layer["neuron"]["vThMant"], q.v_th_mant), "vDecay": (layer["neuron"]["vDecay"], q.v_decay)}
+        for name, (read, intended) in fields.items():
+            if np.shape(read) != np.shape(intended) or not np.array_equal(read, intended):
+                raise ExportMismatchError(f"{q.name}: the netx file's fixed-point {name} reads back other than the "
+                                          f"quantized layer's; {path} not written")
 
 
 def check_agreement(stack: SpikingStack, agree_q: list[float], min_agreement: float, path: Path) -> None:
@@ -283,16 +302,19 @@ def layer_report(q: Quantized, layer: DenseLIF, agree_q: float, agree_f: float) 
 
 
 def check_in_lava(report: ExportReport, path: Path, spikes: np.ndarray, ours: list[np.ndarray],
-                  venv: Path | None, min_agreement: float) -> None:
+                  venv: Path | None) -> None:
     """Run the written file in Lava (``export.lava_check``) when ``venv`` is given and record per
-    layer its agreement with ``simulate_cuba``; else note that only the fixed-point model checked it."""
+    layer its agreement with ``simulate_cuba`` and both spike counts; else note that only the
+    fixed-point model checked it. Both are Loihi's integer arithmetic, so every spike must be
+    equal: any difference removes the file and raises ``ExportMismatchError``."""
     if venv is None:
         report.notes.append("checked by the fixed-point model; --verify-in-lava runs Lava itself (make lava-venv)")
         return
     check = run_in_lava(path, spikes, ours, venv)
-    report.details.update(lava_agreement=check.agreement, lava_spikes=check.lava_spikes,
+    report.details.update(lava_agreement=check.agreement, lava_spikes=check.lava_spikes, our_spikes=check.our_spikes,
                           lava_positions=check.positions, lava_seconds=round(check.seconds, 1))
-    worst = min(check.agreement)
-    if worst < min_agreement:
-        raise ExportMismatchError(f"Lava's own simulator agrees with the fixed-point model in only {worst:.4%} "
-                                  f"of one layer's entries (per layer {check.agreement}); {path} was written")
+    if min(check.agreement) < 1.0 or check.lava_spikes != check.our_spikes:
+        path.unlink(missing_ok=True)
+        raise ExportMismatchError(f"Lava's own simulator differs from the fixed-point model: agreement per layer "
+                                  f"{check.agreement}, spikes per layer {check.lava_spikes} (Lava) vs "
+                                  f"{check.our_spikes} (ours); {path} removed")

@@ -20,7 +20,7 @@ instance norm, mean over T) is not counted, except a quantile head's non-crossin
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import torch
 from torch import nn
@@ -33,6 +33,7 @@ from edge_agent.models.backbones.spiking import LIF, SpikingSelfAttention
 from edge_agent.models.backbones.dlinear import DLinear
 from edge_agent.models.heads import MonotoneQuantiles
 from edge_agent.models.qap import QueryAttentionPooling, QueryPooling, SlotEmbedding, TimeFusion
+from edge_agent.models.seasonal import SeasonalBase
 
 
 SPIKE_VIEWS = {"view", "reshape", "flatten", "unflatten", "transpose", "permute", "contiguous", "__getitem__",
@@ -175,11 +176,18 @@ def _time_fusion(ops: LayerOps, module: TimeFusion, args: tuple, out: torch.Tens
     ops.macs += marks.numel() * d + marks.numel() // marks.shape[-1] * d * d + z.numel() * d
 
 
+def _seasonal_base(ops: LayerOps, module: SeasonalBase, args: tuple, out: torch.Tensor) -> None:
+    """The weighted mean of the lookback's last seasons: one MAC per season per forecast value."""
+    ops.macs += out.numel() * module.weights.numel()
+
+
 def _spiking_attention(ops: LayerOps, module: SpikingSelfAttention, args: tuple, out: torch.Tensor) -> None:
-    """Only the spike-spike matmuls: the q/k/v/out projections and LIFs are counted as their own
-    layers. QK^T costs one AC per pair of co-active query and key bits; attn x V one AC per
-    (query row, spiking value) pair, the value being binary."""
+    """Only the spike-spike matmuls and the scaling between them: the q/k/v/out projections and
+    LIFs are counted as their own layers. QK^T costs one AC per pair of co-active query and key
+    bits; ``* scale`` one MAC (a multiply) per score, N x N per head, as the model and its ONNX
+    graph perform it; attn x V one AC per (query row, spiking value) pair, the value being binary."""
     q, k, v = module.last_qkv
+    ops.macs += q.shape[:-1].numel() * k.shape[-2]
     ops.acs += float((q @ k.transpose(-2, -1)).sum()) + float(v.sum()) * q.shape[-2]
     ops.dense_macs += 2 * q.numel() * k.shape[-2]
     for x in (q, k, v):
@@ -206,6 +214,7 @@ RULES: dict[type[nn.Module], Rule] = {
     QueryPooling: _query_pooling,
     DLinear: _dlinear,
     TimeFusion: _time_fusion,
+    SeasonalBase: _seasonal_base,
     MonotoneQuantiles: _monotone,
 }
 FOLDED = (nn.BatchNorm1d, nn.BatchNorm2d, nn.LayerNorm)  # folded or elementwise: not counted
@@ -215,7 +224,7 @@ DATA_ONLY = (QueryAttentionPooling, SlotEmbedding)  # own parameters only feed c
 def stage_of(name: str) -> str:
     if name.startswith("shared.backbone"):
         return "backbone"
-    return "head" if name.startswith(("personal.head", "shared.head")) else "pre-backbone"
+    return "head" if name.startswith(("personal.head", "shared.head", "shared.base")) else "pre-backbone"
 
 
 def count_ops(model: Forecaster, windows: WindowSet, batch_size: int = 256) -> tuple[list[LayerOps], int]:
@@ -227,6 +236,15 @@ def count_ops(model: Forecaster, windows: WindowSet, batch_size: int = 256) -> t
             model(x, marks)
 
     return measure(model, run), len(windows)
+
+
+def firing_rates(model: Forecaster, windows: WindowSet, limit: int = 64) -> dict[str, float]:
+    """Each LIF layer's firing rate over the first ``limit`` windows (empty for an ANN): how much
+    a spiking model computes; a layer at 0 forwards nothing."""
+    if not any(isinstance(module, LIF) for module in model.modules()):
+        return {}
+    first = replace(windows, starts=windows.starts[:limit])
+    return {layer.name: layer.firing_rate for layer in count_ops(model, first)[0] if layer.firing_rate is not None}
 
 
 def measure(model: nn.Module, run: Callable[[], object]) -> list[LayerOps]:

@@ -19,7 +19,7 @@ def markdown(model: str, reports: list[EnergyReport]) -> str:
         rate = f"{report.firing_rate:.3f}" if report.firing_rate is not None else "-"
         lines += [
             f"## {report.profile} ({report.precision}), mean over {report.windows} real windows, firing rate {rate}",
-            "", _placement(report), "",
+            "", _placement(report), *_rates(report), "",
             "| stage | MACs | ACs | neuron updates | energy on target (pJ) | ops off-chip or not priced | off-chip pJ |",
             "|---|---|---|---|---|---|---|",
         ]
@@ -39,6 +39,16 @@ def markdown(model: str, reports: list[EnergyReport]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _rates(report: EnergyReport) -> list[str]:
+    """Each spiking layer's firing rate, a silent one called out: its energy describes no computation."""
+    if not report.layer_rates:
+        return []
+    silent = [name for name, rate in report.layer_rates.items() if rate == 0]
+    rates = ", ".join(f"{name} {rate:.3f}" for name, rate in report.layer_rates.items())
+    warning = f" **Silent (no spike on these windows): {', '.join(silent)}.**" if silent else ""
+    return ["", f"Firing rates: {rates}.{warning}"]
+
+
 def _placement(report: EnergyReport) -> str:
     """Where the layers run: all on the target, or the exported stack on chip and the rest off it."""
     if report.on_chip is None:
@@ -49,24 +59,33 @@ def _placement(report: EnergyReport) -> str:
 
 
 def plot(model: str, reports: list[EnergyReport], path: Path) -> None:
-    """Energy per stage and profile, log scale (targets differ by orders of magnitude)."""
+    """Energy per stage on the target and off it on the host, per profile, log scale (targets
+    differ by orders of magnitude); a stage that costs nothing gets no bar, a "0" label instead."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(1.8 + 1.6 * len(reports), 3.4))
-    width = 0.8 / len(STAGES)
-    for offset, stage in enumerate(STAGES):
-        values = [max(report.stages[stage].pj, 1e-3) for report in reports]
-        positions = [i + (offset - 1) * width for i in range(len(reports))]
-        ax.bar(positions, values, width, label=stage)
-    ax.set_xticks(range(len(reports)), [f"{r.profile}\n{r.precision}" for r in reports])
+    fig, ax = plt.subplots(figsize=(1.8 + 1.9 * len(reports), 3.4))
+    parts = [(stage, lambda r, s=stage: r.stages[s].pj) for stage in STAGES] + [("off-chip (host)", _host)]
+    width = 0.8 / len(parts)
+    for offset, (label, value) in enumerate(parts):
+        positions = [i + (offset - (len(parts) - 1) / 2) * width for i in range(len(reports))]
+        values = [value(report) for report in reports]
+        ax.bar(positions, [v if v > 0 else float("nan") for v in values], width, label=label)
+        for x, v in zip(positions, values):
+            if v <= 0:
+                ax.annotate("0", (x, 0), xycoords=("data", "axes fraction"), ha="center", va="bottom", fontsize=6)
+    ax.set_xticks(range(len(reports)), [f"{r.profile}\n{r.precision}\ntotal {r.total_pj:.3g} pJ" for r in reports])
     ax.set(yscale="log", ylabel="pJ per forecast", title=model)
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def _host(report: EnergyReport) -> float:
+    return report.host_pj
 
 
 def write(folder: Path, model: str, reports: list[EnergyReport]) -> list[Path]:

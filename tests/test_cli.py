@@ -48,9 +48,18 @@ def test_simulate_on_a_user_csv_prints_every_round_and_writes_json(tmp_path: Pat
     assert {"local", "centralized", "seasonal_naive", "window_average", "ets"} <= summary["baselines"].keys()
     for client in summary["clients"].values():  # every client's scores per method and what it serves
         assert client["serves"] in {"federated", "local", "seasonal_naive", "seasonal_naive_week", "window_average",
-                                    "ets", "theta"}
+                                    "ets", "theta", "median"}
         assert client["served"]["mase"] > 0 and {"local", "centralized", "ets"} <= client.keys()
     assert "what the gateways serve beats it on" in proc.stdout
+
+
+def test_simulate_of_a_spiking_backbone_reports_every_layers_firing_rate(tmp_path: Path) -> None:
+    proc, out = simulate_small(tmp_path, 1, "--backbone", "spikernn", "--hidden", "16")
+    assert proc.returncode == 0, proc.stderr
+    rates = json.loads(out.read_text())["firing_rates"]
+    assert sorted(rates) == ["shared.backbone.encoder.lif", *(f"shared.backbone.stack.{i}.lif" for i in range(3))]
+    assert all(0 <= rate <= 1 for rate in rates.values())
+    assert "firing rates (test windows, mean over clients): encoder.lif" in proc.stdout
 
 
 def test_simulate_under_dropout_imputes_with_the_chosen_twin(tmp_path: Path) -> None:

@@ -87,3 +87,16 @@ def test_a_neuromorphic_target_without_its_partition_is_refused(site) -> None:
         energy_report(layers, windows, load_profile("loihi"))
     unpriced = energy_report(layers, windows, load_profile("loihi"), on_chip=frozenset({"shared.backbone.stack.0.lif"}))
     assert unpriced.host is None and unpriced.unpriced == ["ac", "mac", "neuron_update"]
+
+
+def test_a_dense_target_prices_a_silent_spike_fed_layer_as_the_dense_work_it_runs() -> None:
+    """A GPU multiplies every input of a spike-fed layer, spike or not: no spikes is not no work.
+    An event-driven target (ACs priced) pays nothing for it."""
+    from export.opcount import LayerOps
+
+    silent = LayerOps("shared.backbone.out", "Linear", "backbone", cost="ac", acs=0.0, dense_macs=4000.0, calls=2)
+    jetson, cmos = load_profile("jetson_orin_nano"), load_profile("cmos45nm")
+    dense = energy_report([silent], 2, jetson)
+    mac = jetson.cost("mac", jetson.default_precision).pj
+    assert dense.total_pj == pytest.approx(2000.0 * mac) and dense.total_pj > 0
+    assert energy_report([silent], 2, cmos).total_pj == 0.0

@@ -195,6 +195,34 @@ def test_a_file_that_does_not_reproduce_the_model_is_refused(model, client, tmp_
         export_lava(model, tmp_path / "net.h5", client.test, n_windows=16)
 
 
+@pytest.mark.parametrize(("field", "change"), [("neuron/vThMant", 1), ("weight", -1)])
+def test_one_integer_off_by_one_step_in_the_written_file_is_refused(model, client, tmp_path, monkeypatch, field,
+                                                                     change):
+    """The negative control: one mantissa step of one threshold (or one weight's least step) in the
+    file, which may change no spike on the windows checked, must fail, and nothing is left behind."""
+    from export import lava
+
+    write = lava.write_netx
+
+    def tampered(stack, path, steps, scale=None):
+        quantized = write(stack, path, steps, scale)
+        with h5py.File(path, "r+") as netx:
+            data = netx[f"layer/1/{field}"]
+            values = data[()]
+            if values.shape:
+                values.flat[0] += change
+            else:
+                values += change
+            data[()] = values
+        return quantized
+
+    monkeypatch.setattr(lava, "write_netx", tampered)
+    name = field.split("/")[-1]
+    with pytest.raises(ExportMismatchError, match=rf"stack\.0: the netx file's fixed-point {name} reads back other"):
+        export_lava(model, tmp_path / "net.h5", client.test, n_windows=16)
+    assert not list(tmp_path.iterdir())
+
+
 def test_unsupported_backbone_names_the_layer(client, tmp_path):
     model = build_forecaster(small_config("dlinear"), client.n_features, TIME_FEATURES, seed=1)
     with pytest.raises(UnsupportedLayerError, match="ANN backbone") as err:

@@ -228,3 +228,32 @@ def test_interpreter_names_unsupported_nodes_and_bad_graphs(model, spikes) -> No
 
     with pytest.raises(ValueError, match="node 'input' takes \\(16,\\) per step"):
         simulate_nir(to_nir(spiking_stack(model.shared["backbone"])), encoder[..., :3], DT)
+
+
+def test_a_spike_check_that_compared_nothing_fails_the_export_command(model, data, tmp_path) -> None:
+    """A layer that emits no spike on the windows checked agrees with anything: `export nir` (and
+    lava, onnx) refuses it, removes the file and names the layer, unless --allow-silent."""
+    import copy
+
+    from typer.testing import CliRunner
+
+    from edgefl.cli import app
+    from edge_agent.models import save_checkpoint
+
+    silent = copy.deepcopy(model)
+    modules = dict(silent.named_modules())
+    for name in spiking_stack(silent.shared["backbone"]).layers[-1].modules:
+        module = modules[name]
+        if isinstance(module, (torch.nn.Linear, torch.nn.modules.batchnorm._BatchNorm)):
+            with torch.no_grad():
+                module.weight.zero_()
+                module.bias.fill_(-10.0)
+    save_checkpoint(silent, tmp_path / "silent.safetensors", COLUMNS)
+    command = ["export", "nir", "--checkpoint", str(tmp_path / "silent.safetensors"), "--site", "amsterdam",
+               "--windows", "16", "--out", str(tmp_path / "model.nir")]
+    refused = CliRunner().invoke(app, command)
+    assert refused.exit_code == 2, refused.output
+    assert "lif2 emitted no spike over the 16 windows checked" in refused.output
+    assert not (tmp_path / "model.nir").exists()
+    kept = CliRunner().invoke(app, [*command, "--allow-silent"])
+    assert kept.exit_code == 0 and "no spike at all from lif2" in kept.output and (tmp_path / "model.nir").exists()

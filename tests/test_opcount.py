@@ -99,6 +99,7 @@ def test_one_spiking_attention_block_matches_a_loop_count() -> None:
                         av += int(sum(v[t, b, h, j, e] for e in range(4)))
     assert qk > 0 and av > 0
     assert layers["1"].acs == qk + av
+    assert layers["1"].macs == 3 * 2 * 2 * 5 * 5  # the scores' `* scale`: one multiply per (T, B, head, i, j)
     for name in ("q.linear", "k.linear", "v.linear"):
         assert layers[name].acs == x.sum() * 8 and layers[name].macs == 0
     assert layers["out.linear"].acs == attn_spikes.sum() * 8
@@ -106,6 +107,14 @@ def test_one_spiking_attention_block_matches_a_loop_count() -> None:
         assert layers[name].neuron_updates == 3 * 2 * 5 * 8
     total = sum(layer.acs for name, layer in layers.items() if name != "0")
     assert total == qk + av + 3 * x.sum() * 8 + attn_spikes.sum() * 8
+
+
+def test_the_seasonal_base_costs_one_mac_per_season_and_forecast_value(site) -> None:
+    model = build_forecaster(small_config("dlinear", seasonal_base=True, season=6), site.n_features, 4, seed=1)
+    layers = by_name(count_ops(model, site.test)[0])
+    seasons = 24 // 6  # lookback 24, season 6
+    assert layers["shared.base"].macs == len(site.test) * 12 * site.n_features * seasons
+    assert layers["shared.base"].stage == "head"
 
 
 def test_a_module_without_a_counting_rule_is_refused() -> None:

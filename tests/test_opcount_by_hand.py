@@ -52,35 +52,39 @@ def spikernn(backbone, z) -> tuple[float, float]:
     return macs, acs
 
 
-def spiking_blocks(blocks, x: torch.Tensor) -> float:
+def spiking_blocks(blocks, x: torch.Tensor) -> tuple[float, float]:
     """Spikformer blocks on spike counts x (T, B, N, D): q/k/v read x (3 x spikes x D); QK^T one AC
-    per co-active query/key bit, attention x V each value spike once per query row (N); the out
-    projection reads the attention LIF's spikes; the MLP reads x + attn (D -> F -> D)."""
-    acs = 0.0
+    per co-active query/key bit, the scaling one multiply per score (N x N per head), attention x V
+    each value spike once per query row (N); the out projection reads the attention LIF's spikes;
+    the MLP reads x + attn (D -> F -> D)."""
+    macs, acs = 0.0, 0.0
     for block in blocks:
         attn, tokens = block.attn, x.shape[-2]
         q, k, v = (attn.split(proj(x)) for proj in (attn.q, attn.k, attn.v))
         mixed = attn.attn_lif(((q @ k.transpose(-2, -1)) * attn.scale @ v).transpose(-3, -2).flatten(-2))
+        macs += x.shape[0] * x.shape[1] * attn.heads * tokens * tokens
         acs += 3 * float(x.sum()) * D + float((q @ k.transpose(-2, -1)).sum()) + float(v.sum()) * tokens
         acs += float(mixed.sum()) * D
         x = x + attn.out(mixed)
         hidden = block.mlp[0](x)
         acs += float(x.sum()) * F + float(hidden.sum()) * D
         x = x + block.mlp[1](hidden)
-    return acs
+    return macs, acs
 
 
 def spikformer(backbone, z) -> tuple[float, float]:
     """Tokens are the L positions: the embedding C -> D reads the encoder's spikes."""
     macs, x = encoder(backbone, z)
-    return macs, float(x.sum()) * D + spiking_blocks(backbone.blocks, backbone.embed(x))
+    block_macs, block_acs = spiking_blocks(backbone.blocks, backbone.embed(x))
+    return macs + block_macs, float(x.sum()) * D + block_acs
 
 
 def ispikformer(backbone, z) -> tuple[float, float]:
     """Tokens are the C channels: the embedding L -> D reads each channel's spike train."""
     macs, x = encoder(backbone, z)
     x = x.transpose(-2, -1)
-    return macs, float(x.sum()) * D + spiking_blocks(backbone.blocks, backbone.embed(x))
+    block_macs, block_acs = spiking_blocks(backbone.blocks, backbone.embed(x))
+    return macs + block_macs, float(x.sum()) * D + block_acs
 
 
 BY_HAND = {"dlinear": dlinear, "itransformer": itransformer, "lstm": recurrent(4), "gru": recurrent(3),
