@@ -147,9 +147,9 @@ def test_gateways_keeping_a_local_model_say_which_model_they_serve(tmp_path: Pat
     assert set(metrics) == {"client00", "client01"}
     for m in metrics.values():
         scores = validation_scores(m)
-        assert set(scores) == {"federated", "local", "seasonal_naive"}
+        assert set(scores) == {"federated", "local", "seasonal_naive", "median"}  # the median of the three
         assert served_name(m) == min(scores, key=scores.__getitem__)
-    first = store_metrics(db, 1)  # before round 1 no local model exists yet: federated or the anchor
+    first = store_metrics(db, 1)  # before round 1 no local model exists yet: federated or the anchor (no median of two)
     assert all("val.local" not in m and served_name(m) in ("federated", "seasonal_naive") for m in first.values())
     status = subprocess.run(
         [sys.executable, "-m", "edgefl.cli", "coordinator", "status", "-c", str(tmp_path / "coordinator.toml")],
