@@ -58,7 +58,7 @@ def test_simulate_of_a_spiking_backbone_reports_every_layers_firing_rate(tmp_pat
     assert proc.returncode == 0, proc.stderr
     rates = json.loads(out.read_text())["firing_rates"]
     assert sorted(rates) == ["shared.backbone.encoder.lif", *(f"shared.backbone.stack.{i}.lif" for i in range(3))]
-    assert all(0 <= rate <= 1 for rate in rates.values())
+    assert all(0.01 < rate < 0.9 for rate in rates.values())  # every layer carries spikes after training
     assert "firing rates (test windows, mean over clients): encoder.lif" in proc.stdout
 
 
