@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pytest
 
 from edge_agent.data import synthetic_table
 
@@ -53,12 +54,14 @@ def test_simulate_on_a_user_csv_prints_every_round_and_writes_json(tmp_path: Pat
     assert "what the gateways serve beats it on" in proc.stdout
 
 
-def test_simulate_of_a_spiking_backbone_reports_every_layers_firing_rate(tmp_path: Path) -> None:
-    proc, out = simulate_small(tmp_path, 1, "--backbone", "spikernn", "--hidden", "16")
+@pytest.mark.parametrize(("backbone", "lif_layers"), [("spikernn", 4), ("ispikformer", 16)])
+def test_simulate_of_a_spiking_backbone_reports_every_layers_firing_rate(tmp_path: Path, backbone: str,
+                                                                         lif_layers: int) -> None:
+    proc, out = simulate_small(tmp_path, 1, "--backbone", backbone, "--hidden", "16")
     assert proc.returncode == 0, proc.stderr
     rates = json.loads(out.read_text())["firing_rates"]
-    assert sorted(rates) == ["shared.backbone.encoder.lif", *(f"shared.backbone.stack.{i}.lif" for i in range(3))]
-    assert all(0.01 < rate < 0.9 for rate in rates.values())  # every layer carries spikes after training
+    assert len(rates) == lif_layers and "shared.backbone.encoder.lif" in rates
+    assert all(0.005 < rate < 0.9 for rate in rates.values()), rates  # every layer carries spikes after training
     assert "firing rates (test windows, mean over clients): encoder.lif" in proc.stdout
 
 
