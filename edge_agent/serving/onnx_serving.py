@@ -26,7 +26,7 @@ class BundleInfo(BaseModel):
 
     client_id: str
     round: int = Field(ge=0)
-    model: str = Field(description="which model is served: federated, local or a seasonal anchor")
+    model: str = Field(description="which model is served: federated, local, a seasonal anchor or their median")
     columns: list[str] = Field(min_length=1)
     mean: list[float]
     std: list[float]
