@@ -36,6 +36,8 @@ from pathlib import Path
 from common import bench_parser, configure, panel_row, run_config, run_parallel, save_figure, write_report
 from datasets import bench_fleet
 
+from edge_agent.recipe import TRAINING
+
 QUICK = {
     "datasets": ["stations", "homes", "pedestrians"], "history_days": [14, 30, 90, 0], "backbones": ["dlinear"],
     "seeds": [1, 2, 3], "clients": 10, "f_max": 20, "rounds": 10, "local_epochs": 1, "personal_epochs": 1,
@@ -47,7 +49,7 @@ FULL = {**QUICK, "backbones": ["dlinear", "spikernn"], "clients": 20, "rounds": 
         "anchors": QUICK["anchors"] + ["mstl"], "learned": QUICK["learned"] + ["fedrep", "centralized"]}
 FEDERATED = ("fedavg", "fedrep")  # fedrep: personal_epochs from the config fit the personal part first
 SERVED, SERVED_FEDERATED = "served", "fedavg"  # what the product serves, and its federated candidate
-SELECTION_DAYS = 14  # the recipe's selection_days (edge_agent.recipe): a gateway re-chooses on its last two weeks
+SELECTION_DAYS = TRAINING["selection_days"]  # the recipe's: a gateway re-chooses on its last two weeks
 
 
 def model_config(backbone: str):

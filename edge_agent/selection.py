@@ -21,7 +21,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
-
 from torch import nn
 
 from edge_agent.anchors import lookback_rule, make_anchor
@@ -147,9 +146,8 @@ def window_scores(batches: Iterable[Batch], levels: Sequence[float] | None, scal
     if levels is None:
         per_window = window_metrics(batches, scale)
         return per_window["mse"] if scale is None else per_window["mase"]
-    parts = []
+    parts, factor = [], torch.ones(1) if scale is None else scale.reference
     for forecast, y in batches:
-        factor = torch.ones(1) if scale is None else scale.reference
         parts.append((pinball_terms(forecast, y, levels) * factor.unsqueeze(-1)).flatten(1).mean(1).double().numpy())
     return np.concatenate(parts) if parts else np.zeros(0)
 
@@ -169,11 +167,9 @@ def selection_span(client: ClientData, selection_days: int) -> int | None:
     return selection_days * client.period if selection_days else None
 
 
-def lookback_anchors(client: ClientData, names: Sequence[str]) -> list[LookbackAnchor]:
-    """The named anchors that need nothing but the model's lookback window, as modules."""
-    windows = client.val
-    return [LookbackAnchor(name, windows.lookback, windows.horizon, client.period) for name in names
-            if fits_window(name, windows, client.period)]
+def lookback_anchor(client: ClientData, name: str) -> LookbackAnchor:
+    """Anchor ``name`` as a module over the model's lookback window (``fits_window`` says whether it can be)."""
+    return LookbackAnchor(name, client.val.lookback, client.val.horizon, client.period)
 
 
 def fits_window(anchor: str, windows: WindowSet, period: int) -> bool:

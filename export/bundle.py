@@ -19,8 +19,7 @@ from edge_agent.learners import HeadLearner
 from edge_agent.models import Forecaster
 from edge_agent.models.backbones.spiking import SpikingBackbone
 from edge_agent.models.combination import MedianForecaster
-from edge_agent.models.seasonal import LookbackAnchor
-from edge_agent.selection import MEDIAN, Served, fits_window
+from edge_agent.selection import MEDIAN, Served, fits_window, lookback_anchor
 from edge_agent.serving.onnx_serving import INFO_FILE, MODEL_FILE, BundleInfo
 from edge_agent.storage import write_bytes_atomically
 from export.contract import ExportReport
@@ -45,10 +44,10 @@ def write_bundle(learner: HeadLearner, client_id: str, round_index: int, step: p
     staging = Path(folder) / ".next"
     shutil.rmtree(staging, ignore_errors=True)
     if served.which == MEDIAN:
-        members = [model or _window_anchor(name, data) for name, model in served.members.items()]
+        members = [model or lookback_anchor(data, name) for name, model in served.members.items()]
         report = export_module(MedianForecaster(members), staging, data)
     elif served.model is None:
-        report = export_module(_window_anchor(served.which, data), staging, data)
+        report = export_module(lookback_anchor(data, served.which), staging, data)
     else:
         report = export_onnx(served.model, staging, data.test, VERIFY_WINDOWS)
     model = (staging / MODEL_FILE).read_bytes()
@@ -86,10 +85,6 @@ def _exportable(served: Served, data: ClientData) -> bool:
 
 def _spiking(model: torch.nn.Module) -> bool:
     return isinstance(model, Forecaster) and isinstance(model.shared["backbone"], SpikingBackbone)
-
-
-def _window_anchor(name: str, data: ClientData) -> LookbackAnchor:
-    return LookbackAnchor(name, data.train.lookback, data.train.horizon, data.period)
 
 
 def export_module(module: torch.nn.Module, folder: Path, data: ClientData) -> ExportReport:

@@ -14,8 +14,8 @@ import torch
 from edge_agent.data import SeriesTable, prepare_client
 from edge_agent.models import build_forecaster
 from edge_agent.models.combination import MedianForecaster, median_forecast
-from edge_agent.selection import (MEDIAN, anchor_batches, anchor_metrics, candidate_batches, lookback_anchors,
-                                  median_batches, recent_score, select, window_scores)
+from edge_agent.selection import (MEDIAN, anchor_batches, anchor_metrics, candidate_batches, fits_window,
+                                  lookback_anchor, median_batches, recent_score, select, window_scores)
 from edge_agent.train import evaluate, forecasts
 from export.bundle import export_module
 from tests.conftest import small_config
@@ -83,7 +83,8 @@ def test_the_median_candidate_forecasts_the_median_of_its_members_and_exports_to
     got = median_batches([candidate_batches(client, n, m, "test") for n, m in
                           {"federated": model, "seasonal_naive": None, "window_average": None}.items()])
     np.testing.assert_allclose(got[0][0].numpy(), expected, rtol=1e-5, atol=1e-6)
-    module = MedianForecaster([model, *lookback_anchors(client, anchors)])
+    module = MedianForecaster([model, *(lookback_anchor(client, a) for a in anchors
+                                        if fits_window(a, client.val, client.period))])
     assert [m.name for m in module.members[1:]] == ["seasonal_naive"]  # the lookback holds two days
     report = export_module(module, tmp_path, client)
     assert report.max_abs_error <= 1e-5
