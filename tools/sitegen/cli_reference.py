@@ -34,4 +34,17 @@ def render(command: TyperCommand | TyperGroup | None = None) -> str:
     note = ("Generated from the typer app at every build of this site (`tools/sitegen/cli_reference.py`); "
             "`edgefl COMMAND --help` prints the same.\n\n")
     title, _, rest = body.partition("\n\n")
-    return f"{title}\n\n{note}{rest}"
+    return f"{title}\n\n{note}{escaped_tags(rest)}"
+
+
+def escaped_tags(markdown: str) -> str:
+    """Help texts such as ``<prefix>/<device>`` shown as text, not swallowed as HTML tags: ``<``
+    is escaped outside code spans and fenced blocks."""
+    lines, fenced = [], False
+    for line in markdown.split("\n"):
+        fenced = fenced != line.startswith("```")
+        if not fenced and not line.startswith("```"):
+            parts = line.split("`")
+            line = "`".join(part.replace("<", "&lt;") if i % 2 == 0 else part for i, part in enumerate(parts))
+        lines.append(line)
+    return "\n".join(lines)
