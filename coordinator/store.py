@@ -238,8 +238,15 @@ class Store:
                 )
 
     def round(self, number: int) -> RoundRow:
+        row = self.find_round(number)
+        if row is None:
+            raise KeyError(f"no round {number} in the store")
+        return row
+
+    def find_round(self, number: int) -> RoundRow | None:
+        """Round ``number``, or None where it was never opened here."""
         row = self.db.execute("SELECT * FROM rounds WHERE round=?", (number,)).fetchone()
-        return RoundRow(*row[:5], json.loads(row[5]) if row[5] else {}, row[6])
+        return RoundRow(*row[:5], json.loads(row[5]) if row[5] else {}, row[6]) if row else None
 
     def latest_round(self) -> RoundRow | None:
         row = self.db.execute("SELECT round FROM rounds ORDER BY round DESC LIMIT 1").fetchone()
@@ -265,6 +272,16 @@ class Store:
     def has_update(self, number: int, client_id: str) -> bool:
         query = "SELECT 1 FROM updates WHERE round=? AND client_id=?"
         return self.db.execute(query, (number, client_id)).fetchone() is not None
+
+    def sent_before(self, client_id: str, sha256: str, rounds: list[int]) -> int | None:
+        """The round of ``rounds`` in which ``client_id`` sent an update with this body digest
+        (None: in none of them); one primary-key lookup per round."""
+        if not rounds:
+            return None
+        query = (f"SELECT round FROM updates WHERE round IN ({', '.join('?' * len(rounds))}) AND client_id=? "
+                 "AND sha256=? LIMIT 1")
+        row = self.db.execute(query, (*rounds, client_id, sha256)).fetchone()
+        return row[0] if row else None
 
     def save_update(
         self, number: int, client_id: str, n_samples: int, body: bytes, sha256: str,
