@@ -24,7 +24,6 @@ from edge_agent.protocol import MAX_REASON, Header, ProtocolError, RoundHeader, 
 log = logging.getLogger("edgefl.coordinator")
 Effects = list[Callable[[], object]]
 STORAGE_ATTEMPTS = 3
-REPLAY_WINDOW = 8  # rounds either side whose updates of the same client a new update's body is compared with
 RETRY_PAUSE_S = 0.05
 T = TypeVar("T")
 
@@ -94,11 +93,10 @@ def check_sender(header: Header, client: str, leaf: str, fleet: str) -> None:
         raise ProtocolError("wrong_sender", f"sender {header.sender!r} does not match topic client {client!r}")
 
 
-def check_replay(store: Store, header: UpdateHeader, current: int, announced: Callable[[int], str | None]) -> None:
-    """An update must name the global state it was trained from (``global_sha256``: the body
-    digest of its round's announcement, ``announced(round)``), and its body must not be one its
-    client sent for another round of the last ``REPLAY_WINDOW`` whose global state differed
-    (an honest client cannot train two different global states into the same bits)."""
+def check_replay(header: UpdateHeader, announced: Callable[[int], str | None]) -> None:
+    """An update must name the global state it was trained from: ``global_sha256``, the body
+    digest of its round's announcement (``announced(round)``); another one means it was
+    recorded in another round and sent again (or trained from a stale global)."""
     bound = announced(header.round)
     if bound is None:
         raise ProtocolError("unknown_round", f"round {header.round} was never announced here")
@@ -106,11 +104,6 @@ def check_replay(store: Store, header: UpdateHeader, current: int, announced: Ca
         raise ProtocolError("replay", f"an update for round {header.round} trained from another global state "
                             f"(global_sha256 {header.global_sha256[:16]}..., round {header.round} announced "
                             f"{bound[:16]}...): a replayed or stale update")
-    rounds = [r for r in range(max(1, current - REPLAY_WINDOW), current + 1) if r != header.round]
-    earlier = store.sent_before(header.sender, header.body_sha256, rounds)
-    if earlier is not None and announced(earlier) != bound:
-        raise ProtocolError("replay", f"the same body as {header.sender!r}'s update for round {earlier}, which "
-                            f"was trained from another global state: a replayed update")
 
 
 def stale_round(message: Incoming, campaign: str, max_bytes: int) -> str | None:

@@ -443,7 +443,7 @@ class Coordinator:
         if self.store.has_update(header.round, client):
             raise ProtocolError("duplicate", f"round {header.round} already has an update from {client!r}")
         check_tensors(tensors, self.update_layout)
-        check_replay(self.store, header, current.round, self.announced_digest)
+        check_replay(header, self.announced_digest)
         late = header.round < current.round or current.closed_at is not None
         if not late and not self.participants.takes_part(current, client):
             raise ProtocolError("not_asked", f"round {current.round} did not ask {client!r} to train")

@@ -273,16 +273,6 @@ class Store:
         query = "SELECT 1 FROM updates WHERE round=? AND client_id=?"
         return self.db.execute(query, (number, client_id)).fetchone() is not None
 
-    def sent_before(self, client_id: str, sha256: str, rounds: list[int]) -> int | None:
-        """The round of ``rounds`` in which ``client_id`` sent an update with this body digest
-        (None: in none of them); one primary-key lookup per round."""
-        if not rounds:
-            return None
-        query = (f"SELECT round FROM updates WHERE round IN ({', '.join('?' * len(rounds))}) AND client_id=? "
-                 "AND sha256=? LIMIT 1")
-        row = self.db.execute(query, (*rounds, client_id, sha256)).fetchone()
-        return row[0] if row else None
-
     def save_update(
         self, number: int, client_id: str, n_samples: int, body: bytes, sha256: str,
         metrics: dict, late: bool = False,

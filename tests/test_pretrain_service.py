@@ -125,9 +125,9 @@ def offline_pretraining(tmp_path: Path) -> Coordinator:
 
 
 def upload(coordinator: Coordinator, client: str, windows: torch.Tensor, number: int = 1):
-    """``client``'s update for round ``number``: the initial model moved by 0.01 per round (a
-    drift) and a core-set of ``windows``."""
-    model = {k: v + 0.01 * number for k, v in coordinator.initial.items()}
+    """``client``'s update for round ``number``: the initial model moved by 0.01 (a drift) and a
+    core-set of ``windows``."""
+    model = {k: v + 0.01 for k, v in coordinator.initial.items()}
     tensors = {**model, "coreset.windows": windows, "coreset.present": torch.ones(9)}
     header = UpdateHeader(fleet="test", sender=client, round=number, n_samples=50, campaign=coordinator.campaign,
                           global_sha256=coordinator.announced_digest(number))
