@@ -19,7 +19,7 @@ from typing import TypeVar
 from coordinator.store import Store
 from coordinator.store_backends import STORAGE_ERRORS
 from edge_agent.mqtt import Incoming
-from edge_agent.protocol import MAX_REASON, Header, ProtocolError, RoundHeader, decode
+from edge_agent.protocol import MAX_REASON, Header, ProtocolError, RoundHeader, UpdateHeader, decode
 
 log = logging.getLogger("edgefl.coordinator")
 Effects = list[Callable[[], object]]
@@ -91,6 +91,19 @@ def check_sender(header: Header, client: str, leaf: str, fleet: str) -> None:
         raise ProtocolError("wrong_fleet", f"message for fleet {header.fleet!r}, this is {fleet!r}")
     if header.sender != client:
         raise ProtocolError("wrong_sender", f"sender {header.sender!r} does not match topic client {client!r}")
+
+
+def check_replay(header: UpdateHeader, announced: Callable[[int], str | None]) -> None:
+    """An update must name the global state it was trained from: ``global_sha256``, the body
+    digest of its round's announcement (``announced(round)``); another one means it was
+    recorded in another round and sent again (or trained from a stale global)."""
+    bound = announced(header.round)
+    if bound is None:
+        raise ProtocolError("unknown_round", f"round {header.round} was never announced here")
+    if header.global_sha256 != bound:
+        raise ProtocolError("replay", f"an update for round {header.round} trained from another global state "
+                            f"(global_sha256 {header.global_sha256[:16]}..., round {header.round} announced "
+                            f"{bound[:16]}...): a replayed or stale update")
 
 
 def stale_round(message: Incoming, campaign: str, max_bytes: int) -> str | None:

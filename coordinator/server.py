@@ -24,7 +24,7 @@ from coordinator.access import Access
 from coordinator.config import CoordinatorConfig
 from coordinator.engine import RoundEngine, RoundResult
 from coordinator.intake import (
-    STORAGE_ERRORS, Effects, Refusal, check_sender, guarded, record, stale_round, with_retries,
+    STORAGE_ERRORS, Effects, Refusal, check_replay, check_sender, guarded, record, stale_round, with_retries,
 )
 from coordinator.lease import take_lead
 from coordinator.observe.service import Observer
@@ -33,18 +33,20 @@ from coordinator.store import RoundRow, Store
 from coordinator.store_backends import LeaseLost
 from coordinator.participants import Participants
 from coordinator.strategies import ClientInfo, ClientUpdate, RoundPolicy, make_strategy
+from coordinator.throttle import IntakeThrottle
 from edge_agent.config import differences, signed_settings
 from edge_agent.learners import fleet_template
 from edge_agent.mqtt import COORDINATOR_RECEIVE_WINDOW, Connection, Incoming
 from edge_agent.protocol import (
-    HelloHeader, PersonalHeader, ProtocolError, ReplyHeader, RoundHeader, Topics, UpdateHeader, check_tensors,
-    claimed_round, decode, encode,
+    HelloHeader, PersonalHeader, ProtocolError, ReplyHeader, RoundHeader, Topics, UpdateHeader, body_digest,
+    check_tensors, claimed_round, decode, encode,
 )
 from edge_agent.tensors import TensorDict
 
 log = logging.getLogger("edgefl.coordinator")
 SENDER = "coordinator"
 FINISHED_EXIT_CODE = 4  # `coordinator serve` on a state_dir whose campaign has ended
+KEPT_DIGESTS = 16  # rounds whose announced global digest is kept in memory (recomputed from the store if needed)
 class CampaignFinished(RuntimeError):
     """The state_dir holds a campaign whose last round is aggregated: nothing left to serve."""
 
@@ -72,6 +74,8 @@ class Coordinator:
         self.connection = self._connection(f"edgefl-coordinator-{cfg.fleet}")
         self.connection.on_connected.append(self._announce_presence)
         self._decoded: dict[tuple[int, str], dict] = {}  # this round's accepted tensors, kept for aggregation
+        self._digests: dict[int, str] = {}  # round -> body_sha256 of its announced global state
+        self.throttle = IntakeThrottle(cfg.intake)
         self.campaign = self._campaign()
         self._announced: RoundRow | None = None  # the round on the broker as of our last announcement
         policy = RoundPolicy(cfg.participation, cfg.min_clients, cfg.seed)
@@ -274,6 +278,7 @@ class Coordinator:
         (whether there were any)."""
         if self.access.refresh():
             self._revoke()
+        self._report_dropped()
         batch = self._drain()
         if batch:
             self._process(batch)
@@ -288,6 +293,21 @@ class Coordinator:
                     self.store.set_online(client, False)
                 log.warning("revoked: %s is no longer in allowed_clients", client)
                 self.on_event("revoked", {"client": client})
+
+    def _report_dropped(self) -> None:
+        """What the intake's rate limits dropped since their last report: one refusal row per
+        client and kind (the count in its reason), not one per message."""
+        for dropped in self.throttle.report():
+            reason = (f"{dropped.count} {dropped.kind} messages over the rate limit of intake.{dropped.kind} "
+                      f"dropped unread in {dropped.over_s:.0f} s")
+            log.warning("%s: %s", dropped.client, reason)
+            record(self.store, dropped.kind, dropped.client, Refusal.of("rate_limited", reason))
+            self.on_event("throttled", {"client": dropped.client, "kind": dropped.kind, "count": dropped.count})
+
+    def _admitted(self, message: Incoming) -> bool:
+        """Whether the intake's rate limits let ``message`` in (a dropped one is counted, not read)."""
+        client = self.topics.client_of(message.topic)
+        return client is None or self.throttle.admit(client, message.topic.rsplit("/", 1)[-1])
 
     def _drain(self, limit: int = COORDINATOR_RECEIVE_WINDOW) -> list[Incoming]:
         """Wait briefly for one message, then take whatever else is already queued."""
@@ -306,9 +326,11 @@ class Coordinator:
         """Validate and persist a batch in one transaction, each message guarded in its own
         savepoint (``coordinator.intake``); only then reply, update memory and acknowledge. A
         batch that cannot commit is tried again; if it still cannot, it stays unacknowledged and
-        the broker redelivers it after a reconnect."""
+        the broker redelivers it after a reconnect. Messages over a client's rate limit are
+        acknowledged unread."""
+        admitted = [message for message in batch if self._admitted(message)]
         try:
-            effects = with_retries(partial(self._commit, batch), f"a batch of {len(batch)} messages")
+            effects = with_retries(partial(self._commit, admitted), f"a batch of {len(admitted)} messages")
         except STORAGE_ERRORS as err:
             log.error("a batch of %d messages could not be stored; left for redelivery: %s", len(batch), err)
             return
@@ -321,6 +343,8 @@ class Coordinator:
                 self.connection.ack(message)
 
     def _commit(self, batch: list[Incoming]) -> Effects:
+        if not batch:
+            return []
         with self.store.batch():
             return [effect for message in batch for effect in self._guard(message)]
 
@@ -419,6 +443,7 @@ class Coordinator:
         if self.store.has_update(header.round, client):
             raise ProtocolError("duplicate", f"round {header.round} already has an update from {client!r}")
         check_tensors(tensors, self.update_layout)
+        check_replay(header, self.announced_digest)
         late = header.round < current.round or current.closed_at is not None
         if not late and not self.participants.takes_part(current, client):
             raise ProtocolError("not_asked", f"round {current.round} did not ask {client!r} to train")
@@ -431,6 +456,19 @@ class Coordinator:
         return [partial(self._decoded.__setitem__, (current.round, client), tensors),
                 self._reply(client, "update", current.round, True),
                 partial(self.on_event, "accepted", {"client": client, "round": current.round})]
+
+    def announced_digest(self, number: int) -> str | None:
+        """The body_sha256 of round ``number``'s announcement: what an update trained from its
+        global state names in ``global_sha256`` (None: never announced here). The last
+        ``KEPT_DIGESTS`` rounds' are kept."""
+        if number not in self._digests:
+            row = self.store.find_round(number)
+            if row is None:
+                return None
+            if len(self._digests) >= KEPT_DIGESTS:
+                del self._digests[min(self._digests)]
+            self._digests[number] = body_digest(self.store.load_file(row.global_file))
+        return self._digests[number]
 
     def _late(self, client: str, number: int, tensors: TensorDict) -> Effects:
         """A stored update for a closed round: twin history only, from a client sometimes on time."""

@@ -238,8 +238,15 @@ class Store:
                 )
 
     def round(self, number: int) -> RoundRow:
+        row = self.find_round(number)
+        if row is None:
+            raise KeyError(f"no round {number} in the store")
+        return row
+
+    def find_round(self, number: int) -> RoundRow | None:
+        """Round ``number``, or None where it was never opened here."""
         row = self.db.execute("SELECT * FROM rounds WHERE round=?", (number,)).fetchone()
-        return RoundRow(*row[:5], json.loads(row[5]) if row[5] else {}, row[6])
+        return RoundRow(*row[:5], json.loads(row[5]) if row[5] else {}, row[6]) if row else None
 
     def latest_round(self) -> RoundRow | None:
         row = self.db.execute("SELECT round FROM rounds ORDER BY round DESC LIMIT 1").fetchone()

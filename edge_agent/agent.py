@@ -25,6 +25,7 @@ from edge_agent.learners import HeadLearner, Learner, make_learner
 from edge_agent.live import LiveHistory
 from edge_agent.mqtt import Connection, Incoming
 from edge_agent.protocol import (
+    PLACEHOLDER_DIGEST,
     HelloHeader,
     PersonalHeader,
     ProtocolError,
@@ -108,7 +109,8 @@ class Agent:
     def _check_update_size(self, wire: TensorDict) -> None:
         """An update over ``max_payload_bytes`` (the broker's ``message_size_limit``) would be
         dropped by the broker and re-sent after every reconnect, forever: refuse to start."""
-        header = UpdateHeader(fleet=self.cfg.fleet, sender=self.cfg.client_id, round=1, n_samples=1)
+        header = UpdateHeader(fleet=self.cfg.fleet, sender=self.cfg.client_id, round=1, n_samples=1,
+                              global_sha256=PLACEHOLDER_DIGEST)
         size = len(encode(header, wire)) + UPDATE_HEADER_MARGIN
         if size > self.cfg.max_payload_bytes:
             raise ValueError(f"max_payload_bytes: this model's updates take about {size} bytes, over the limit of "
@@ -234,7 +236,7 @@ class Agent:
             log.warning("round %d: not training, the coordinator refused us (%s)", header.round,
                         self.session.terminal[-1])
         elif header.round > self.trained_round:
-            self._train_and_send(header.round)
+            self._train_and_send(header.round, header.body_sha256)
 
     def _stale(self, header) -> bool:
         """A reply or personal message of another campaign (queued in our broker session since
@@ -287,9 +289,10 @@ class Agent:
         (personal state and last accepted global state), as after a restart."""
         return self.files.restore(make_learner(self.cfg, self.table))
 
-    def _train_and_send(self, round_index: int) -> None:
-        """Train for one round, make the result durable, then publish the learner's wire state;
-        a round whose training diverges is skipped (see the module docstring)."""
+    def _train_and_send(self, round_index: int, announced: str) -> None:
+        """Train for one round, make the result durable, then publish the learner's wire state
+        bound to the round's announcement (``announced``: its body_sha256, which the coordinator
+        checks); a round whose training diverges is skipped (see the module docstring)."""
         cfg = self.cfg
         started = time.perf_counter()
         self._refresh_history()
@@ -306,6 +309,7 @@ class Agent:
         header = UpdateHeader(
             fleet=cfg.fleet, sender=cfg.client_id, round=round_index, n_samples=self.learner.n_samples,
             metrics={k: v for k, v in metrics.items() if math.isfinite(v)}, campaign=self.files.campaign,
+            global_sha256=announced,
         )
         payload = encode(header, wire)
         self.files.save_round(self.learner, round_index, payload)

@@ -95,7 +95,7 @@ def _serve(config: Path, verbose: bool, http: str | None, settings: type, servic
     cfg = _load(config, settings)
     if http is not None:
         try:
-            cfg = cfg.model_copy(update={"http": HttpSettings.parse_address(http, cfg.http and cfg.http.token)})
+            cfg = cfg.model_copy(update={"http": HttpSettings.parse_address(http, cfg.http)})
         except ValueError as err:
             _fail(str(err))
     stop = _Stopper()

@@ -35,6 +35,7 @@ from edge_agent.protocol import (
     RoundHeader,
     Topics,
     UpdateHeader,
+    body_digest,
     claimed_round,
     decode,
     encode,
@@ -57,7 +58,9 @@ def envelope(header: dict | bytes, body: bytes = b"") -> bytes:
 def poison(global_state: dict[str, torch.Tensor], campaign: str) -> dict[str, tuple[bytes, str]]:
     """Every class of bad update of the issue, with the refusal code each must get (all of the
     running campaign, so that each fails for its own reason)."""
-    good = encode(UpdateHeader(fleet="test", sender=HOSTILE, round=1, n_samples=50, campaign=campaign), global_state)
+    bound = body_digest(global_state)  # round 1's announcement carries this global state
+    good = encode(UpdateHeader(fleet="test", sender=HOSTILE, round=1, n_samples=50, campaign=campaign,
+                               global_sha256=bound), global_state)
     update = {**UPDATE, "campaign": campaign}
     nan = {k: torch.full_like(v, float("nan")) for k, v in global_state.items()}
     return {
@@ -76,9 +79,9 @@ def poison(global_state: dict[str, torch.Tensor], campaign: str) -> dict[str, tu
         "truncated": (good[: len(good) // 2], "truncated"),
         "garbage": (b"\xff\x00garbage\x13" * 7, "bad_magic"),
         "non-finite weights": (encode(UpdateHeader(fleet="test", sender=HOSTILE, round=1, n_samples=50,
-                                                    campaign=campaign), nan), "not_finite"),
+                                                    campaign=campaign, global_sha256=bound), nan), "not_finite"),
         "future round": (encode(UpdateHeader(fleet="test", sender=HOSTILE, round=99, n_samples=50,
-                                             campaign=campaign), global_state), "future_round"),
+                                             campaign=campaign, global_sha256=bound), global_state), "future_round"),
     }
 
 
@@ -157,14 +160,16 @@ def test_a_hostile_device_cannot_stop_the_fleet(tmp_path: Path, mosquitto) -> No
     assert coordinator.poll() is None, "the coordinator died"
 
     state = device.round(2)
-    late = encode(UpdateHeader(fleet="test", sender=HOSTILE, round=1, n_samples=50, campaign=device.campaign), state)
+    late = encode(UpdateHeader(fleet="test", sender=HOSTILE, round=1, n_samples=50, campaign=device.campaign,
+                               global_sha256=body_digest(template.initial)), state)
     device.send("update", late)
     assert device.reply().code == "late_no_twin"
     device.send("update", late)
     assert device.reply().code == "duplicate"
-    poisoned = {name: tensor * 1000 for name, tensor in device.round(3).items()}
+    state = device.round(3)
+    poisoned = {name: tensor * 1000 for name, tensor in state.items()}
     device.send("update", encode(UpdateHeader(fleet="test", sender=HOSTILE, round=3, n_samples=10**9,
-                                              campaign=device.campaign), poisoned))
+                                              campaign=device.campaign, global_sha256=body_digest(state)), poisoned))
     assert device.reply().accepted, "a well-formed update is stored; the round's screening judges it"
     for process in (coordinator, *agents):
         process.wait(180)
@@ -206,7 +211,8 @@ def hello_of(coordinator: Coordinator, client: str) -> Incoming:
 
 
 def update_of(coordinator: Coordinator, client: str) -> Incoming:
-    header = UpdateHeader(fleet="test", sender=client, round=1, n_samples=50, campaign=coordinator.campaign)
+    header = UpdateHeader(fleet="test", sender=client, round=1, n_samples=50, campaign=coordinator.campaign,
+                          global_sha256=coordinator.announced_digest(1))
     return message(client, "update", encode(header, coordinator.initial))
 
 
