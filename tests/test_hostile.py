@@ -187,9 +187,10 @@ def test_a_hostile_device_cannot_stop_the_fleet(tmp_path: Path, mosquitto) -> No
     assert "Traceback" not in (tmp_path / "coordinator.log").read_text()
 
 
-def offline_coordinator(tmp_path: Path) -> Coordinator:
-    """A coordinator with round 1 open and no broker, driven message by message."""
-    config = coordinator_config(tmp_path, free_port(), 2)
+def offline_coordinator(tmp_path: Path, rounds: int = 2, **overrides: object) -> Coordinator:
+    """A coordinator with round 1 open and no broker, driven message by message;
+    ``overrides``: more fields of its coordinator.toml."""
+    config = coordinator_config(tmp_path, free_port(), rounds, **overrides)
     coordinator = Coordinator(load_config(config, CoordinatorConfig))
     coordinator._resume()
     return coordinator
