@@ -68,6 +68,7 @@ class Store:
     def __init__(self, state_dir: Path, url: str | None = None, connection=None, keep_rounds: int | None = None):
         self.dir = writable_folder(state_dir, "state_dir")
         self.keep_rounds = keep_rounds
+        self._reclaim_due = False  # rounds were pruned in the open transaction: reclaim after its commit
         self.db, self.tensors = open_backend(self.dir, url, connection)
         try:
             migrate(self.db)
@@ -93,15 +94,22 @@ class Store:
     @contextmanager
     def batch(self):
         """One transaction for many writes (group commit: the rows and update bodies of a whole
-        batch reach the disk with one sync). On failure all of it rolls back."""
+        batch reach the disk with one sync). On failure all of it rolls back. Inside a batch:
+        part of that one."""
+        if self.db.in_transaction:
+            yield
+            return
         self.db.begin()
         try:
             yield
             self.db.execute("COMMIT")
         except BaseException:
+            self._reclaim_due = False
             if self.db.in_transaction:
                 self.db.execute("ROLLBACK")
             raise
+        if self._reclaim_due:
+            self._reclaim()
 
     @contextmanager
     def savepoint(self):
@@ -218,9 +226,8 @@ class Store:
         ``keep_rounds``, the bodies of the rounds that fall out of the window go in it too."""
         name = f"global/round_{number + 1:05d}.safetensors"
         now = time.time()
-        pruned = self.keep_rounds is not None and number > self.keep_rounds
         with self.batch():
-            if pruned:
+            if self.keep_rounds is not None and number > self.keep_rounds:
                 self.prune(number - self.keep_rounds)
             self.tensors.write(name, result)
             self.db.execute(
@@ -231,11 +238,10 @@ class Store:
                 self.db.execute(
                     "INSERT INTO rounds VALUES (?, ?, ?, NULL, ?, NULL, NULL)", (number + 1, now, next_deadline, name)
                 )
-        if pruned:
-            self._reclaim()
 
     def _reclaim(self) -> None:
         """Give the pruned bodies' space back for reuse; the close is committed whatever happens here."""
+        self._reclaim_due = False
         try:
             self.db.reclaim()
         except STORAGE_ERRORS as err:
@@ -258,6 +264,7 @@ class Store:
             for name in self.tensors.names(f"personal/round_{number:05d}"):
                 self.tensors.delete(name)
         self.set_meta("pruned_through", str(max(done, through)))
+        self._reclaim_due = True
 
     def round(self, number: int) -> RoundRow:
         row = self.db.execute("SELECT * FROM rounds WHERE round=?", (number,)).fetchone()
