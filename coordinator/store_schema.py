@@ -50,7 +50,10 @@ def stored_version(database) -> int:
 def migrate(database) -> list[int]:
     """Bring ``database`` to ``LATEST`` in one exclusive transaction: the versions applied (none
     when current). Raises ``StateDirError`` naming the database and both versions when it is newer,
-    or the version whose migration failed (then nothing changed)."""
+    or the version whose migration failed (then nothing changed). A current store is only read
+    (readers such as the dashboard take no write lock)."""
+    if stored_version(database) == LATEST:
+        return []
     database.begin(exclusive=True)
     try:
         found = stored_version(database)
