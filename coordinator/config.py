@@ -26,6 +26,8 @@ class StoreSettings(BaseModel):
 
     url: str | None = Field(None, max_length=2048,
                             description="postgresql://user[:password]@host[:port]/database (one database per fleet)")
+    keep_rounds: int = Field(3, ge=1, le=MAX_ROUND, description="closed rounds whose bodies (updates as received, "
+                             "personal messages, strategy state) are kept; older ones are deleted, their rows stay")
 
     @field_validator("url")
     @classmethod

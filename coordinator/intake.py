@@ -3,7 +3,8 @@
 A handler runs inside its own savepoint of the open batch and returns what to do once the batch
 is durable (replies, events, in-memory state). A ``ProtocolError`` becomes a refusal with its
 code; a storage error (``OSError``: read-only folder, full disk; a database's ``OperationalError``)
-is retried a few times, then refused as ``storage``; any other exception is logged with its
+is retried a few times, then raised: the store failed, not the message, so the whole batch is held
+and tried again later (``Coordinator._process``); any other exception is logged with its
 traceback and refused as ``internal``. A failed attempt leaves nothing behind: its rows and tensors
 roll back (``Store.savepoint``), while the other messages of the batch stand.
 """
@@ -43,7 +44,8 @@ class Refusal:
 
 
 def guarded(store: Store, handle: Callable[[], Effects], client: str) -> Effects | Refusal:
-    """Run one message's ``handle`` inside a savepoint: its effects, or why it was refused."""
+    """Run one message's ``handle`` inside a savepoint: its effects, or why it was refused (a
+    storage error that persists is raised, for the batch)."""
 
     def attempt() -> Effects:
         with store.savepoint():
@@ -53,8 +55,8 @@ def guarded(store: Store, handle: Callable[[], Effects], client: str) -> Effects
         return with_retries(attempt, f"a message from {client}")
     except ProtocolError as err:
         return Refusal.of(err.code, str(err))
-    except STORAGE_ERRORS as err:
-        return Refusal.of("storage", f"the coordinator could not store it: {err}")
+    except STORAGE_ERRORS:
+        raise
     except Exception as err:  # the guard's purpose: no message may stop the coordinator
         log.exception("internal error on a message from %s", client)
         return Refusal.of("internal", f"the coordinator failed on it: {type(err).__name__}: {err}")

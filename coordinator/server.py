@@ -32,6 +32,7 @@ from coordinator.pretraining import write_foundation
 from coordinator.store import RoundRow, Store
 from coordinator.store_backends import LeaseLost
 from coordinator.participants import Participants
+from coordinator.retry import StorageRetry
 from coordinator.strategies import ClientInfo, ClientUpdate, RoundPolicy, make_strategy
 from coordinator.throttle import IntakeThrottle
 from edge_agent.config import differences, signed_settings
@@ -76,6 +77,8 @@ class Coordinator:
         self._decoded: dict[tuple[int, str], dict] = {}  # this round's accepted tensors, kept for aggregation
         self._digests: dict[int, str] = {}  # round -> body_sha256 of its announced global state
         self.throttle = IntakeThrottle(cfg.intake)
+        self._held: list[Incoming] = []  # a batch the store could not take, tried again on ``storage_retry``
+        self.storage_retry = StorageRetry()
         self.campaign = self._campaign()
         self._announced: RoundRow | None = None  # the round on the broker as of our last announcement
         policy = RoundPolicy(cfg.participation, cfg.min_clients, cfg.seed)
@@ -199,6 +202,17 @@ class Coordinator:
     # rounds ----------------------------------------------------------------------------------
 
     def _maybe_close(self, row: RoundRow, fresh: bool = True) -> RoundRow:
+        """Close the round if it is time; a close the store cannot take is tried again on the
+        storage retry timer (nothing of it stays behind: ``_aggregate``)."""
+        if not self.storage_retry.due():
+            return row
+        try:
+            return self._close_if_time(row, fresh)
+        except STORAGE_ERRORS as err:
+            self.storage_retry.failed(f"the close of round {row.round}", err)
+            return row
+
+    def _close_if_time(self, row: RoundRow, fresh: bool) -> RoundRow:
         progress, why = self.participants.close_reason(row, fresh)
         if why is not None:
             return self._close(row, self.store.updates(row.round), why)
@@ -222,8 +236,22 @@ class Coordinator:
         return following
 
     def _aggregate(self, row: RoundRow, updates: list, why: str, next_deadline: float | None) -> RoundResult:
-        """Run the round engine on ``updates`` and make its result durable (one transaction),
-        opening the next round with ``next_deadline`` unless it is None."""
+        """Run the round engine on ``updates`` and make its result durable (one transaction: the
+        twins' history too), opening the next round with ``next_deadline`` unless it is None. If the
+        store fails, the strategy, twins and round policy are as before, to close again later."""
+        before = self.strategy.state_dict(), dict(self.engine.on_time), dict(self.participants.missed)
+        try:
+            with self.store.batch():
+                result = self._aggregate_in_batch(row, updates, why, next_deadline)
+        except STORAGE_ERRORS:
+            self.strategy.load_state_dict(before[0])
+            self.engine.on_time, self.participants.missed = before[1], before[2]
+            raise
+        self.storage_retry.succeeded()
+        self._report_close(row.round, result, why)
+        return result
+
+    def _aggregate_in_batch(self, row: RoundRow, updates: list, why: str, next_deadline: float | None) -> RoundResult:
         on_time = [
             ClientUpdate(u.client_id, self._decoded.pop((row.round, u.client_id), None) or self.store.load_update(u),
                          u.n_samples, u.metrics)
@@ -244,7 +272,6 @@ class Coordinator:
         for client, code in result.rejected.items():
             self.store.log("update", client, row.round, False, code, "left out of the round by the engine's screening")
             self.on_event("rejected", {"client": client, "code": code, "reason": "screening"})
-        self._report_close(row.round, result, why)
         return result
 
     def _report_close(self, number: int, result: RoundResult, why: str) -> None:
@@ -278,6 +305,11 @@ class Coordinator:
         (whether there were any)."""
         if self.access.refresh():
             self._revoke()
+        if self._held:
+            self.storage_retry.wait(0.05)
+            if self.storage_retry.due():
+                self._store(self._held)
+            return not self._held
         self._report_dropped()
         batch = self._drain()
         if batch:
@@ -301,7 +333,10 @@ class Coordinator:
             reason = (f"{dropped.count} {dropped.kind} messages over the rate limit of intake.{dropped.kind} "
                       f"dropped unread in {dropped.over_s:.0f} s")
             log.warning("%s: %s", dropped.client, reason)
-            record(self.store, dropped.kind, dropped.client, Refusal.of("rate_limited", reason))
+            try:
+                record(self.store, dropped.kind, dropped.client, Refusal.of("rate_limited", reason))
+            except STORAGE_ERRORS as err:  # counted in the log and the metric; the row waits for no one
+                log.error("the rate-limit report of %s could not be stored: %s", dropped.client, err)
             self.on_event("throttled", {"client": dropped.client, "kind": dropped.kind, "count": dropped.count})
 
     def _admitted(self, message: Incoming) -> bool:
@@ -323,17 +358,29 @@ class Coordinator:
         return batch
 
     def _process(self, batch: list[Incoming]) -> None:
+        """Messages over a client's rate limit are acknowledged unread; the rest are stored."""
+        admitted: list[Incoming] = []
+        for message in batch:
+            if self._admitted(message):
+                admitted.append(message)
+            else:
+                self.connection.ack(message)
+        if admitted:
+            self._store(admitted)
+
+    def _store(self, batch: list[Incoming]) -> None:
         """Validate and persist a batch in one transaction, each message guarded in its own
         savepoint (``coordinator.intake``); only then reply, update memory and acknowledge. A
-        batch that cannot commit is tried again; if it still cannot, it stays unacknowledged and
-        the broker redelivers it after a reconnect. Messages over a client's rate limit are
-        acknowledged unread."""
-        admitted = [message for message in batch if self._admitted(message)]
+        batch the store cannot take (full disk, database gone) is held, unacknowledged, and tried
+        again on the storage retry timer; no further message is taken meanwhile."""
         try:
-            effects = with_retries(partial(self._commit, admitted), f"a batch of {len(admitted)} messages")
+            effects = with_retries(partial(self._commit, batch), f"a batch of {len(batch)} messages")
         except STORAGE_ERRORS as err:
-            log.error("a batch of %d messages could not be stored; left for redelivery: %s", len(batch), err)
+            self._held = batch
+            self.storage_retry.failed(f"a batch of {len(batch)} messages", err)
             return
+        self._held = []
+        self.storage_retry.succeeded()
         try:
             for effect in effects:
                 effect()
