@@ -44,11 +44,11 @@ class ModelConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    backbone: str = RECIPE["backbone"]
+    backbone: str = Field(RECIPE["backbone"], description=f"the shared network: {' | '.join(BACKBONES)}")
     lookback: int = Field(RECIPE["lookback"], ge=2, description="input window length L (a week of hourly steps)")
     horizon: int = Field(RECIPE["horizon"], ge=1, description="forecast length H (a day of hourly steps)")
     d_qap: int = Field(RECIPE["d_qap"], ge=1, description="QAP latent width (paper A.2: 128); per feature when channel-independent")
-    qap_heads: int = Field(RECIPE["qap_heads"], ge=1)
+    qap_heads: int = Field(RECIPE["qap_heads"], ge=1, description="QAP attention heads (d_qap divisible by it)")
     qap_queries: int = Field(1, ge=1, description="learnable queries Q (paper: 1)")
     projection: Literal["qap", "linear", "channel"] = Field(
         RECIPE["projection"], description="feature alignment: qap (Query Attention Pooling, FedQAPer 3.2), linear (a per-client "
@@ -58,7 +58,7 @@ class ModelConfig(BaseModel):
         True, description="normalize each input window per feature and undo it on the forecast"
     )
     dropout: float = Field(0.1, ge=0.0, lt=1.0)
-    hidden: int | None = Field(None, ge=1)
+    hidden: int | None = Field(None, ge=1, description="backbone width (default: the backbone's paper value)")
     layers: int | None = Field(None, ge=1)
     heads: int | None = Field(None, ge=1)
     d_ff: int | None = Field(None, ge=1)
