@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from edge_agent.metrics import median_index
 from edge_agent.models.backbones import BACKBONES
@@ -85,9 +85,13 @@ class ModelConfig(BaseModel):
         """FedQAPer's model (``PAPER``) with ``overrides``."""
         return cls(**{**PAPER, **overrides})
 
+    @field_validator("backbone")
+    @classmethod
+    def _known_backbone(cls, name: str) -> str:
+        return registered(name, BACKBONES, "backbone")
+
     @model_validator(mode="after")
     def _check(self) -> "ModelConfig":
-        registered(self.backbone, BACKBONES, "backbone")
         if self.head == "shared" and self.projection != "channel":
             raise ValueError(f"head = 'shared' needs projection = 'channel' (a {self.projection} head is shaped by "
                              "each gateway's feature count)")
