@@ -22,13 +22,12 @@ import numpy as np
 import pandas as pd
 import paho.mqtt.client as mqtt
 import typer
-from pydantic import ValidationError
 from rich.console import Console
 from rich.progress import MofNCompleteColumn, Progress
 
 from edge_agent.data import DataError, GapPolicy, SeriesTable
 from edge_agent.mqtt import QOS, BrokerConfig
-from edgefl.export_cli import fail
+from edgefl.errors import fail, flags_of, reported
 
 DEFAULT_PREFIX = "sensors"
 DEFAULT_SENSOR = "REPLAY"
@@ -233,15 +232,6 @@ def check_levels(what: str, names: Sequence[str]) -> None:
             raise DataError(f"{what} '{name}' cannot be an MQTT topic level (no '+', '#', '/', not empty)")
 
 
-def broker_config(host: str, port: int, username: str | None, password: str | None, tls_ca: Path | None) -> BrokerConfig:
-    """The broker options as a validated BrokerConfig; errors in one line that names the option."""
-    try:
-        return BrokerConfig(host=host, port=port, username=username, password=password, tls_ca=tls_ca)
-    except ValidationError as exc:
-        raise DataError("; ".join(f"{'--' + '-'.join(map(str, e['loc'])) + ': ' if e['loc'] else ''}"
-                                  f"{e['msg'].removeprefix('Value error, ')}" for e in exc.errors())) from None
-
-
 def plan(table: SeriesTable, style: Style, device: str, prefix: str, sensor: str, shift: pd.Timedelta,
          broker: BrokerConfig, speedup: float) -> str:
     """The first line: what is published where, over which times and how fast."""
@@ -282,7 +272,7 @@ def replay_command(
 ) -> None:
     """Publish a CSV file or a bundled weather station as live sensor readings to an MQTT broker (QoS 1).
     Timestamps without a zone are taken as UTC."""
-    try:
+    with reported(DataError, flags=flags_of("host", "port", "username", "password", "tls_ca", "fill", "max_fill_steps")):
         if style not in Style.__members__:
             raise DataError(f"unknown --style '{style}'; choose {', '.join(Style.__members__)}")
         kind = Style(style)
@@ -294,9 +284,7 @@ def replay_command(
         if kind is Style.plain:
             check_levels("--prefix level", prefix.split("/"))
             check_levels("column", table.columns)
-        broker = broker_config(host, port, username, password, tls_ca)
-    except (DataError, ValidationError) as exc:
-        fail(str(exc))
+        broker = BrokerConfig(host=host, port=port, username=username, password=password, tls_ca=tls_ca)
     shift = rebase_shift(table.index[-1], pd.Timestamp.now(tz="UTC")) if rebase else pd.Timedelta(0)
     console.print(plan(table, kind, name, prefix, sensor, shift, broker, speedup))
     try:
