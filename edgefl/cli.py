@@ -18,6 +18,7 @@ from edge_agent.mqtt import DEFAULT_MAX_PAYLOAD_BYTES
 from edge_agent.recipe import MODEL as MODEL_DEFAULTS
 from edge_agent.recipe import TRAINING as TRAINING_DEFAULTS
 from edgefl.export_cli import energy_command, export_app
+from edgefl.extras import needs
 from edgefl.replay import replay_command
 from edgefl.services import agent_app, aggregator_app, coordinator_app
 
@@ -34,8 +35,8 @@ app.add_typer(coordinator_app, name="coordinator")
 app.add_typer(aggregator_app, name="aggregator")
 app.add_typer(agent_app, name="agent")
 app.add_typer(export_app, name="export")
-app.command("energy")(energy_command)
-app.command("replay")(replay_command)
+app.command("energy")(needs("export")(energy_command))
+app.command("replay")(needs("gateway")(replay_command))
 
 
 def fail(message: str) -> None:
@@ -45,6 +46,7 @@ def fail(message: str) -> None:
 
 
 @app.command()
+@needs("sites")
 def sites() -> None:
     """List the real weather sites bundled with pvlib (one device each)."""
     from edge_agent.data import list_sites, load_site
@@ -59,6 +61,7 @@ def sites() -> None:
 
 
 @app.command()
+@needs("all")
 def demo(
     rounds: Annotated[int, typer.Option(help="rounds to run")] = 5,
     out: Annotated[Path, typer.Option(help="working folder (configs, state, logs, plot)")] = Path("runs/demo"),
@@ -84,6 +87,7 @@ def demo(
 
 
 @app.command("broker-config")
+@needs("coordinator")
 def broker_config(
     fleet: Annotated[str, typer.Option(help="fleet name (topic prefix edgefl/<fleet>/)")],
     out: Annotated[Path, typer.Option(help="folder to write the setup into")],
@@ -172,6 +176,7 @@ def parse_levels(text: str | None) -> tuple[float, ...] | None:
 
 
 @app.command()
+@needs("coordinator")
 def simulate(
     backbone: Annotated[str, typer.Option(help="dlinear|itransformer|lstm|gru|spikernn|spikformer|ispikformer")] = "dlinear",
     rounds: Annotated[int, typer.Option(help="global rounds G")] = 10,
@@ -348,6 +353,7 @@ class PretrainStrategy(str, Enum):
 
 
 @app.command("pretrain")
+@needs("coordinator")
 def pretrain_command(
     out: Annotated[Path, typer.Option(help="foundation checkpoint to write")] = Path("runs/foundation.safetensors"),
     strategy: Annotated[PretrainStrategy, typer.Option(help="fedavg: FedPoD's masked pretraining (appendix B.1); fedal: FeDaL's "

@@ -24,12 +24,13 @@ field) carries each model feature, the model's step and how much history the sto
 
 from __future__ import annotations
 
+from datetime import timedelta
 from pathlib import Path
 
-import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from edge_agent.mqtt import BrokerConfig
+from edge_agent.times import NS_PER_S, parse_duration
 
 _WILDCARDS = ("+", "#")
 
@@ -78,7 +79,7 @@ class SensorSettings(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
 
     broker: BrokerConfig = Field(BrokerConfig(), strict=False, description="the gateway's local (sensor) broker")
-    step: str = Field(description="the model's step as a pandas duration, e.g. '1h' or '15min'")
+    step: str = Field(description="the model's step as a duration, e.g. '1h', '15min' or '1h30min'")
     retention_days: float = Field(30.0, gt=0, strict=False, description="readings older than this are deleted")
     max_readings_per_feature: int = Field(500_000, ge=1, description="hard cap per feature; the oldest are pruned")
     max_future_s: float = Field(
@@ -90,10 +91,10 @@ class SensorSettings(BaseModel):
     @classmethod
     def _positive_step(cls, step: str) -> str:
         try:
-            delta = pd.Timedelta(step)
+            delta = parse_duration(step)
         except ValueError as err:
             raise ValueError(f"{step!r} is not a fixed duration such as '1h' or '15min' ({err})") from None
-        if delta < pd.Timedelta(seconds=1):
+        if delta < NS_PER_S:
             raise ValueError(f"{step!r} must be at least one second")
         return step
 
@@ -106,14 +107,14 @@ class SensorSettings(BaseModel):
         return self
 
     @property
-    def step_delta(self) -> pd.Timedelta:
-        """The step as a Timedelta."""
-        return pd.Timedelta(self.step)
+    def step_ns(self) -> int:
+        """The step in nanoseconds."""
+        return parse_duration(self.step)
 
     @property
-    def retention(self) -> pd.Timedelta:
-        """How far back readings are kept."""
-        return pd.Timedelta(days=self.retention_days)
+    def retention_ns(self) -> int:
+        """How far back readings are kept, in nanoseconds."""
+        return round(timedelta(days=self.retention_days) / timedelta(microseconds=1)) * 1_000
 
     def store_path(self, state_dir: Path) -> Path:
         """The SQLite file: ``store`` if given, else ``readings.sqlite`` in the agent's state directory."""
