@@ -154,9 +154,9 @@ def test_a_live_gateway_stores_replayed_readings_keeps_them_across_a_restart_and
     assert published["times"] == [pd.Timestamp(t).strftime("%Y-%m-%dT%H:%M:%SZ") for t in offline.stamps]
     values = np.array([published["forecast"][column]["value"] for column in FEATURES]).T
     np.testing.assert_allclose(values, offline.values.numpy(), rtol=1e-5, atol=1e-5)
-    discovery = retained(port, "homeassistant/sensor/+/config", len(FEATURES))
+    discovery = retained(port, "homeassistant/sensor/+/config", len(FEATURES))  # +24 h is beyond a 12 h horizon
     assert sorted(config["unique_id"] for config in discovery) == [
-        f"edgefl_client00_{feature}_forecast" for feature in sorted(FEATURES)]
+        f"edgefl_client00_{feature}_forecast_1h" for feature in sorted(FEATURES)]
     assert all(config["state_topic"] == FORECASTS and "value_json.forecast" in config["value_template"]
                for config in discovery)
 

@@ -53,6 +53,10 @@ class SensorFeature(BaseModel):
     path: str | None = Field(None, description="dot path to the value in a JSON payload; absent: a plain number")
     time_path: str | None = Field(
         None, description="dot path to the reading's timestamp in the JSON payload; absent: the arrival time")
+    unit: str | None = Field(None, min_length=1, max_length=16, description="the readings' unit as Home Assistant "
+                             "shows it (e.g. '°C'); default: known for the bundled weather names")
+    device_class: str | None = Field(None, pattern=r"^[a-z_]{1,32}$", description="Home Assistant's sensor device "
+                                     "class (e.g. 'temperature'); default: known for the bundled weather names")
 
     @field_validator("topic")
     @classmethod
@@ -133,6 +137,16 @@ class ServingSettings(BaseModel):
                                  "(MQTT discovery)")
     discovery_prefix: str = Field("homeassistant", pattern=r"^[A-Za-z0-9_-]+$", description="Home Assistant's "
                                   "discovery prefix")
+    home_assistant_steps: tuple[int, ...] = Field((1, 24), min_length=1, max_length=8, description="one Home "
+                                                  "Assistant sensor per feature for each of these steps ahead (those "
+                                                  "beyond the model's horizon are left out)")
+
+    @field_validator("home_assistant_steps")
+    @classmethod
+    def _steps_ahead(cls, steps: tuple[int, ...]) -> tuple[int, ...]:
+        if any(step < 1 for step in steps) or len(set(steps)) != len(steps):
+            raise ValueError(f"{list(steps)}: steps ahead are distinct whole numbers >= 1")
+        return steps
 
     @field_validator("topic")
     @classmethod

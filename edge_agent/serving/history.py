@@ -93,7 +93,9 @@ class SensorHistory:
         serving = self.gateway.serving
         if serving.home_assistant:
             topic = serving.forecast_topic(self.gateway.client_id)
-            for config_topic, payload in discovery_messages(server.info, topic, serving.discovery_prefix):
+            for config_topic, payload in discovery_messages(server.info, topic, serving.discovery_prefix,
+                                                            self.gateway.sensors.features, self.ingest.status_topic,
+                                                            serving.home_assistant_steps):
                 self.ingest.publish(config_topic, payload, retain=True)
 
     def waiting(self, reason: str, detail: str) -> None:
