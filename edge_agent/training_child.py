@@ -125,13 +125,22 @@ def train_round(job: RoundJob) -> RoundResult:
     return RoundResult(round=job.round, status="sent", loss=loss, seconds=time.perf_counter() - started)
 
 
+def peak_rss_mb() -> float:
+    """This process's peak resident memory: ``VmHWM`` of its own address space (``ru_maxrss``
+    would count the agent's size at the fork before ``exec``), ``ru_maxrss`` where /proc is absent."""
+    try:
+        status = Path("/proc/self/status").read_text()
+    except OSError:
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return next(int(line.split()[1]) for line in status.splitlines() if line.startswith("VmHWM:")) / 1024
+
+
 def main(job_path: Path) -> None:
     """The child: run the job, then write its answer next to it with the peak memory it took."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     job = RoundJob.model_validate_json(job_path.read_bytes())
     result = train_round(job)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    answer = result.model_copy(update={"peak_rss_mb": round(peak, 1)})
+    answer = result.model_copy(update={"peak_rss_mb": round(peak_rss_mb(), 1)})
     write_bytes_atomically(job_path.parent / RESULT_FILE, answer.model_dump_json().encode())
 
 
