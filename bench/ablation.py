@@ -5,8 +5,9 @@ differently where changes interact): the benchmark's old setting (QAP with d = 3
 personal head, L = 48, MSE, at most 96 training windows per client, 6 epochs or rounds); a
 channel-independent model (every feature its own sequence, d = 1); every training window and 10
 epochs or rounds; at least 64 optimizer steps a round (more passes over a short history); a week of lookback; the MAE loss; the seasonal base; the head shared by the
-fleet (the recipe, ``ModelConfig()``); and what the product serves, each gateway's best candidate
-on validation among FedAvg, Local-only and the anchors. Local-only and FedAvg at K = 30 days and
+fleet (the recipe, ``ModelConfig()``); and what the product serves, each gateway's candidate
+(FedAvg, Local-only, the anchors and their median) with the lowest MASE over its latest
+validation weeks, re-chosen daily (bench/value.py's rule). Local-only and FedAvg at K = 30 days and
 the full history, one seed, the three datasets of bench/value.py, test MASE on the value
 benchmark's scale. Usage:
 
@@ -16,11 +17,15 @@ benchmark's scale. Usage:
 
 from __future__ import annotations
 
+import os
+import tempfile
 import time
 from pathlib import Path
 
 from common import bench_parser, capped_stride, configure, panel_row, run_config, run_parallel, save_figure, write_report
 from datasets import bench_fleet
+
+import value
 
 OLD = {"lookback": 48, "d_qap": 32, "qap_heads": 4, "projection": "qap", "head": "personal", "seasonal_base": False,
        "loss": "mse"}
@@ -50,31 +55,38 @@ def step_settings(step: int) -> tuple[dict, dict]:
     return model, training
 
 
-def run_job(dataset: str, days: int, step: int | None, method: str, seed: int | None, cfg: dict,
+def run_job(dataset: str, days: int, step: int | None, method: str | None, seed: int | None, cfg: dict,
             threads: int) -> dict:
-    """One method at one step (``step`` None: an anchor, run on the recipe's windows)."""
+    """One anchor (``step`` None), one method at an earlier step, or at the last step (the recipe)
+    bench/value.py's job: Local-only, FedAvg and their median with the anchors."""
+    last = len(STEPS) - 1
+    if step is None or step == last:
+        training = {**cfg, **step_settings(last)[1]}
+        result = value.run_job(dataset, days, None if step is None else "dlinear", method, seed, training, threads)
+        return {"runs": [{**run, "step": step, "backbone": None if step is None else f"step{step}"}
+                         for run in result["runs"]]}
+    return {"runs": [learned_step(dataset, days, step, method, seed, cfg, threads)]}
+
+
+def learned_step(dataset: str, days: int, step: int, method: str, seed: int, cfg: dict, threads: int) -> dict:
+    """One learned method with the model and training settings in force after ``step`` changes."""
     import torch
 
     from edge_agent.models import ModelConfig
-    from value import anchored, learned
 
     torch.set_num_threads(threads)
     started = time.perf_counter()
-    model, training = step_settings(len(STEPS) - 1 if step is None else step)
+    model, training = step_settings(step)
     recipe = ModelConfig(**model)
     rows = days * 24 if days else _full_rows(dataset, recipe.lookback, recipe.horizon)
     stride = 1 if training.get("max_windows") is None else capped_stride(rows, recipe.lookback, recipe.horizon,
                                                                           training["max_windows"])
     fleet = bench_fleet(dataset, days, recipe.lookback, recipe.horizon, stride, cfg["val_stride"], cfg["clients"],
                         cfg["f_max"])
-    if step is None:
-        per_client = anchored(fleet, method)
-    else:
-        per_client = learned(fleet, recipe, method, seed, {**cfg, "rounds": training["rounds"],
-                                                           "min_steps": training["min_steps"]})
-    return {"dataset": dataset, "history_days": days, "backbone": None if step is None else f"step{step}",
-            "step": step, "method": method, "seed": seed, "clients": per_client,
-            "seconds": time.perf_counter() - started}
+    per_client = value.learned(fleet, recipe, method, seed, {**cfg, "rounds": training["rounds"],
+                                                             "min_steps": training["min_steps"]})
+    return {"dataset": dataset, "history_days": days, "backbone": f"step{step}", "step": step, "method": method,
+            "seed": seed, "clients": per_client, "seconds": time.perf_counter() - started}
 
 
 def _full_rows(dataset: str, lookback: int, horizon: int) -> int:
@@ -86,17 +98,17 @@ def _full_rows(dataset: str, lookback: int, horizon: int) -> int:
 
 def jobs(cfg: dict) -> list[tuple]:
     cells = [(d, k) for d in cfg["datasets"] for k in cfg["history_days"]]
+    last = len(STEPS) - 1
     anchors = [(d, k, None, a, None, cfg) for d, k in cells for a in cfg["anchors"]]
-    return anchors + [(d, k, step, m, s, cfg) for d, k in cells for step in range(len(STEPS))
-                      for m in cfg["learned"] for s in cfg["seeds"]]
+    recipe = [(d, k, last, None, s, cfg) for d, k in cells for s in cfg["seeds"]]
+    return anchors + recipe + [(d, k, step, m, s, cfg) for d, k in cells for step in range(last)
+                               for m in cfg["learned"] for s in cfg["seeds"]]
 
 
 def table(runs: list[dict], cfg: dict) -> list[dict]:
     """Mean test MASE over clients and seeds per (dataset, K, step, method), the served row of the
     last step and the best anchor."""
     import numpy as np
-
-    from value import served_runs
 
     last = f"step{len(STEPS) - 1}"
     rows = []
@@ -108,18 +120,21 @@ def table(runs: list[dict], cfg: dict) -> list[dict]:
             best = min(anchors, key=anchors.__getitem__)
             for step, (name, _, _) in enumerate(STEPS):
                 row = {"dataset": dataset, "history_days": days, "step": step, "change": name}
-                for method in cfg["learned"]:
-                    row[method] = mean([r for r in cell if (r["step"], r["method"]) == (step, method)])
+                for method in cfg["learned"] + ["median"]:
+                    runs_of = [r for r in cell if (r["step"], r["method"]) == (step, method)]
+                    if runs_of:
+                        row[method] = mean(runs_of)
                 rows.append(row)
-            served = served_runs([r for r in cell if r["step"] is None or r["backbone"] == last], cfg)
+            served = value.served_runs([r for r in cell if r["step"] is None or r["backbone"] == last], cfg)
             rows.append({"dataset": dataset, "history_days": days, "step": len(STEPS),
-                         "change": "served: best of FedAvg, Local, anchors, re-chosen daily", "served": mean(served),
+                         "change": "served: best of FedAvg, Local, anchors, median, re-chosen daily",
+                         "served": mean(served),
                          "best_anchor": best, "best_anchor_mase": anchors[best]})
     return rows
 
 
 def markdown(summary: dict) -> str:
-    learned = summary["config"]["learned"]
+    learned = summary["config"]["learned"] + ["median"]
     lines = ["Test MASE, mean over clients (and seeds); each step adds one change to the one above.", "",
              "| dataset | K days | step | " + " | ".join(learned) + " | served | best anchor |",
              "|---|---|---|" + "---|" * (len(learned) + 2)]
@@ -150,13 +165,19 @@ def plot(summary: dict, path: Path) -> None:
     save_figure(fig, path)
 
 
+def describe(result: dict) -> str:
+    """One line per finished job: each method's fleet MASE."""
+    return "; ".join(f"{r['dataset']:>11} K={r['history_days'] or 'full':>4} step {r['step']} {r['method']:>19}: "
+                     f"MASE {sum(c['mase'] for c in r['clients'].values()) / len(r['clients']):.4f} "
+                     f"({r['seconds']:.0f} s)" for r in result["runs"])
+
+
 def main() -> None:
     args, cfg, started = configure(bench_parser(__doc__, "one seed (about 30 min on 2 cores)"), QUICK, FULL)
-    runs = run_parallel(run_job, jobs(cfg), args.workers,
-                        lambda r: f"{r['dataset']:>11} K={r['history_days'] or 'full':>4} step {r['step']} "
-                                  f"{r['method']:>19}: MASE "
-                                  f"{sum(c['mase'] for c in r['clients'].values()) / len(r['clients']):.4f} "
-                                  f"({r['seconds']:.0f} s)")
+    with tempfile.TemporaryDirectory() as cache:
+        os.environ[value.ANCHOR_CACHE] = cache  # the anchors' forecasts, shared with the recipe's medians
+        results = run_parallel(run_job, jobs(cfg), args.workers, describe)
+    runs = [run for result in results for run in result["runs"]]
     summary = {"rows": table(runs, cfg), "steps": [name for name, _, _ in STEPS],
                "config": run_config(cfg, args.quick, started)}
     write_report(args.out, "ablation", summary, markdown, plot)

@@ -102,7 +102,7 @@ class Gateway:
         elif header["round"] not in self.sent:
             self.sent.add(header["round"])
             self._publish("update", restamp(self.update, sender=self.id, round=header["round"],
-                                            campaign=header["campaign"]))
+                                            campaign=header["campaign"], global_sha256=header["body_sha256"]))
             self.tally["updates_sent"] += 1
 
 

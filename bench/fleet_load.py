@@ -52,7 +52,7 @@ def templates(fleet: str, mode: str = "head", work: Path | None = None) -> tuple
 
     from coordinator.config import CoordinatorConfig
     from edge_agent.learners import fleet_template
-    from edge_agent.protocol import HelloHeader, UpdateHeader, decode, encode
+    from edge_agent.protocol import PLACEHOLDER_DIGEST, HelloHeader, UpdateHeader, decode, encode
 
     fleet_model = {"model": MODEL} if mode == "head" else prompt_fleet(work)
     cfg = CoordinatorConfig(fleet=fleet, state_dir=Path("unused"), **fleet_model)
@@ -62,7 +62,7 @@ def templates(fleet: str, mode: str = "head", work: Path | None = None) -> tuple
     generator = torch.Generator().manual_seed(0)
     updates = tuple(
         encode(UpdateHeader(fleet=fleet, sender="template", round=1, n_samples=1000,
-                            metrics={"train_loss": 0.4, "val_loss": 0.5}),
+                            metrics={"train_loss": 0.4, "val_loss": 0.5}, global_sha256=PLACEHOLDER_DIGEST),
                {k: v + 0.01 * torch.randn(v.shape, generator=generator) for k, v in template.initial.items()})
         for _ in range(BODIES))
     spec = FleetSpec(0, fleet, hello, updates)

@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import paho.mqtt.client as mqtt  # noqa: E402
-from mqtt_bench import envelope_header, loopback_broker, raw_throughput  # noqa: E402
+from mqtt_bench import envelope_header, loopback_broker, raw_throughput, restamp  # noqa: E402
 
 SIZES = {"100KB": 40, "1MB": 156}  # d_qap giving shared states of ~104 KB and ~1.0 MB (DLinear, L96 H48)
 
@@ -34,7 +34,7 @@ def publisher_process(
     port: int, fleet: str, client_id: str, hello: bytes, updates: dict[int, bytes], ready
 ) -> None:
     """A lightweight agent (paho only, no torch): says hello when the coordinator is online, then
-    answers each round announcement with its pre-encoded update."""
+    answers each round announcement with its pre-encoded update, bound to that announcement."""
     root = f"edgefl/{fleet}"
     done = threading.Event()
     client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=client_id, protocol=mqtt.MQTTv5)
@@ -48,7 +48,8 @@ def publisher_process(
         if header["finished"]:
             done.set()
         elif header["round"] in updates:
-            c.publish(f"{root}/agents/{client_id}/update", updates.pop(header["round"]), qos=1)
+            update = restamp(updates.pop(header["round"]), global_sha256=header["body_sha256"])
+            c.publish(f"{root}/agents/{client_id}/update", update, qos=1)
 
     client.on_message = on_message
     client.connect("127.0.0.1", port)
@@ -67,7 +68,7 @@ def ingest(port: int, fleet: str, workdir: Path, d_qap: int, clients: int, round
 
     from coordinator.config import CoordinatorConfig
     from coordinator.server import Coordinator
-    from edge_agent.protocol import HelloHeader, UpdateHeader, encode
+    from edge_agent.protocol import PLACEHOLDER_DIGEST, HelloHeader, UpdateHeader, encode
 
     model = {"backbone": "dlinear", "lookback": 96, "horizon": 48, "d_qap": d_qap, "qap_heads": 4}
     cfg = CoordinatorConfig(
@@ -77,7 +78,8 @@ def ingest(port: int, fleet: str, workdir: Path, d_qap: int, clients: int, round
     times: dict[str, list[float]] = {"accepted": [], "announced": []}
     coordinator = Coordinator(cfg, on_event=lambda kind, _d: kind in times and times[kind].append(time.perf_counter()))
     state = coordinator.initial
-    update_bytes = len(encode(UpdateHeader(fleet=fleet, sender="x", round=1, n_samples=1), state))
+    update_bytes = len(encode(UpdateHeader(fleet=fleet, sender="x", round=1, n_samples=1,
+                                           global_sha256=PLACEHOLDER_DIGEST), state))
     context = multiprocessing.get_context("spawn")
     ready = context.Semaphore(0)
     processes = []
@@ -87,7 +89,7 @@ def ingest(port: int, fleet: str, workdir: Path, d_qap: int, clients: int, round
                                    model_signature=coordinator.signature))
         noisy = {k: v + torch.randn_like(v) * 0.01 for k, v in state.items()}
         updates = {r: encode(UpdateHeader(fleet=fleet, sender=cid, round=r, n_samples=100,
-                                          campaign=coordinator.campaign), noisy)
+                                          campaign=coordinator.campaign, global_sha256=PLACEHOLDER_DIGEST), noisy)
                    for r in range(1, rounds + 1)}
         process = context.Process(target=publisher_process, args=(port, fleet, cid, hello, updates, ready))
         process.start()

@@ -27,6 +27,7 @@ import datetime
 import hashlib
 import ipaddress
 import os
+import pwd
 import secrets
 import shutil
 import socket
@@ -43,10 +44,13 @@ from cryptography.x509.oid import NameOID
 from edge_agent.config import dump_toml
 from edge_agent.data import list_sites
 from edge_agent.mqtt import COORDINATOR_RECEIVE_WINDOW, DEFAULT_MAX_PAYLOAD_BYTES
+from edge_agent.models import ModelConfig
 from edge_agent.protocol import Topics
 from edge_agent.storage import write_bytes_atomically
 
 COORDINATOR_USER = "coordinator"
+BROKER_ACCOUNT = "mosquitto"  # the account Debian's mosquitto package creates and drops to
+PERSISTENCE_DIR = "data"  # mosquitto.db, in a folder of its own: saving needs a writable folder
 SECRET_MODE = 0o600  # passwords, keys and configs holding credentials: owner only, from the first byte
 QUEUED_PER_AGENT = 200  # messages the broker holds for the coordinator per agent (it may be down a while)
 MIN_QUEUED = 10_000
@@ -126,26 +130,50 @@ def make_tls(out: Path, host: str, days: int = 825) -> TlsFiles:
     return files
 
 
+def broker_user() -> str:
+    """The account mosquitto runs as: where this process is root, ``mosquitto`` (given the
+    broker's files by ``hand_to_broker``; root where no such account exists), else this process's
+    own user, who owns the files (a broker started as root drops to it)."""
+    if os.geteuid() != 0:
+        return pwd.getpwuid(os.geteuid()).pw_name
+    try:
+        return pwd.getpwnam(BROKER_ACCOUNT).pw_name
+    except KeyError:
+        return "root"
+
+
+def hand_to_broker(*paths: Path) -> None:
+    """As root: ``paths`` (config, passwords, ACL, key, persistence folder) to ``broker_user()``,
+    so the broker reads and saves them started as root (it drops to that user) or as that user."""
+    if os.geteuid() == 0:
+        account = pwd.getpwnam(broker_user())
+        for path in paths:
+            os.chown(path, account.pw_uid, account.pw_gid)
+
+
 def mosquitto_conf(out: Path, listener: list[str], n_agents: int, max_payload_bytes: int) -> str:
     """The broker config: authenticated listener, client ids bound to usernames, the payload
-    limit and queues sized for ``n_agents`` (see the module docstring)."""
+    limit and queues sized for ``n_agents`` (see the module docstring); it runs as
+    ``broker_user()`` and keeps its database in ``out/data``."""
     return "\n".join([
-        "# written by edgefl broker-config", "per_listener_settings false", *listener,
+        "# written by edgefl broker-config", f"user {broker_user()}", "per_listener_settings false", *listener,
         "use_username_as_clientid true", "allow_anonymous false",
         f"password_file {out / 'passwords'}", f"acl_file {out / 'acl'}",
         f"message_size_limit {max_payload_bytes}",
         f"max_inflight_messages {COORDINATOR_RECEIVE_WINDOW}",
         f"max_queued_messages {max(MIN_QUEUED, QUEUED_PER_AGENT * n_agents)}",
-        "persistence true", f"persistence_location {out}/", "",
+        "persistence true", f"persistence_location {out / PERSISTENCE_DIR}/", "",
     ])
 
 
 def write_fleet_setup(
     fleet: str, agent_ids: list[str], out: Path, host: str = "127.0.0.1", port: int = 1883,
     tls: bool = False, state_root: Path | None = None, max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
-    sites: list[str] | None = None,
+    sites: list[str] | None = None, coordinator_settings: dict | None = None,
 ) -> dict[str, Path]:
-    """Write mosquitto.conf, passwords, acl and one TOML per service; returns what was written.
+    """Write mosquitto.conf, passwords, acl and one TOML per service, each with the fleet's
+    ``[model]`` (the recipe's), so agents and coordinator build the same model as written;
+    ``coordinator_settings``: more keys of coordinator.toml. Returns what was written.
     ``sites``: clients that are site aggregators (``edgefl aggregator serve``, bridged in): each
     gets the agent ACL and ``sites/<site>.toml`` with its bridge credentials instead of an agent
     config, and the coordinator weighs them by their summed count (``robust.site_clients``)."""
@@ -165,8 +193,12 @@ def write_fleet_setup(
         listener += [f"cafile {tls_files.ca_cert}", f"certfile {tls_files.server_cert}",
                      f"keyfile {tls_files.server_key}", "tls_version tlsv1.2"]
     (out / "mosquitto.conf").write_text(mosquitto_conf(out, listener, len(clients), max_payload_bytes))
+    (out / PERSISTENCE_DIR).mkdir(mode=0o700, exist_ok=True)
+    hand_to_broker(out / "mosquitto.conf", out / "passwords", out / "acl", out / PERSISTENCE_DIR,
+                   *([tls_files.server_key] if tls_files else []))
     state_root = state_root or out / "state"
     broker = {"host": host, "port": port, "tls_ca": str(tls_files.ca_cert) if tls_files else None}
+    model = ModelConfig().model_dump(mode="json")
     written = {"mosquitto.conf": out / "mosquitto.conf", "passwords": out / "passwords", "acl": out / "acl"}
     coordinator = {
         "fleet": fleet, "state_dir": str(state_root / "coordinator"), "rounds": 10,
@@ -175,7 +207,7 @@ def write_fleet_setup(
         "start_clients": max(1, len(agent_ids) // 2 + len(sites)),  # every site: each stands for many gateways
         "registration": "closed", "allowed_clients": clients,
         "broker": {**broker, "username": COORDINATOR_USER, "password": users[COORDINATOR_USER]},
-        **({"robust": {"site_clients": sites}} if sites else {}),
+        **({"robust": {"site_clients": sites}} if sites else {}), **(coordinator_settings or {}), "model": model,
     }
     written["coordinator.toml"] = out / "coordinator.toml"
     write_bytes_atomically(written["coordinator.toml"], dump_toml(coordinator).encode(), mode=SECRET_MODE)
@@ -189,7 +221,7 @@ def write_fleet_setup(
         config = {
             "fleet": fleet, "client_id": agent, "state_dir": str(state_root / agent), "client_index": index,
             "max_payload_bytes": max_payload_bytes,
-            "data": {"site": stations[index % len(stations)]},
+            "data": {"site": stations[index % len(stations)]}, "model": model,
             "broker": {**broker, "username": agent, "password": users[agent]},
         }
         written[f"{agent}.toml"] = out / "agents" / f"{agent}.toml"
@@ -199,15 +231,16 @@ def write_fleet_setup(
 
 
 def start_mosquitto(config: Path, workdir: Path) -> "subprocess.Popen[bytes]":
-    """Run mosquitto on ``config`` with its log in ``workdir``; as root it stays root, because
-    it would otherwise drop to the 'mosquitto' user and lose access to files made by root."""
+    """Run mosquitto on ``config`` with its log in ``workdir`` as the user running this (tests and
+    the demo, in folders only they may enter): as root it stays root instead of the config's user."""
     binary = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
     if not Path(binary).is_file():
         raise FileNotFoundError("mosquitto is not installed (Debian/Ubuntu: apt-get install mosquitto)")
     workdir.mkdir(parents=True, exist_ok=True)
     wrapped = workdir / "mosquitto-run.conf"
     user = "user root\n" if os.geteuid() == 0 else ""
-    wrapped.write_text(f"{user}log_dest file {workdir / 'mosquitto.log'}\nlog_type all\n{config.read_text()}")
+    own = "".join(line + "\n" for line in config.read_text().splitlines() if not line.startswith("user "))
+    wrapped.write_text(f"{user}log_dest file {workdir / 'mosquitto.log'}\nlog_type all\n{own}")
     return subprocess.Popen([binary, "-c", str(wrapped)], stderr=subprocess.PIPE)
 
 

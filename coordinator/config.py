@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from coordinator.observe.settings import HttpSettings
 from coordinator.pretraining import check_pretraining, with_fleet_foundation
 from coordinator.strategies import StrategySettings
+from coordinator.throttle import IntakeLimits
 from coordinator.twins import TwinSettings
 from edge_agent.config import FleetModel
 from edge_agent.mqtt import DEFAULT_MAX_PAYLOAD_BYTES, BrokerConfig
@@ -25,6 +26,8 @@ class StoreSettings(BaseModel):
 
     url: str | None = Field(None, max_length=2048,
                             description="postgresql://user[:password]@host[:port]/database (one database per fleet)")
+    keep_rounds: int = Field(3, ge=1, le=MAX_ROUND, description="closed rounds whose bodies (updates as received, "
+                             "personal messages, strategy state) are kept; older ones are deleted, their rows stay")
 
     @field_validator("url")
     @classmethod
@@ -63,6 +66,7 @@ class CoordinatorConfig(FleetModel, TwinSettings, StrategySettings):
     linger_s: float = Field(30.0, ge=0, description="after the last round, how long to wait for the clients to say "
                             "they went offline (so status tells the truth)")
     broker: BrokerConfig = BrokerConfig()
+    intake: IntakeLimits = Field(IntakeLimits(), description="per-client rate limits on hellos and updates")
     http: HttpSettings | None = Field(None, description="the dashboard, JSON API and /metrics (off unless set)")
     store: StoreSettings = StoreSettings()
 

@@ -3,7 +3,8 @@
 A handler runs inside its own savepoint of the open batch and returns what to do once the batch
 is durable (replies, events, in-memory state). A ``ProtocolError`` becomes a refusal with its
 code; a storage error (``OSError``: read-only folder, full disk; a database's ``OperationalError``)
-is retried a few times, then refused as ``storage``; any other exception is logged with its
+is retried a few times, then raised: the store failed, not the message, so the whole batch is held
+and tried again later (``Coordinator._process``); any other exception is logged with its
 traceback and refused as ``internal``. A failed attempt leaves nothing behind: its rows and tensors
 roll back (``Store.savepoint``), while the other messages of the batch stand.
 """
@@ -19,7 +20,7 @@ from typing import TypeVar
 from coordinator.store import Store
 from coordinator.store_backends import STORAGE_ERRORS
 from edge_agent.mqtt import Incoming
-from edge_agent.protocol import MAX_REASON, Header, ProtocolError, RoundHeader, decode
+from edge_agent.protocol import MAX_REASON, Header, ProtocolError, RoundHeader, UpdateHeader, decode
 
 log = logging.getLogger("edgefl.coordinator")
 Effects = list[Callable[[], object]]
@@ -43,7 +44,8 @@ class Refusal:
 
 
 def guarded(store: Store, handle: Callable[[], Effects], client: str) -> Effects | Refusal:
-    """Run one message's ``handle`` inside a savepoint: its effects, or why it was refused."""
+    """Run one message's ``handle`` inside a savepoint: its effects, or why it was refused (a
+    storage error that persists is raised, for the batch)."""
 
     def attempt() -> Effects:
         with store.savepoint():
@@ -53,8 +55,8 @@ def guarded(store: Store, handle: Callable[[], Effects], client: str) -> Effects
         return with_retries(attempt, f"a message from {client}")
     except ProtocolError as err:
         return Refusal.of(err.code, str(err))
-    except STORAGE_ERRORS as err:
-        return Refusal.of("storage", f"the coordinator could not store it: {err}")
+    except STORAGE_ERRORS:
+        raise
     except Exception as err:  # the guard's purpose: no message may stop the coordinator
         log.exception("internal error on a message from %s", client)
         return Refusal.of("internal", f"the coordinator failed on it: {type(err).__name__}: {err}")
@@ -91,6 +93,19 @@ def check_sender(header: Header, client: str, leaf: str, fleet: str) -> None:
         raise ProtocolError("wrong_fleet", f"message for fleet {header.fleet!r}, this is {fleet!r}")
     if header.sender != client:
         raise ProtocolError("wrong_sender", f"sender {header.sender!r} does not match topic client {client!r}")
+
+
+def check_replay(header: UpdateHeader, announced: Callable[[int], str | None]) -> None:
+    """An update must name the global state it was trained from: ``global_sha256``, the body
+    digest of its round's announcement (``announced(round)``); another one means it was
+    recorded in another round and sent again (or trained from a stale global)."""
+    bound = announced(header.round)
+    if bound is None:
+        raise ProtocolError("unknown_round", f"round {header.round} was never announced here")
+    if header.global_sha256 != bound:
+        raise ProtocolError("replay", f"an update for round {header.round} trained from another global state "
+                            f"(global_sha256 {header.global_sha256[:16]}..., round {header.round} announced "
+                            f"{bound[:16]}...): a replayed or stale update")
 
 
 def stale_round(message: Incoming, campaign: str, max_bytes: int) -> str | None:

@@ -24,7 +24,7 @@ from coordinator.access import Access
 from coordinator.config import CoordinatorConfig
 from coordinator.engine import RoundEngine, RoundResult
 from coordinator.intake import (
-    STORAGE_ERRORS, Effects, Refusal, check_sender, guarded, record, stale_round, with_retries,
+    STORAGE_ERRORS, Effects, Refusal, check_replay, check_sender, guarded, record, stale_round, with_retries,
 )
 from coordinator.lease import take_lead
 from coordinator.observe.service import Observer
@@ -32,19 +32,22 @@ from coordinator.pretraining import write_foundation
 from coordinator.store import RoundRow, Store
 from coordinator.store_backends import LeaseLost
 from coordinator.participants import Participants
+from coordinator.retry import StorageRetry
 from coordinator.strategies import ClientInfo, ClientUpdate, RoundPolicy, make_strategy
+from coordinator.throttle import IntakeThrottle
 from edge_agent.config import differences, signed_settings
 from edge_agent.learners import fleet_template
 from edge_agent.mqtt import COORDINATOR_RECEIVE_WINDOW, Connection, Incoming
 from edge_agent.protocol import (
-    HelloHeader, PersonalHeader, ProtocolError, ReplyHeader, RoundHeader, Topics, UpdateHeader, check_tensors,
-    claimed_round, decode, encode,
+    HelloHeader, PersonalHeader, ProtocolError, ReplyHeader, RoundHeader, Topics, UpdateHeader, body_digest,
+    check_tensors, claimed_round, decode, encode,
 )
 from edge_agent.tensors import TensorDict
 
 log = logging.getLogger("edgefl.coordinator")
 SENDER = "coordinator"
 FINISHED_EXIT_CODE = 4  # `coordinator serve` on a state_dir whose campaign has ended
+KEPT_DIGESTS = 16  # rounds whose announced global digest is kept in memory (recomputed from the store if needed)
 class CampaignFinished(RuntimeError):
     """The state_dir holds a campaign whose last round is aggregated: nothing left to serve."""
 
@@ -72,6 +75,10 @@ class Coordinator:
         self.connection = self._connection(f"edgefl-coordinator-{cfg.fleet}")
         self.connection.on_connected.append(self._announce_presence)
         self._decoded: dict[tuple[int, str], dict] = {}  # this round's accepted tensors, kept for aggregation
+        self._digests: dict[int, str] = {}  # round -> body_sha256 of its announced global state
+        self.throttle = IntakeThrottle(cfg.intake)
+        self._held: list[Incoming] = []  # a batch the store could not take, tried again on ``storage_retry``
+        self.storage_retry = StorageRetry()
         self.campaign = self._campaign()
         self._announced: RoundRow | None = None  # the round on the broker as of our last announcement
         policy = RoundPolicy(cfg.participation, cfg.min_clients, cfg.seed)
@@ -195,6 +202,17 @@ class Coordinator:
     # rounds ----------------------------------------------------------------------------------
 
     def _maybe_close(self, row: RoundRow, fresh: bool = True) -> RoundRow:
+        """Close the round if it is time; a close the store cannot take is tried again on the
+        storage retry timer (nothing of it stays behind: ``_aggregate``)."""
+        if not self.storage_retry.due():
+            return row
+        try:
+            return self._close_if_time(row, fresh)
+        except STORAGE_ERRORS as err:
+            self.storage_retry.failed(f"the close of round {row.round}", err)
+            return row
+
+    def _close_if_time(self, row: RoundRow, fresh: bool) -> RoundRow:
         progress, why = self.participants.close_reason(row, fresh)
         if why is not None:
             return self._close(row, self.store.updates(row.round), why)
@@ -218,8 +236,22 @@ class Coordinator:
         return following
 
     def _aggregate(self, row: RoundRow, updates: list, why: str, next_deadline: float | None) -> RoundResult:
-        """Run the round engine on ``updates`` and make its result durable (one transaction),
-        opening the next round with ``next_deadline`` unless it is None."""
+        """Run the round engine on ``updates`` and make its result durable (one transaction: the
+        twins' history too), opening the next round with ``next_deadline`` unless it is None. If the
+        store fails, the strategy, twins and round policy are as before, to close again later."""
+        before = self.strategy.state_dict(), dict(self.engine.on_time), dict(self.participants.missed)
+        try:
+            with self.store.batch():
+                result = self._aggregate_in_batch(row, updates, why, next_deadline)
+        except STORAGE_ERRORS:
+            self.strategy.load_state_dict(before[0])
+            self.engine.on_time, self.participants.missed = before[1], before[2]
+            raise
+        self.storage_retry.succeeded()
+        self._report_close(row.round, result, why)
+        return result
+
+    def _aggregate_in_batch(self, row: RoundRow, updates: list, why: str, next_deadline: float | None) -> RoundResult:
         on_time = [
             ClientUpdate(u.client_id, self._decoded.pop((row.round, u.client_id), None) or self.store.load_update(u),
                          u.n_samples, u.metrics)
@@ -240,7 +272,6 @@ class Coordinator:
         for client, code in result.rejected.items():
             self.store.log("update", client, row.round, False, code, "left out of the round by the engine's screening")
             self.on_event("rejected", {"client": client, "code": code, "reason": "screening"})
-        self._report_close(row.round, result, why)
         return result
 
     def _report_close(self, number: int, result: RoundResult, why: str) -> None:
@@ -274,6 +305,12 @@ class Coordinator:
         (whether there were any)."""
         if self.access.refresh():
             self._revoke()
+        if self._held:
+            self.storage_retry.wait(0.05)
+            if self.storage_retry.due():
+                self._store(self._held)
+            return not self._held
+        self._report_dropped()
         batch = self._drain()
         if batch:
             self._process(batch)
@@ -289,6 +326,24 @@ class Coordinator:
                 log.warning("revoked: %s is no longer in allowed_clients", client)
                 self.on_event("revoked", {"client": client})
 
+    def _report_dropped(self) -> None:
+        """What the intake's rate limits dropped since their last report: one refusal row per
+        client and kind (the count in its reason), not one per message."""
+        for dropped in self.throttle.report():
+            reason = (f"{dropped.count} {dropped.kind} messages over the rate limit of intake.{dropped.kind} "
+                      f"dropped unread in {dropped.over_s:.0f} s")
+            log.warning("%s: %s", dropped.client, reason)
+            try:
+                record(self.store, dropped.kind, dropped.client, Refusal.of("rate_limited", reason))
+            except STORAGE_ERRORS as err:  # counted in the log and the metric; the row waits for no one
+                log.error("the rate-limit report of %s could not be stored: %s", dropped.client, err)
+            self.on_event("throttled", {"client": dropped.client, "kind": dropped.kind, "count": dropped.count})
+
+    def _admitted(self, message: Incoming) -> bool:
+        """Whether the intake's rate limits let ``message`` in (a dropped one is counted, not read)."""
+        client = self.topics.client_of(message.topic)
+        return client is None or self.throttle.admit(client, message.topic.rsplit("/", 1)[-1])
+
     def _drain(self, limit: int = COORDINATOR_RECEIVE_WINDOW) -> list[Incoming]:
         """Wait briefly for one message, then take whatever else is already queued."""
         try:
@@ -303,15 +358,29 @@ class Coordinator:
         return batch
 
     def _process(self, batch: list[Incoming]) -> None:
+        """Messages over a client's rate limit are acknowledged unread; the rest are stored."""
+        admitted: list[Incoming] = []
+        for message in batch:
+            if self._admitted(message):
+                admitted.append(message)
+            else:
+                self.connection.ack(message)
+        if admitted:
+            self._store(admitted)
+
+    def _store(self, batch: list[Incoming]) -> None:
         """Validate and persist a batch in one transaction, each message guarded in its own
         savepoint (``coordinator.intake``); only then reply, update memory and acknowledge. A
-        batch that cannot commit is tried again; if it still cannot, it stays unacknowledged and
-        the broker redelivers it after a reconnect."""
+        batch the store cannot take (full disk, database gone) is held, unacknowledged, and tried
+        again on the storage retry timer; no further message is taken meanwhile."""
         try:
             effects = with_retries(partial(self._commit, batch), f"a batch of {len(batch)} messages")
         except STORAGE_ERRORS as err:
-            log.error("a batch of %d messages could not be stored; left for redelivery: %s", len(batch), err)
+            self._held = batch
+            self.storage_retry.failed(f"a batch of {len(batch)} messages", err)
             return
+        self._held = []
+        self.storage_retry.succeeded()
         try:
             for effect in effects:
                 effect()
@@ -321,6 +390,8 @@ class Coordinator:
                 self.connection.ack(message)
 
     def _commit(self, batch: list[Incoming]) -> Effects:
+        if not batch:
+            return []
         with self.store.batch():
             return [effect for message in batch for effect in self._guard(message)]
 
@@ -419,6 +490,7 @@ class Coordinator:
         if self.store.has_update(header.round, client):
             raise ProtocolError("duplicate", f"round {header.round} already has an update from {client!r}")
         check_tensors(tensors, self.update_layout)
+        check_replay(header, self.announced_digest)
         late = header.round < current.round or current.closed_at is not None
         if not late and not self.participants.takes_part(current, client):
             raise ProtocolError("not_asked", f"round {current.round} did not ask {client!r} to train")
@@ -431,6 +503,19 @@ class Coordinator:
         return [partial(self._decoded.__setitem__, (current.round, client), tensors),
                 self._reply(client, "update", current.round, True),
                 partial(self.on_event, "accepted", {"client": client, "round": current.round})]
+
+    def announced_digest(self, number: int) -> str | None:
+        """The body_sha256 of round ``number``'s announcement: what an update trained from its
+        global state names in ``global_sha256`` (None: never announced here). The last
+        ``KEPT_DIGESTS`` rounds' are kept."""
+        if number not in self._digests:
+            row = self.store.find_round(number)
+            if row is None:
+                return None
+            if len(self._digests) >= KEPT_DIGESTS:
+                del self._digests[min(self._digests)]
+            self._digests[number] = body_digest(self.store.load_file(row.global_file))
+        return self._digests[number]
 
     def _late(self, client: str, number: int, tensors: TensorDict) -> Effects:
         """A stored update for a closed round: twin history only, from a client sometimes on time."""

@@ -137,14 +137,16 @@ class SiteAggregator(Coordinator):
         return self.store.round(row.round)
 
     def _send_up(self, row: RoundRow) -> None:
-        """The round's partial aggregate as this site's update (weight: the summed sample counts)."""
+        """The round's partial aggregate as this site's update (weight: the summed sample counts),
+        bound to the central announcement it started from (the round's global state)."""
         weight = min(row.metrics.get("weight", 0), MAX_SAMPLES)
         if weight < 1:
             log.warning("round %d: no gateway update or twin to send up", row.round)
             return
         loss = row.metrics.get("loss", math.nan)
         header = UpdateHeader(fleet=self.cfg.fleet, sender=self.site, round=row.round, n_samples=weight,
-                              metrics={"loss": loss} if math.isfinite(loss) else {}, campaign=self.campaign)
+                              metrics={"loss": loss} if math.isfinite(loss) else {}, campaign=self.campaign,
+                              global_sha256=self.announced_digest(row.round))
         payload = encode(header, self.store.load_file(row.result_file))
         self.connection.publish(self.uplink.agent(self.site, "update"), payload)
         self.on_event("sent", {"round": row.round, "n_samples": weight})

@@ -14,7 +14,7 @@ from __future__ import annotations
 import tomllib
 from pathlib import Path
 
-from coordinator.broker_setup import SECRET_MODE, acl_text, write_fleet_setup
+from coordinator.broker_setup import SECRET_MODE, acl_text, hand_to_broker, write_fleet_setup
 from coordinator.config import UPLINK
 from edge_agent.config import dump_toml
 from edge_agent.mqtt import DEFAULT_MAX_PAYLOAD_BYTES
@@ -72,6 +72,7 @@ def write_site_setup(
     conf = written["mosquitto.conf"]  # holds the bridge's password from now on: owner only
     bridged = conf.read_text() + bridge_section(fleet, site, uplink_host, uplink_port, credentials)
     write_bytes_atomically(conf, bridged.encode(), mode=SECRET_MODE)
+    hand_to_broker(conf)
     with written.pop("coordinator.toml").open("rb") as file:
         aggregator = tomllib.load(file)
     del aggregator["rounds"]

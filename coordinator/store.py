@@ -4,6 +4,7 @@ database: SQLite (WAL) in the state folder, or PostgreSQL (``coordinator.store_b
 from __future__ import annotations
 
 import json
+import logging
 import secrets
 import time
 from contextlib import contextmanager
@@ -11,27 +12,11 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from coordinator.store_backends import STORAGE_ERRORS, SqliteDatabase, TensorTable
+from coordinator.store_schema import migrate
 from edge_agent.protocol import HelloHeader, TensorDict
 from edge_agent.storage import StateDirError, writable_folder
 
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS clients (
-    client_id TEXT PRIMARY KEY, n_features INTEGER, n_samples INTEGER, latitude REAL, longitude REAL,
-    signature TEXT, online INTEGER NOT NULL DEFAULT 1, registered_at REAL, last_seen REAL);
-CREATE TABLE IF NOT EXISTS rounds (
-    round INTEGER PRIMARY KEY, opened_at REAL NOT NULL, deadline REAL NOT NULL, closed_at REAL,
-    global_file TEXT NOT NULL, metrics TEXT, result_file TEXT);
-CREATE TABLE IF NOT EXISTS updates (
-    round INTEGER NOT NULL, client_id TEXT NOT NULL, n_samples INTEGER NOT NULL, file TEXT NOT NULL,
-    sha256 TEXT NOT NULL, metrics TEXT NOT NULL, received_at REAL NOT NULL, late INTEGER NOT NULL DEFAULT 0,
-    PRIMARY KEY (round, client_id));
-CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS events (
-    id INTEGER PRIMARY KEY AUTOINCREMENT, at REAL NOT NULL, client_id TEXT, round INTEGER,
-    kind TEXT NOT NULL, accepted INTEGER NOT NULL, code TEXT, reason TEXT);
-CREATE TABLE IF NOT EXISTS tensors (name TEXT PRIMARY KEY, body BLOB NOT NULL);
-CREATE INDEX IF NOT EXISTS events_by_round ON events (round, accepted);
-"""
+log = logging.getLogger("edgefl.coordinator")
 EVENT_KEYS = ("at", "client_id", "round", "kind", "accepted", "code", "reason")  # a row of ``events``
 
 
@@ -74,19 +59,26 @@ class Store:
     state, personal messages, twins' history) is a row of ``tensors`` (safetensors bytes), written
     in the same transaction as the rows naming it: a batch of updates is durable with one sync, and
     a standby on another host resumes from the database alone. ``connection``: the leader lease's
-    session (``coordinator.lease``), which then carries every write.
+    session (``coordinator.lease``), which then carries every write. ``keep_rounds``: closing a
+    round deletes the per-round bodies of older rounds (``prune``); None keeps everything.
 
-    Raises ``StateDirError`` naming the path (or ``store.url``) when the state cannot be opened."""
+    Raises ``StateDirError`` naming the path (or ``store.url``) when the state cannot be opened,
+    or when its schema is newer than this code's (an older one is migrated: ``store_schema``)."""
 
-    def __init__(self, state_dir: Path, url: str | None = None, connection=None):
+    def __init__(self, state_dir: Path, url: str | None = None, connection=None, keep_rounds: int | None = None):
         self.dir = writable_folder(state_dir, "state_dir")
+        self.keep_rounds = keep_rounds
+        self._reclaim_due = False  # rounds were pruned in the open transaction: reclaim after its commit
         self.db, self.tensors = open_backend(self.dir, url, connection)
         try:
-            self.db.create(SCHEMA)
+            migrate(self.db)
         except STORAGE_ERRORS as err:
             self.db.close()
             where = "store.url" if url else f"state_dir {self.dir}"
-            raise StateDirError(f"{where}: cannot create the tables: {err}") from None
+            raise StateDirError(f"{where}: cannot create or migrate the tables: {err}") from None
+        except StateDirError:
+            self.db.close()
+            raise
         self._check_tensors_present(url)
 
     def _check_tensors_present(self, url: str | None) -> None:
@@ -102,15 +94,22 @@ class Store:
     @contextmanager
     def batch(self):
         """One transaction for many writes (group commit: the rows and update bodies of a whole
-        batch reach the disk with one sync). On failure all of it rolls back."""
-        self.db.execute("BEGIN")
+        batch reach the disk with one sync). On failure all of it rolls back. Inside a batch:
+        part of that one."""
+        if self.db.in_transaction:
+            yield
+            return
+        self.db.begin()
         try:
             yield
             self.db.execute("COMMIT")
         except BaseException:
+            self._reclaim_due = False
             if self.db.in_transaction:
                 self.db.execute("ROLLBACK")
             raise
+        if self._reclaim_due:
+            self._reclaim()
 
     @contextmanager
     def savepoint(self):
@@ -223,10 +222,13 @@ class Store:
         self, number: int, metrics: dict, result: TensorDict, next_deadline: float | None
     ) -> None:
         """Close ``number`` with its aggregate and, unless it was the last, open the next round
-        on that aggregate, in one transaction (a result file is written before it commits)."""
+        on that aggregate, in one transaction (a result file is written before it commits); with
+        ``keep_rounds``, the bodies of the rounds that fall out of the window go in it too."""
         name = f"global/round_{number + 1:05d}.safetensors"
         now = time.time()
         with self.batch():
+            if self.keep_rounds is not None and number > self.keep_rounds:
+                self.prune(number - self.keep_rounds)
             self.tensors.write(name, result)
             self.db.execute(
                 "UPDATE rounds SET closed_at=?, metrics=?, result_file=? WHERE round=?",
@@ -237,9 +239,43 @@ class Store:
                     "INSERT INTO rounds VALUES (?, ?, ?, NULL, ?, NULL, NULL)", (number + 1, now, next_deadline, name)
                 )
 
+    def _reclaim(self) -> None:
+        """Give the pruned bodies' space back for reuse; the close is committed whatever happens here."""
+        self._reclaim_due = False
+        try:
+            self.db.reclaim()
+        except STORAGE_ERRORS as err:
+            log.warning("could not reclaim the space of pruned rounds in %s (retried at the next close): %s",
+                        self.db.where, err)
+
+    def prune(self, through: int) -> None:
+        """Delete the per-round bodies of rounds up to ``through``: updates as received (their rows
+        stay, ``body_deleted_at`` set; late ones for old rounds included), the strategy's state and
+        the personal messages. Nothing reads them once a later round has closed: the twins keep
+        their own bounded history (``twins/``), a restart reads the newest close's state."""
+        now = time.time()
+        self.db.execute("DELETE FROM tensors WHERE name IN (SELECT file FROM updates "
+                        "WHERE round <= ? AND body_deleted_at IS NULL)", (through,))
+        self.db.execute("UPDATE updates SET body_deleted_at=? WHERE round <= ? AND body_deleted_at IS NULL",
+                        (now, through))
+        done = int(self.meta("pruned_through") or 0)
+        for number in range(done + 1, through + 1):
+            self.tensors.delete(f"strategy/round_{number:05d}.safetensors")
+            for name in self.tensors.names(f"personal/round_{number:05d}"):
+                self.tensors.delete(name)
+        self.set_meta("pruned_through", str(max(done, through)))
+        self._reclaim_due = True
+
     def round(self, number: int) -> RoundRow:
+        row = self.find_round(number)
+        if row is None:
+            raise KeyError(f"no round {number} in the store")
+        return row
+
+    def find_round(self, number: int) -> RoundRow | None:
+        """Round ``number``, or None where it was never opened here."""
         row = self.db.execute("SELECT * FROM rounds WHERE round=?", (number,)).fetchone()
-        return RoundRow(*row[:5], json.loads(row[5]) if row[5] else {}, row[6])
+        return RoundRow(*row[:5], json.loads(row[5]) if row[5] else {}, row[6]) if row else None
 
     def latest_round(self) -> RoundRow | None:
         row = self.db.execute("SELECT round FROM rounds ORDER BY round DESC LIMIT 1").fetchone()
@@ -275,7 +311,8 @@ class Store:
         name = f"updates/round_{number:05d}/{client_id}.safetensors"
         self.tensors.write_body(name, body)
         self.db.execute(
-            "INSERT INTO updates VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+            "INSERT INTO updates (round, client_id, n_samples, file, sha256, metrics, received_at, late) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
             (number, client_id, n_samples, name, sha256, json.dumps(metrics), time.time(), int(late)),
         )
 

@@ -21,6 +21,7 @@ try:
 except ImportError:  # PostgreSQL support is the optional ``postgres`` extra
     POSTGRES_ERRORS = ()
 
+WAL_LIMIT_BYTES = 64 << 20  # the write-ahead log is cut back to this after a checkpoint
 # Errors worth retrying or refusing one message for: the disk, and a busy or failing database.
 STORAGE_ERRORS = (OSError, sqlite3.OperationalError, *POSTGRES_ERRORS)
 
@@ -41,6 +42,7 @@ class SqliteDatabase:
             self.connection = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
             self.connection.execute("PRAGMA journal_mode=WAL")
             self.connection.execute("PRAGMA synchronous=FULL")
+            self.connection.execute(f"PRAGMA journal_size_limit={WAL_LIMIT_BYTES}")
         except sqlite3.Error as err:
             raise StateDirError(f"state_dir {folder}: cannot open the database {path.name}: {err}") from None
 
@@ -48,8 +50,21 @@ class SqliteDatabase:
         """``binary`` (PostgreSQL's binary results) changes nothing here: SQLite returns bytes."""
         return self.connection.execute(sql, params)
 
-    def create(self, schema: str) -> None:
-        self.connection.executescript(schema)
+    def begin(self, exclusive: bool = False) -> None:
+        """A transaction; ``exclusive``: holding the write lock from the start (a migration)."""
+        self.connection.execute("BEGIN IMMEDIATE" if exclusive else "BEGIN")
+
+    def ddl(self, statement: str) -> str:
+        """The shared schema is written in SQLite's dialect."""
+        return statement
+
+    def tables(self) -> set[str]:
+        return {name for (name,) in self.connection.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+
+    def reclaim(self) -> None:
+        """After deleting bodies: fold the write-ahead log into the database and cut it back (the
+        freed pages are on SQLite's free list, which the next rounds' bodies reuse)."""
+        self.connection.execute("PRAGMA wal_checkpoint(TRUNCATE)")
 
     @property
     def in_transaction(self) -> bool:

@@ -19,6 +19,7 @@ from edge_agent.storage import StateDirError
 POSTGRES_TYPES = (("INTEGER PRIMARY KEY AUTOINCREMENT", "BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY"),
                   ("INTEGER", "BIGINT"), ("REAL", "DOUBLE PRECISION"), ("BLOB", "BYTEA"))
 CONNECT_TIMEOUT_S = 10
+SCHEMA_LOCK = 0x656467_666C_5F73  # the advisory lock a migrating session holds ("edgfl_s")
 # Server and client TCP keepalives: a leader cut off from the database loses its session (and
 # with it the lease) within about 25 s instead of the kernel's two hours.
 KEEPALIVES = {"keepalives": 1, "keepalives_idle": 10, "keepalives_interval": 5, "keepalives_count": 3,
@@ -64,10 +65,26 @@ class PostgresDatabase:
                 raise LeaseLost(f"the database session at {where(self.url)} ended: the leader lease is lost") from None
             raise
 
-    def create(self, schema: str) -> None:
+    def begin(self, exclusive: bool = False) -> None:
+        """A transaction; ``exclusive``: one migrating session at a time (a transaction advisory lock)."""
+        self.execute("BEGIN")
+        if exclusive:
+            self.execute("SELECT pg_advisory_xact_lock(?)", (SCHEMA_LOCK,))
+
+    def ddl(self, statement: str) -> str:
+        """A statement of the shared schema (SQLite's types) in PostgreSQL's types."""
         for sqlite_type, postgres_type in POSTGRES_TYPES:
-            schema = re.sub(rf"\b{sqlite_type}\b", postgres_type, schema)
-        self.execute(schema)
+            statement = re.sub(rf"\b{sqlite_type}\b", postgres_type, statement)
+        return statement
+
+    def tables(self) -> set[str]:
+        query = "SELECT table_name FROM information_schema.tables WHERE table_schema = current_schema()"
+        return {name for (name,) in self.execute(query)}
+
+    def reclaim(self) -> None:
+        """After deleting bodies: mark their space (and their TOAST chunks') reusable now rather
+        than at autovacuum's next visit, so the next rounds' bodies fill it."""
+        self.execute("VACUUM tensors")
 
     @property
     def in_transaction(self) -> bool:

@@ -27,6 +27,7 @@ from edge_agent.learners import HeadLearner, Learner, make_learner
 from edge_agent.live import LiveHistory
 from edge_agent.mqtt import Connection, Incoming
 from edge_agent.protocol import (
+    PLACEHOLDER_DIGEST,
     HelloHeader,
     PersonalHeader,
     ProtocolError,
@@ -113,7 +114,8 @@ class Agent:
     def _check_update_size(self, wire: TensorDict) -> None:
         """An update over ``max_payload_bytes`` (the broker's ``message_size_limit``) would be
         dropped by the broker and re-sent after every reconnect, forever: refuse to start."""
-        header = UpdateHeader(fleet=self.cfg.fleet, sender=self.cfg.client_id, round=1, n_samples=1)
+        header = UpdateHeader(fleet=self.cfg.fleet, sender=self.cfg.client_id, round=1, n_samples=1,
+                              global_sha256=PLACEHOLDER_DIGEST)
         size = len(encode(header, wire)) + UPDATE_HEADER_MARGIN
         if size > self.cfg.max_payload_bytes:
             raise ValueError(f"max_payload_bytes: this model's updates take about {size} bytes, over the limit of "
@@ -244,7 +246,7 @@ class Agent:
             log.warning("round %d: not training, the coordinator refused us (%s)", header.round,
                         self.session.terminal[-1])
         elif header.round > self.trained_round:
-            self._train_and_send(header.round)
+            self._train_and_send(header.round, header.body_sha256)
 
     def _stale(self, header) -> bool:
         """A reply or personal message of another campaign (queued in our broker session since
@@ -297,11 +299,12 @@ class Agent:
         (personal state and last accepted global state), as after a restart."""
         return self.files.restore(make_learner(self.cfg, self.table))
 
-    def _train_and_send(self, round_index: int) -> None:
-        """Start training ``round_index`` in a child process on the latest history; its update is
-        published when the child is done (``finish_training``)."""
+    def _train_and_send(self, round_index: int, announced: str) -> None:
+        """Start training ``round_index`` in a child process on the latest history; its update, bound
+        to the round's announcement (``announced``: its body_sha256, which the coordinator checks),
+        is published when the child is done (``finish_training``)."""
         self._refresh_history()
-        self.training = TrainingChild(self.cfg, round_index, self.live.metrics() if self.live else {})
+        self.training = TrainingChild(self.cfg, round_index, announced, self.live.metrics() if self.live else {})
 
     def finish_training(self, timeout: float = 0.0) -> bool:
         """Once the training child is done (waiting up to ``timeout`` s): publish its update, or

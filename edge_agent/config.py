@@ -86,8 +86,8 @@ class AgentTraining(HeadTraining):
     the gateway serves whichever of its federated model, its local-only model and the anchors
     validates best."""
 
-    batch_size: int = Field(RECIPE["batch_size"], ge=1)
-    lr: float = Field(RECIPE["lr"], gt=0)
+    batch_size: int = Field(RECIPE["batch_size"], ge=1, description="training windows per optimizer step")
+    lr: float = Field(RECIPE["lr"], gt=0, description="learning rate of the local optimizer (Adam)")
     min_steps: int = Field(RECIPE["min_steps"], ge=0, description="at least this many optimizer steps per round: a "
                            "short history gets more passes over its few windows (head mode)")
     keep_local: bool = Field(RECIPE["keep_local"], description="also train a local-only model and serve it where it "

@@ -47,6 +47,8 @@ MAX_BODY_BYTES = 2**40
 MAX_METRICS = 32
 MAX_REASON = 500
 MAX_PARTICIPANTS = 900  # client ids a round announcement may name (64-character ids fit MAX_HEADER_BYTES)
+DIGEST_PATTERN = r"^[0-9a-f]{64}$"
+PLACEHOLDER_DIGEST = "0" * 64  # where only a header's size matters
 Metrics = dict[Annotated[str, StringConstraints(pattern=NAME_PATTERN)], float]
 ClientId = Annotated[str, StringConstraints(pattern=NAME_PATTERN)]
 
@@ -90,6 +92,9 @@ class UpdateHeader(_Header):
 
     kind: Literal["update"] = "update"
     n_samples: int = Field(ge=1, le=MAX_SAMPLES)
+    global_sha256: str = Field(pattern=DIGEST_PATTERN, description="the body_sha256 of the round announcement "
+                               "trained from: binds the update to that round's global state, so a replay of it "
+                               "in another round is refused")
     metrics: Metrics = Field(default_factory=dict, max_length=MAX_METRICS)
 
     @field_validator("metrics")
@@ -137,10 +142,8 @@ _HEADER = TypeAdapter(Header)
 
 def encode(header: _Header, tensors: TensorDict | None = None) -> bytes:
     """Serialize a header and optional tensors into one envelope (digest and size filled in)."""
-    body = save_tensors({k: v.contiguous() for k, v in tensors.items()}) if tensors else b""
-    header = header.model_copy(
-        update={"body_sha256": hashlib.sha256(body).hexdigest() if body else "", "body_bytes": len(body)}
-    )
+    body = _body_of(tensors)
+    header = header.model_copy(update={"body_sha256": _digest(body), "body_bytes": len(body)})
     raw = header.model_dump_json().encode()
     return PREFIX.pack(MAGIC, SCHEMA_VERSION, len(raw)) + raw + body
 
@@ -149,8 +152,21 @@ def envelope_size(header: _Header, tensors: TensorDict | None = None) -> int:
     """``len(encode(header, tensors))`` without serializing or hashing the tensors: a safetensors
     body's size follows from the names, shapes and dtypes alone (sized once per layout)."""
     size = _body_size(tuple((k, tuple(v.shape), v.dtype) for k, v in tensors.items())) if tensors else 0
-    sized = header.model_copy(update={"body_sha256": "0" * 64 if size else "", "body_bytes": size})
+    sized = header.model_copy(update={"body_sha256": PLACEHOLDER_DIGEST if size else "", "body_bytes": size})
     return PREFIX.size + len(sized.model_dump_json().encode()) + size
+
+
+def body_digest(tensors: TensorDict | None) -> str:
+    """The ``body_sha256`` that ``encode`` gives a message carrying ``tensors`` ('' for none)."""
+    return _digest(_body_of(tensors))
+
+
+def _body_of(tensors: TensorDict | None) -> bytes:
+    return save_tensors({k: v.contiguous() for k, v in tensors.items()}) if tensors else b""
+
+
+def _digest(body: bytes) -> str:
+    return hashlib.sha256(body).hexdigest() if body else ""
 
 
 @functools.lru_cache(maxsize=64)

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from edge_agent.data import DataError, GapPolicy
 from edge_agent.limits import NAME_PATTERN
+from edge_agent.problems import dotted, problem_lines
 from edge_agent.sensors.settings import SensorSettings, ServingSettings
 
 if TYPE_CHECKING:
@@ -24,7 +25,8 @@ Config = TypeVar("Config", bound=BaseModel)
 
 
 class ConfigError(ValueError):
-    """A config file that cannot be used; the message names the file and every bad field."""
+    """A config file that cannot be used; the message has one line per problem, each naming the
+    file and the key."""
 
 
 class DataSource(BaseModel):
@@ -98,10 +100,8 @@ def load_config(path: Path, model: type[Config]) -> Config:
     try:
         return model.model_validate(data)
     except ValidationError as err:
-        problems = "\n".join(
-            f"  {'.'.join(map(str, e['loc'])) or '(top level)'}: {e['msg']}" for e in err.errors()
-        )
-        raise ConfigError(f"{path}: invalid configuration\n{problems}") from None
+        lines = problem_lines(err, model, lambda loc: f"{path}: {dotted(loc) or '(top level)'}")
+        raise ConfigError("\n".join(lines)) from None
 
 
 def dump_toml(data: dict) -> str:

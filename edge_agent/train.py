@@ -29,8 +29,8 @@ class LocalTraining(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     local_epochs: int = Field(1, ge=1, description="local epochs E per round")
-    batch_size: int = Field(128, ge=1)
-    lr: float = Field(1e-3, gt=0)
+    batch_size: int = Field(128, ge=1, description="training windows per optimizer step")
+    lr: float = Field(1e-3, gt=0, description="learning rate of the local optimizer (Adam)")
 
 
 class HeadTraining(LocalTraining):

@@ -33,13 +33,14 @@ STOP_WAIT_S = 10.0
 
 
 class RoundJob(BaseModel):
-    """What the child trains: the agent's config and the round, and the sensor metrics the
-    agent's ingest counted (they go into the update)."""
+    """What the child trains: the agent's config, the round and its announcement, and the sensor
+    metrics the agent's ingest counted (they go into the update)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     config: AgentConfig
     round: int = Field(ge=1)
+    announced: str = Field(description="the round announcement's body_sha256, which the update names")
     metrics: dict[str, float] = {}
 
 
@@ -61,12 +62,12 @@ class RoundResult(BaseModel):
 class TrainingChild:
     """A round being trained in a child process; ``result`` polls it without waiting."""
 
-    def __init__(self, cfg: AgentConfig, round_index: int, metrics: dict[str, float]):
+    def __init__(self, cfg: AgentConfig, round_index: int, announced: str, metrics: dict[str, float]):
         self.round = round_index
         self.folder = Path(cfg.state_dir) / FOLDER
         self.folder.mkdir(parents=True, exist_ok=True)
         (self.folder / RESULT_FILE).unlink(missing_ok=True)
-        job = RoundJob(config=cfg, round=round_index, metrics=metrics)
+        job = RoundJob(config=cfg, round=round_index, announced=announced, metrics=metrics)
         write_bytes_atomically(self.folder / JOB_FILE, job.model_dump_json(exclude_unset=True).encode(), mode=0o600)
         self.process = subprocess.Popen([sys.executable, "-m", __name__, str(self.folder / JOB_FILE)])
         log.info("round %d: training in child process %d", round_index, self.process.pid)
@@ -120,7 +121,8 @@ def train_round(job: RoundJob) -> RoundResult:
     if not all(math.isfinite(v) for v in metrics.values()):
         log.warning("round %d: leaving out non-finite metrics %s", job.round, metrics)
     header = UpdateHeader(fleet=cfg.fleet, sender=cfg.client_id, round=job.round, n_samples=learner.n_samples,
-                          metrics={k: v for k, v in metrics.items() if math.isfinite(v)}, campaign=files.campaign)
+                          metrics={k: v for k, v in metrics.items() if math.isfinite(v)}, campaign=files.campaign,
+                          global_sha256=job.announced)
     files.save_round(learner, job.round, encode(header, wire))
     return RoundResult(round=job.round, status="sent", loss=loss, seconds=time.perf_counter() - started)
 

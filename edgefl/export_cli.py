@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Optional
 import typer
 from rich.console import Console
 
+from edgefl.errors import fail
 from edgefl.extras import needs
 
 if TYPE_CHECKING:
@@ -25,11 +26,6 @@ Csv = Annotated[Optional[Path], typer.Option("--csv", help="CSV whose windows ve
 Windows = Annotated[int, typer.Option(help="real test windows used to verify the export")]
 AllowSilent = Annotated[bool, typer.Option(help="keep an export whose spike check compared nothing (a layer that "
                                                  "emitted no spike on the windows checked)")]
-
-
-def fail(message: str) -> None:
-    console.print(f"[bold red]error:[/] {message}")
-    raise typer.Exit(2)
 
 
 def model_and_data(
@@ -60,7 +56,6 @@ def model_and_data(
         return model, prepare_client(table, model.cfg.lookback, model.cfg.horizon)
     except (ConfigError, CheckpointError, DataError, ValueError) as err:
         fail(str(err))
-        raise  # unreachable: fail exits
 
 
 @export_app.command("onnx")

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import TypeVar
+from typing import NoReturn, TypeVar
 
-import typer
+from edgefl.errors import fail
 
 Command = TypeVar("Command", bound=Callable)
 OWN_PACKAGES = frozenset({"edgefl", "edge_agent", "coordinator", "export", "hw_profiles"})
@@ -16,13 +16,22 @@ MISSING_EXTRA_EXIT_CODE = 2
 
 
 def missing_extra_line(extra: str, module: str) -> str:
-    """What a command says when ``module`` (of ``extra``) is not installed."""
-    return f"error: this command needs edgefl[{extra}] (no module named {module!r}): pip install 'edgefl[{extra}]'"
+    """What a command says (after ``error:``) when ``module`` (of ``extra``) is not installed."""
+    return f"this command needs edgefl[{extra}] (no module named {module!r}): pip install 'edgefl[{extra}]'"
+
+
+def missing_extra(err: ModuleNotFoundError, extra: str) -> NoReturn:
+    """End the command with ``missing_extra_line`` for a library that is not installed (the extra of
+    that library where it has its own, as pvlib's ``sites``); re-raise where one of ours is missing."""
+    root = (err.name or "").partition(".")[0]
+    if not root or root in OWN_PACKAGES:
+        raise err
+    fail(missing_extra_line(EXTRA_OF_MODULE.get(root, extra), root), MISSING_EXTRA_EXIT_CODE)
 
 
 def needs(extra: str) -> Callable[[Command], Command]:
     """Mark a command as part of ``extra``: a library it imports that is not installed ends it with
-    ``missing_extra_line`` (the extra of that library where it has its own, as pvlib's ``sites``)."""
+    ``missing_extra``."""
 
     def decorate(command: Command) -> Command:
         @functools.wraps(command)
@@ -30,11 +39,7 @@ def needs(extra: str) -> Callable[[Command], Command]:
             try:
                 return command(*args, **kwargs)
             except ModuleNotFoundError as err:
-                root = (err.name or "").partition(".")[0]
-                if not root or root in OWN_PACKAGES:
-                    raise
-                typer.echo(missing_extra_line(EXTRA_OF_MODULE.get(root, extra), root), err=True)
-                raise typer.Exit(MISSING_EXTRA_EXIT_CODE) from None
+                missing_extra(err, extra)
 
         return run  # type: ignore[return-value]
 

@@ -22,13 +22,12 @@ from typing import TYPE_CHECKING, Annotated, Optional
 import numpy as np
 import paho.mqtt.client as mqtt
 import typer
-from pydantic import ValidationError
 from rich.console import Console
 from rich.progress import MofNCompleteColumn, Progress
 
 from edge_agent.data import DataError, GapPolicy
 from edge_agent.mqtt import QOS, BrokerConfig
-from edgefl.export_cli import fail
+from edgefl.errors import fail, flags_of, reported
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -237,15 +236,6 @@ def check_levels(what: str, names: Sequence[str]) -> None:
             raise DataError(f"{what} '{name}' cannot be an MQTT topic level (no '+', '#', '/', not empty)")
 
 
-def broker_config(host: str, port: int, username: str | None, password: str | None, tls_ca: Path | None) -> BrokerConfig:
-    """The broker options as a validated BrokerConfig; errors in one line that names the option."""
-    try:
-        return BrokerConfig(host=host, port=port, username=username, password=password, tls_ca=tls_ca)
-    except ValidationError as exc:
-        raise DataError("; ".join(f"{'--' + '-'.join(map(str, e['loc'])) + ': ' if e['loc'] else ''}"
-                                  f"{e['msg'].removeprefix('Value error, ')}" for e in exc.errors())) from None
-
-
 def plan(table: SeriesTable, style: Style, device: str, prefix: str, sensor: str, shift: timedelta,
          broker: BrokerConfig, speedup: float) -> str:
     """The first line: what is published where, over which times and how fast."""
@@ -286,7 +276,7 @@ def replay_command(
 ) -> None:
     """Publish a CSV file or a bundled weather station as live sensor readings to an MQTT broker (QoS 1).
     Timestamps without a zone are taken as UTC."""
-    try:
+    with reported(DataError, flags=flags_of("host", "port", "username", "password", "tls_ca", "fill", "max_fill_steps")):
         if style not in Style.__members__:
             raise DataError(f"unknown --style '{style}'; choose {', '.join(Style.__members__)}")
         kind = Style(style)
@@ -298,9 +288,7 @@ def replay_command(
         if kind is Style.plain:
             check_levels("--prefix level", prefix.split("/"))
             check_levels("column", table.columns)
-        broker = broker_config(host, port, username, password, tls_ca)
-    except (DataError, ValidationError) as exc:
-        fail(str(exc))
+        broker = BrokerConfig(host=host, port=port, username=username, password=password, tls_ca=tls_ca)
     import pandas as pd  # a table is a pandas table: the sites and CSV files need the gateway extra anyway
 
     shift = rebase_shift(table.index[-1], pd.Timestamp.now(tz="UTC")) if rebase else timedelta(0)

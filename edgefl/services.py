@@ -18,6 +18,7 @@ from edge_agent.data import DataError
 from edge_agent.candidates import served_name, validation_scores
 from edge_agent.session import REFUSED_EXIT_CODE, Refused
 from edge_agent.storage import StateDirError
+from edgefl.errors import fail, say
 from edgefl.extras import needs
 
 console = Console(stderr=True)
@@ -31,11 +32,6 @@ def _setup(verbose: bool) -> None:
     logging.basicConfig(
         level=logging.DEBUG if verbose else logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s"
     )
-
-
-def _fail(message: str, status: int = 2) -> None:
-    console.print(f"[bold red]error:[/] {escape(message)}")
-    raise typer.Exit(status)
 
 
 class _Stopper:
@@ -76,7 +72,7 @@ def _load(config: Path, settings: type):
     try:
         return load_config(config, settings)
     except ConfigError as err:
-        _fail(str(err))
+        fail(str(err))
 
 
 HttpOption = Annotated[Optional[str], typer.Option(
@@ -96,22 +92,22 @@ def _serve(config: Path, verbose: bool, http: str | None, settings: type, servic
     cfg = _load(config, settings)
     if http is not None:
         try:
-            cfg = cfg.model_copy(update={"http": HttpSettings.parse_address(http, cfg.http and cfg.http.token)})
+            cfg = cfg.model_copy(update={"http": HttpSettings.parse_address(http, cfg.http)})
         except ValueError as err:
-            _fail(str(err))
+            fail(str(err))
     stop = _Stopper()
     try:
         store = take_lead(cfg, stop, _print_event)
         if store is not None:
             service(cfg, on_event=_print_event, store=store, config_path=config).serve(stop=stop)
     except (ConnectionError, StateDirError) as err:
-        _fail(str(err))
+        fail(str(err))
     except LeaseLost as err:
-        _fail(f"{err}; stopped (a standby coordinator takes over)")
+        fail(f"{err}; stopped (a standby coordinator takes over)")
     except Refused as err:
-        _fail(str(err), REFUSED_EXIT_CODE)
+        fail(str(err), REFUSED_EXIT_CODE)
     except CampaignFinished as err:
-        _fail(str(err), FINISHED_EXIT_CODE)
+        fail(str(err), FINISHED_EXIT_CODE)
 
 
 @coordinator_app.command("serve")
@@ -160,7 +156,7 @@ def _print_status(cfg) -> None:
     try:
         store = Store(cfg.state_dir, cfg.store.url)
     except StateDirError as err:
-        _fail(str(err))
+        fail(str(err))
     rounds = Table("round", "state", "updates", "late", "imputed", "dropped", "loss", "closed by",
                    title=f"fleet {cfg.fleet}, campaign {store.campaign()}")
     for row in store.rounds():
@@ -234,14 +230,13 @@ def agent_run(config: ConfigPath, verbose: bool = False) -> None:
     try:
         agent = Agent(cfg, on_event=_print_agent_event, write_bundle=write_bundle)
     except (DataError, ValueError, StateDirError) as err:
-        _fail(str(err))
-    table = agent.table
-    if table is not None and table.gaps and table.gaps.gaps:
-        console.print(f"{table.name}: {table.gaps.summary()}", soft_wrap=True)
+        fail(str(err))
+    for note in agent.table.notes if agent.table is not None else []:
+        say(note)
     try:
         agent.run(stop=_Stopper())
     except Refused as err:
-        _fail(str(err), REFUSED_EXIT_CODE)
+        fail(str(err), REFUSED_EXIT_CODE)
 
 
 @agent_app.command("serve")
@@ -258,7 +253,7 @@ def agent_serve(config: ConfigPath, verbose: bool = False) -> None:
     try:
         daemon = ServeDaemon(load_config(config, LiveGatewayConfig))
     except (ConfigError, ValueError, StateDirError) as err:
-        _fail(str(err))
+        fail(str(err))
     daemon.run(stop=_Stopper())
 
 
@@ -279,7 +274,7 @@ def agent_forecast(
     try:
         result = forecast(cfg, onnx, conformal)
     except (DataError, ValueError) as err:
-        _fail(str(err))
+        fail(str(err))
     console.print(f"{cfg.client_id}: forecast by {result.served_by}", soft_wrap=True)
     if result.interval:
         console.print(f"{cfg.client_id}: {result.interval}", soft_wrap=True)
@@ -311,6 +306,6 @@ def agent_checkpoint(
         table = gateway_table(cfg)
         model = load_local_model(cfg, table)
     except (DataError, ValueError) as err:
-        _fail(str(err))
+        fail(str(err))
     save_checkpoint(model, out, list(table.columns))
     Console().print(f"wrote {out} ({cfg.model.backbone}, {table.n_features} features)")

@@ -23,6 +23,7 @@ from edge_agent.protocol import (
     RoundHeader,
     Topics,
     UpdateHeader,
+    body_digest,
     decode,
     encode,
 )
@@ -67,8 +68,10 @@ class Rogue:
                 return tensors
 
 
-def update(round_number: int, campaign: str, **fields) -> UpdateHeader:
-    return UpdateHeader(fleet="test", sender="client02", round=round_number, n_samples=50, campaign=campaign, **fields)
+def update(round_number: int, campaign: str, announced: str, **fields) -> UpdateHeader:
+    """An update for ``round_number`` bound to its announcement's body digest ``announced``."""
+    return UpdateHeader(fleet="test", sender="client02", round=round_number, n_samples=50, campaign=campaign,
+                        global_sha256=announced, **fields)
 
 
 def test_bad_inputs_are_rejected_with_reasons_and_the_run_finishes(tmp_path: Path, mosquitto) -> None:
@@ -99,22 +102,23 @@ def test_bad_inputs_are_rejected_with_reasons_and_the_run_finishes(tmp_path: Pat
         except queue.Empty:
             pass
     global_state = rogue.round(1)
-    good = encode(update(1, coordinator.campaign), global_state)
+    bound = body_digest(global_state)
+    good = encode(update(1, coordinator.campaign, bound), global_state)
     header_end = PREFIX.size + PREFIX.unpack_from(good)[2]
     bad = {
         "garbage": (b"\x00\x01garbage", "bad_magic"),
         "truncated": (good[: header_end + 10], "truncated"),
         "version": (good[:4] + bytes([7]) + good[5:], "bad_version"),
-        "fleet": (encode(update(1, coordinator.campaign).model_copy(update={"fleet": "other"}), global_state), "wrong_fleet"),
-        "sender": (encode(update(1, coordinator.campaign).model_copy(update={"sender": "client01"}), global_state), "wrong_sender"),
-        "future": (encode(update(9, coordinator.campaign), global_state), "future_round"),
-        "names": (encode(update(1, coordinator.campaign), {**global_state, "shared.extra": torch.zeros(2)}), "bad_tensors"),
-        "shape": (encode(update(1, coordinator.campaign), {k: torch.zeros(3) if i == 0 else v for i, (k, v) in
+        "fleet": (encode(update(1, coordinator.campaign, bound).model_copy(update={"fleet": "other"}), global_state), "wrong_fleet"),
+        "sender": (encode(update(1, coordinator.campaign, bound).model_copy(update={"sender": "client01"}), global_state), "wrong_sender"),
+        "future": (encode(update(9, coordinator.campaign, bound), global_state), "future_round"),
+        "names": (encode(update(1, coordinator.campaign, bound), {**global_state, "shared.extra": torch.zeros(2)}), "bad_tensors"),
+        "shape": (encode(update(1, coordinator.campaign, bound), {k: torch.zeros(3) if i == 0 else v for i, (k, v) in
                                      enumerate(global_state.items())}), "bad_tensors"),
-        "dtype": (encode(update(1, coordinator.campaign), {k: v.double() for k, v in global_state.items()}), "bad_tensors"),
-        "nan": (encode(update(1, coordinator.campaign), {k: torch.full_like(v, float("nan")) for k, v in global_state.items()}),
+        "dtype": (encode(update(1, coordinator.campaign, bound), {k: v.double() for k, v in global_state.items()}), "bad_tensors"),
+        "nan": (encode(update(1, coordinator.campaign, bound), {k: torch.full_like(v, float("nan")) for k, v in global_state.items()}),
                 "not_finite"),
-        "large": (encode(update(1, coordinator.campaign), {**global_state, "pad": torch.zeros(LIMIT // 4)}), "too_large"),
+        "large": (encode(update(1, coordinator.campaign, bound), {**global_state, "pad": torch.zeros(LIMIT // 4)}), "too_large"),
     }
     for payload, _ in bad.values():
         rogue.send("update", payload)
@@ -128,7 +132,7 @@ def test_bad_inputs_are_rejected_with_reasons_and_the_run_finishes(tmp_path: Pat
 
     rogue.send("update", good)
     round_two = rogue.round(2)
-    second = encode(update(2, coordinator.campaign), round_two)
+    second = encode(update(2, coordinator.campaign, body_digest(round_two)), round_two)
     rogue.send("update", second)
     rogue.send("update", second)
     rogue.send("update", good)

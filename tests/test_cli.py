@@ -24,6 +24,7 @@ def write_csv(path: Path, n_rows: int = 400) -> Path:
     table = synthetic_table(n_features=3, n_steps=n_rows, seed=2)
     frame = pd.DataFrame(table.values, columns=["OT", "HUFL", "LULL"])
     frame.insert(0, "date", table.index.strftime("%Y-%m-%d %H:%M:%S"))
+    frame["station"] = "north field"  # a text column, as real exports have: ignored, and said so
     frame.to_csv(path, index=False)
     return path
 
@@ -52,6 +53,7 @@ def test_simulate_on_a_user_csv_prints_every_round_and_writes_json(tmp_path: Pat
                                     "ets", "theta", "median"}
         assert client["served"]["mase"] > 0 and {"local", "centralized", "ets"} <= client.keys()
     assert "what the gateways serve beats it on" in proc.stdout
+    assert "ETTh1.csv: ignored 1 text column(s) 'station': not numbers" in " ".join(proc.stderr.split())
 
 
 @pytest.mark.parametrize(("backbone", "lif_layers"), [("spikernn", 4), ("ispikformer", 16)])
@@ -74,9 +76,9 @@ def test_simulate_under_dropout_imputes_with_the_chosen_twin(tmp_path: Path) -> 
     assert sum(len(r["imputed"]) + len(r["dropped"]) for r in rounds) == 6
     assert any(r["imputed"] for r in rounds)
     proc = edgefl("simulate", "--data", str(csv), "--twin", "kalman")
-    assert proc.returncode == 2 and "kalman" in proc.stdout and "wsf" in proc.stdout
+    assert proc.returncode == 2 and "error: --twin: " in proc.stderr and "kalman" in proc.stderr and "wsf" in proc.stderr
     proc = edgefl("simulate", "--data", str(csv), "--dropout", "storm")
-    assert proc.returncode == 2 and "storm" in proc.stdout and "rcd" in proc.stdout
+    assert proc.returncode == 2 and "storm" in proc.stderr and "rcd" in proc.stderr
 
 
 def test_simulate_with_a_fraction_asks_the_round_policys_clients(tmp_path: Path) -> None:
@@ -89,19 +91,19 @@ def test_simulate_with_a_fraction_asks_the_round_policys_clients(tmp_path: Path)
     assert not any(r["imputed"] or r["dropped"] for r in rounds)
     assert len({tuple(r["present"]) for r in rounds}) > 1
     proc = edgefl("simulate", "--data", str(tmp_path / "ETTh1.csv"), "--fraction", "0.5", "--dropout", "rcd")
-    assert proc.returncode == 2 and "--fraction" in proc.stdout
+    assert proc.returncode == 2 and "--fraction" in proc.stderr
 
 
 def test_simulate_reports_bad_input_clearly(tmp_path: Path) -> None:
     short = write_csv(tmp_path / "short.csv", n_rows=50)
     proc = edgefl("simulate", "--data", str(short), "--lookback", "24", "--horizon", "12")
     assert proc.returncode == 2
-    assert "short.csv" in proc.stdout and "at least" in proc.stdout
+    assert "short.csv" in proc.stderr and "at least" in proc.stderr
     assert "Traceback" not in proc.stdout + proc.stderr
     proc = edgefl("simulate", "--data", str(tmp_path / "missing.csv"))
-    assert proc.returncode == 2 and "missing.csv" in proc.stdout and "not found" in proc.stdout
+    assert proc.returncode == 2 and "missing.csv" in proc.stderr and "not found" in proc.stderr
     proc = edgefl("simulate", "--backbone", "resnet", "--data", str(short))
-    assert proc.returncode == 2 and "resnet" in proc.stdout and "dlinear" in proc.stdout
+    assert proc.returncode == 2 and "error: --backbone: " in proc.stderr and "dlinear" in proc.stderr
 
 
 def test_simulate_refuses_gaps_unless_told_to_fill_or_skip_them(tmp_path: Path) -> None:
@@ -109,7 +111,7 @@ def test_simulate_refuses_gaps_unless_told_to_fill_or_skip_them(tmp_path: Path) 
     lines = csv.read_text().splitlines()
     csv.write_text("\n".join(lines[:100] + lines[102:250] + lines[270:]) + "\n")  # 2 and 20 missing hours
     proc = edgefl("simulate", "--data", str(csv), "--lookback", "24", "--horizon", "12")
-    out = " ".join(proc.stdout.split())
+    out = " ".join(proc.stderr.split())
     assert proc.returncode == 2 and "2 gaps in the timestamps (22 missing steps" in out and "--fill" in out
     proc = edgefl(
         "simulate", "--data", str(csv), "--clients", "3", "--f-max", "2", "--rounds", "1", "--lookback", "24",
@@ -117,10 +119,11 @@ def test_simulate_refuses_gaps_unless_told_to_fill_or_skip_them(tmp_path: Path) 
     )
     out = " ".join(proc.stdout.split())
     assert proc.returncode == 0, proc.stderr
-    assert "gaps.csv: one row every 1:00:00; 2 gaps (22 missing steps); filled 1 (2 steps) by ffill" in out
+    assert ("gaps.csv: one row every 1:00:00; 2 gaps (22 missing steps); filled 1 (2 steps) by ffill"
+            in " ".join(proc.stderr.split()))
     assert "dropped at gaps" in out and "best round" in out
     proc = edgefl("simulate", "--fill", "skip", "--rounds", "1")
-    assert proc.returncode == 2 and "--fill and --max-fill-steps apply to --data" in " ".join(proc.stdout.split())
+    assert proc.returncode == 2 and "--fill and --max-fill-steps apply to --data" in " ".join(proc.stderr.split())
 
 
 def test_sites_lists_the_bundled_weather_stations() -> None:
@@ -154,7 +157,7 @@ def test_pretrain_writes_a_hashed_foundation_checkpoint(tmp_path: Path) -> None:
     digest = proc.stdout.split("sha256")[-1].strip(" )\n").replace("\n", "")
     assert content_hash(load_foundation(out, expected_hash=digest)) == digest
     proc = edgefl("pretrain", "--participation", "1.5", "--out", str(out))
-    assert proc.returncode == 2 and "participation" in proc.stdout
+    assert proc.returncode == 2 and "error: --participation: should be less than or equal to 1, got 1.5" in proc.stderr
 
 
 def test_pretrain_over_a_fleet_of_mixed_resolutions_and_quantities(tmp_path: Path) -> None:
@@ -164,7 +167,7 @@ def test_pretrain_over_a_fleet_of_mixed_resolutions_and_quantities(tmp_path: Pat
     assert proc.returncode == 0, proc.stderr
     assert out.is_file()
     proc = edgefl("pretrain", "--steps", "1h,90min", "--out", str(out))
-    assert proc.returncode == 2 and "whole multiple" in proc.stdout
+    assert proc.returncode == 2 and "whole multiple" in proc.stderr
 
 
 def test_fedal_pretraining_with_the_extra_real_series_writes_a_checkpoint_with_their_quantities(tmp_path: Path) -> None:
@@ -200,6 +203,34 @@ def test_simulate_with_quantiles_reports_qs_icp_and_mil(tmp_path: Path) -> None:
     assert all("test_icp" in r for r in summary["rounds"])
     assert "icp" in summary["baselines"]["local"] and "icp" in summary["baselines"]["centralized"]
     proc = edgefl("simulate", "--data", str(tmp_path / "ETTh1.csv"), "--quantiles", "0.1,0.9")
-    assert proc.returncode == 2 and "quantiles" in proc.stdout and "0.5" in proc.stdout
+    assert proc.returncode == 2 and "error: --quantiles: " in proc.stderr and "0.5" in proc.stderr
     proc = edgefl("simulate", "--data", str(tmp_path / "ETTh1.csv"), "--quantiles", "0.1,x")
-    assert proc.returncode == 2 and "--quantiles" in proc.stdout
+    assert proc.returncode == 2 and "error: --quantiles: should be a valid number" in proc.stderr
+
+
+@pytest.mark.parametrize(("args", "expected"), [
+    (("simulate", "--rounds", "0"), "error: --rounds: should be greater than or equal to 1, got 0"),
+    (("simulate", "--server-lr", "-1"), "error: --server-lr: should be greater than 0, got -1.0"),
+    (("simulate", "--aggregator", "ga"), "error: --aggregator: "),
+    (("simulate", "--round", "3"), "error: No such option: --round"),
+    (("pretrain", "--rounds", "x"), "error: Invalid value for '--rounds'"),
+])
+def test_a_bad_flag_is_one_line_on_stderr_naming_it(args: tuple[str, ...], expected: str) -> None:
+    proc = edgefl(*args)
+    assert proc.returncode == 2 and proc.stdout == "", proc.stdout
+    assert proc.stderr.startswith(expected) and proc.stderr.count("\n") == 1, proc.stderr
+    assert "http" not in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_an_unknown_config_key_gets_a_did_you_mean_per_line(tmp_path: Path) -> None:
+    config = tmp_path / "coordinator.toml"
+    config.write_text('fleet = "farm"\nstate_dir = "/tmp/x"\nround_timout_s = 3\n[broker]\nhots = "x"\n'
+                      '[model]\nlookbak = 3\nzzz = 1\n')
+    proc = edgefl("coordinator", "serve", "--config", str(config))
+    lines = proc.stderr.splitlines()
+    assert proc.returncode == 2 and len(lines) == 4, proc.stderr
+    assert all(line.startswith(f"error: {config}: ") for line in lines)
+    assert f"error: {config}: round_timout_s: unknown key; did you mean 'round_timeout_s'?" in lines
+    assert f"error: {config}: broker.hots: unknown key; did you mean 'host'?" in lines
+    assert f"error: {config}: model.lookbak: unknown key; did you mean 'lookback'?" in lines
+    assert any(line.startswith(f"error: {config}: model.zzz: unknown key; the keys here are ") for line in lines)

@@ -85,7 +85,7 @@ def test_export_command_on_a_checkpoint_and_the_agent_forecasts_with_onnx(site, 
     assert "% identical" in proc.stdout and (tmp_path / "onnx" / "step.onnx").is_file()
     proc = subprocess.run([*run, "--site", "burlington", "--out", str(tmp_path / "x")], capture_output=True,
                           text=True, timeout=300)
-    assert proc.returncode == 2 and "burlington" in proc.stdout and "Traceback" not in proc.stdout + proc.stderr
+    assert proc.returncode == 2 and "burlington" in proc.stderr and "Traceback" not in proc.stdout + proc.stderr
 
 
 def test_the_agent_forecasts_with_the_exported_model(site, tmp_path: Path) -> None:

@@ -1,6 +1,6 @@
 """A hostile gateway cannot stop the fleet (issue 12): a live fleet on a real mosquitto survives
-every class of poison message with a reason code for each, storage and internal failures are
-refusals that leave nothing half-written, an agent refuses a poisoned global model and goes on,
+every class of poison message with a reason code for each, internal failures are refusals and
+storage failures hold the batch for a retry, neither leaving anything half-written, an agent refuses a poisoned global model and goes on,
 and an unwritable state_dir is a one-line error naming the path."""
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import queue
 import sqlite3
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import paho.mqtt.client as mqtt
@@ -35,6 +36,7 @@ from edge_agent.protocol import (
     RoundHeader,
     Topics,
     UpdateHeader,
+    body_digest,
     claimed_round,
     decode,
     encode,
@@ -57,7 +59,9 @@ def envelope(header: dict | bytes, body: bytes = b"") -> bytes:
 def poison(global_state: dict[str, torch.Tensor], campaign: str) -> dict[str, tuple[bytes, str]]:
     """Every class of bad update of the issue, with the refusal code each must get (all of the
     running campaign, so that each fails for its own reason)."""
-    good = encode(UpdateHeader(fleet="test", sender=HOSTILE, round=1, n_samples=50, campaign=campaign), global_state)
+    bound = body_digest(global_state)  # round 1's announcement carries this global state
+    good = encode(UpdateHeader(fleet="test", sender=HOSTILE, round=1, n_samples=50, campaign=campaign,
+                               global_sha256=bound), global_state)
     update = {**UPDATE, "campaign": campaign}
     nan = {k: torch.full_like(v, float("nan")) for k, v in global_state.items()}
     return {
@@ -76,9 +80,9 @@ def poison(global_state: dict[str, torch.Tensor], campaign: str) -> dict[str, tu
         "truncated": (good[: len(good) // 2], "truncated"),
         "garbage": (b"\xff\x00garbage\x13" * 7, "bad_magic"),
         "non-finite weights": (encode(UpdateHeader(fleet="test", sender=HOSTILE, round=1, n_samples=50,
-                                                    campaign=campaign), nan), "not_finite"),
+                                                    campaign=campaign, global_sha256=bound), nan), "not_finite"),
         "future round": (encode(UpdateHeader(fleet="test", sender=HOSTILE, round=99, n_samples=50,
-                                             campaign=campaign), global_state), "future_round"),
+                                             campaign=campaign, global_sha256=bound), global_state), "future_round"),
     }
 
 
@@ -157,14 +161,16 @@ def test_a_hostile_device_cannot_stop_the_fleet(tmp_path: Path, mosquitto) -> No
     assert coordinator.poll() is None, "the coordinator died"
 
     state = device.round(2)
-    late = encode(UpdateHeader(fleet="test", sender=HOSTILE, round=1, n_samples=50, campaign=device.campaign), state)
+    late = encode(UpdateHeader(fleet="test", sender=HOSTILE, round=1, n_samples=50, campaign=device.campaign,
+                               global_sha256=body_digest(template.initial)), state)
     device.send("update", late)
     assert device.reply().code == "late_no_twin"
     device.send("update", late)
     assert device.reply().code == "duplicate"
-    poisoned = {name: tensor * 1000 for name, tensor in device.round(3).items()}
+    state = device.round(3)
+    poisoned = {name: tensor * 1000 for name, tensor in state.items()}
     device.send("update", encode(UpdateHeader(fleet="test", sender=HOSTILE, round=3, n_samples=10**9,
-                                              campaign=device.campaign), poisoned))
+                                              campaign=device.campaign, global_sha256=body_digest(state)), poisoned))
     assert device.reply().accepted, "a well-formed update is stored; the round's screening judges it"
     for process in (coordinator, *agents):
         process.wait(180)
@@ -187,9 +193,10 @@ def test_a_hostile_device_cannot_stop_the_fleet(tmp_path: Path, mosquitto) -> No
     assert "Traceback" not in (tmp_path / "coordinator.log").read_text()
 
 
-def offline_coordinator(tmp_path: Path) -> Coordinator:
-    """A coordinator with round 1 open and no broker, driven message by message."""
-    config = coordinator_config(tmp_path, free_port(), 2)
+def offline_coordinator(tmp_path: Path, rounds: int = 2, **overrides: object) -> Coordinator:
+    """A coordinator with round 1 open and no broker, driven message by message;
+    ``overrides``: more fields of its coordinator.toml."""
+    config = coordinator_config(tmp_path, free_port(), rounds, **overrides)
     coordinator = Coordinator(load_config(config, CoordinatorConfig))
     coordinator._resume()
     return coordinator
@@ -206,7 +213,8 @@ def hello_of(coordinator: Coordinator, client: str) -> Incoming:
 
 
 def update_of(coordinator: Coordinator, client: str) -> Incoming:
-    header = UpdateHeader(fleet="test", sender=client, round=1, n_samples=50, campaign=coordinator.campaign)
+    header = UpdateHeader(fleet="test", sender=client, round=1, n_samples=50, campaign=coordinator.campaign,
+                          global_sha256=coordinator.announced_digest(1))
     return message(client, "update", encode(header, coordinator.initial))
 
 
@@ -215,10 +223,15 @@ def stored_updates(coordinator: Coordinator, number: int = 1) -> list[str]:
     return [name.rsplit("/", 1)[-1] for name in coordinator.store.tensors.names(f"updates/round_{number:05d}")]
 
 
-def test_storage_errors_are_retried_then_refused_and_the_rest_of_the_batch_stands(
+def test_a_storage_error_holds_the_whole_batch_until_the_retry_timer_stores_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """A write failing on a full disk is the store's failure, not the message's: the batch is held,
+    unacknowledged, with nothing refused or half-written, and stored by the retry timer once the
+    disk takes writes again."""
     coordinator = offline_coordinator(tmp_path)
+    acked: list[Incoming] = []
+    monkeypatch.setattr(coordinator.connection, "ack", acked.append)
     coordinator._process([hello_of(coordinator, "a")])
     write_body = coordinator.store.tensors.write_body
 
@@ -227,10 +240,13 @@ def test_storage_errors_are_retried_then_refused_and_the_rest_of_the_batch_stand
 
     monkeypatch.setattr(coordinator.store.tensors, "write_body", disk_full)
     coordinator._process([update_of(coordinator, "a"), hello_of(coordinator, "b")])
-    assert set(coordinator.store.clients()) == {"a", "b"}
-    assert [e["code"] for e in coordinator.store.events(accepted=False)] == ["storage"]
+    assert set(coordinator.store.clients()) == {"a"} and coordinator.store.events(accepted=False) == []
+    assert len(acked) == 1 and len(coordinator._held) == 2 and stored_updates(coordinator) == []
     monkeypatch.setattr(coordinator.store.tensors, "write_body", write_body)
-    coordinator._process([update_of(coordinator, "a")])
+    deadline = time.monotonic() + 10
+    while coordinator._held and time.monotonic() < deadline:
+        coordinator._step()
+    assert set(coordinator.store.clients()) == {"a", "b"} and len(acked) == 3
     assert [u.client_id for u in coordinator.store.updates(1)] == ["a"]
     assert stored_updates(coordinator) == ["a.safetensors"]
     coordinator.store.close()

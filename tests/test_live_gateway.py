@@ -205,6 +205,7 @@ def test_the_serving_only_process_publishes_forecasts_of_each_new_bundle_without
     server.send_signal(signal.SIGTERM)
     assert server.wait(60) == 0
     log = (tmp_path / "serve.log").read_text()
+    assert "client00: waiting for a model bundle: none in " in log and " serving forecasts on " not in log
     loaded = [line for line in log.splitlines() if "(loaded: " in line]
     assert len(loaded) == 2 and all(line.endswith("(loaded: onnxruntime)") for line in loaded), log
     assert "Traceback" not in log

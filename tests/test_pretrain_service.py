@@ -129,7 +129,8 @@ def upload(coordinator: Coordinator, client: str, windows: torch.Tensor, number:
     core-set of ``windows``."""
     model = {k: v + 0.01 for k, v in coordinator.initial.items()}
     tensors = {**model, "coreset.windows": windows, "coreset.present": torch.ones(9)}
-    header = UpdateHeader(fleet="test", sender=client, round=number, n_samples=50, campaign=coordinator.campaign)
+    header = UpdateHeader(fleet="test", sender=client, round=number, n_samples=50, campaign=coordinator.campaign,
+                          global_sha256=coordinator.announced_digest(number))
     return message(client, "update", encode(header, tensors))
 
 

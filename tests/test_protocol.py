@@ -10,6 +10,7 @@ import torch
 
 from edge_agent.protocol import (
     MAGIC,
+    PLACEHOLDER_DIGEST,
     PREFIX,
     HelloHeader,
     ProtocolError,
@@ -27,7 +28,8 @@ TENSORS = {"shared.w": torch.arange(6, dtype=torch.float32).reshape(2, 3), "shar
 
 
 def update(**fields: object) -> UpdateHeader:
-    return UpdateHeader(fleet="demo", sender="site-1", round=3, n_samples=100, **fields)
+    return UpdateHeader(fleet="demo", sender="site-1", round=3, n_samples=100, global_sha256=PLACEHOLDER_DIGEST,
+                        **fields)
 
 
 def test_update_round_trip_keeps_header_and_tensors() -> None:
@@ -132,7 +134,8 @@ def test_round_header_requires_a_deadline() -> None:
 def test_envelope_size_is_the_encoded_length_without_encoding() -> None:
     from edge_agent.protocol import envelope_size
 
-    header = UpdateHeader(fleet="f", sender="client-7", round=3, n_samples=12, metrics={"loss": 0.25})
+    header = UpdateHeader(fleet="f", sender="client-7", round=3, n_samples=12, metrics={"loss": 0.25},
+                          global_sha256=PLACEHOLDER_DIGEST)
     for tensors in ({"a": torch.randn(3, 5), "b.c": torch.arange(7), "d": torch.tensor(1.5, dtype=torch.float64)},
                     {"x": torch.zeros(0, 4)}, {}):
         assert envelope_size(header, tensors) == len(encode(header, tensors))

@@ -52,7 +52,7 @@ def test_a_command_whose_extra_is_missing_says_which_extra_to_install(tmp_path: 
     done = subprocess.run([sys.executable, *edgefl_without(missing), *args], capture_output=True, text=True,
                           timeout=120, cwd=REPO)
     assert done.returncode == MISSING_EXTRA_EXIT_CODE, done.stderr
-    assert done.stderr.strip() == missing_extra_line(extra, missing[0])
+    assert done.stderr.strip() == f"error: {missing_extra_line(extra, missing[0])}"
     assert f"pip install 'edgefl[{extra}]'" in done.stderr
 
 

@@ -28,6 +28,8 @@ class EventMetrics:
                             "by code", ["code"], registry=registry)
         self.rejected = Counter("edgefl_messages_rejected", "Messages refused (hello, update, status), by reason "
                                 "code", ["code"], registry=registry)
+        self.throttled = Counter("edgefl_messages_throttled", "Messages dropped unread over a client's rate limit "
+                                 "(intake), by kind", ["kind"], registry=registry)
         self.registered = Counter("edgefl_registrations", "Hellos accepted (registrations and re-registrations)",
                                   registry=registry)
         self.ingested_bytes = Counter("edgefl_ingested_bytes", "Payload bytes received from the broker",
@@ -54,6 +56,7 @@ class EventMetrics:
         return {"announced": self._on_announced, "accepted": self._on_accepted, "resumed": self._on_resumed,
                 "closed": self._on_closed, "registered": lambda _d: self.registered.inc(),
                 "rejected": lambda d: self.rejected.labels(d["code"]).inc(),
+                "throttled": lambda d: self.throttled.labels(d["kind"]).inc(d["count"]),
                 "late": lambda d: self.late.labels(d["code"]).inc(), "ingested": self._on_ingested}
 
     def _on_announced(self, data: dict) -> None:

@@ -5,7 +5,9 @@ Why waitress: a small, pure-Python, long-maintained (Pylons) WSGI server with a 
 worker threads and an event loop that buffers slow clients, so neither many nor slow browsers
 can tie up more than ``threads`` threads or stall the round loop; it needs no asyncio loop beside
 the coordinator's own threads (as uvicorn or aiohttp would), and prometheus-client's exposition
-plugs into a plain WSGI app. ``http.server`` would start one thread per connection, unbounded."""
+plugs into a plain WSGI app. ``http.server`` would start one thread per connection, unbounded.
+Its own settings bound the connections: ``connection_limit`` open at once (poll, so past select's
+1024 descriptors), each closed after ``channel_timeout`` without traffic, checked every second."""
 
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ from coordinator.observe.metrics import EventMetrics, SnapshotGauges
 from coordinator.observe.settings import HttpSettings
 from coordinator.observe.web import DashboardApp
 from coordinator.store import Store
+from coordinator.throttle import Buckets
 
 if TYPE_CHECKING:
     from coordinator.config import CoordinatorConfig
@@ -31,6 +34,7 @@ log = logging.getLogger("edgefl.dashboard")
 WORKER_THREADS = 4
 MAX_HEADER_BYTES = 16_384
 MAX_BODY_BYTES = 1_024  # no route takes a body; waitress refuses bigger ones (413) before buffering them
+CLEANUP_INTERVAL_S = 1  # how often waitress closes the connections idle for longer than idle_timeout_s
 
 
 class DashboardServer:
@@ -38,12 +42,13 @@ class DashboardServer:
 
     def __init__(self, settings: HttpSettings, view: FleetView, registry: CollectorRegistry):
         token = settings.token.get_secret_value() if settings.token else None
-        app = DashboardApp(view.snapshot, registry, token)
+        app = DashboardApp(view.snapshot, registry, token, Buckets(settings.failed_tokens))
         try:
             self.server = create_server(app, host=settings.host, port=settings.port, threads=WORKER_THREADS,
-                                        ident="edgefl", channel_timeout=30, connection_limit=200,
-                                        max_request_header_size=MAX_HEADER_BYTES, max_request_body_size=MAX_BODY_BYTES,
-                                        clear_untrusted_proxy_headers=True)
+                                        ident="edgefl", channel_timeout=settings.idle_timeout_s,
+                                        cleanup_interval=CLEANUP_INTERVAL_S, connection_limit=settings.connection_limit,
+                                        asyncore_use_poll=True, max_request_header_size=MAX_HEADER_BYTES,
+                                        max_request_body_size=MAX_BODY_BYTES, clear_untrusted_proxy_headers=True)
         except OSError as err:
             raise ConnectionError(f"[http]: cannot listen on {settings.host}:{settings.port}: {err}") from None
         self.address = f"{self.server.effective_host}:{self.server.effective_port}"

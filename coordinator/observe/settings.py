@@ -1,11 +1,14 @@
-"""``[http]`` of ``coordinator.toml``: where the dashboard and ``/metrics`` listen, and the token
-that guards them. Loopback only unless a token is set (the state of a fleet is not public)."""
+"""``[http]`` of ``coordinator.toml``: where the dashboard and ``/metrics`` listen, the token
+that guards them, and the limits that keep many, idle or guessing clients from locking it out.
+Loopback only unless a token is set (the state of a fleet is not public)."""
 
 from __future__ import annotations
 
 import ipaddress
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
+
+from coordinator.throttle import RateLimit
 
 LOOPBACK_NAMES = {"localhost"}
 MIN_TOKEN_CHARS = 16
@@ -22,7 +25,8 @@ def is_loopback(host: str) -> bool:
 
 
 class HttpSettings(BaseModel):
-    """The dashboard's listener: ``host`` (default 127.0.0.1), ``port`` and an optional bearer token."""
+    """The dashboard's listener: ``host`` (default 127.0.0.1), ``port``, an optional bearer token
+    and its limits (connections, idle time, wrong tokens per source address)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -30,6 +34,13 @@ class HttpSettings(BaseModel):
     port: int = Field(8008, ge=0, le=65535, description="0: any free port (logged at start)")
     token: SecretStr | None = Field(None, description=f"at least {MIN_TOKEN_CHARS} characters; required "
                                     "to listen on anything but loopback; sent as 'Authorization: Bearer' or ?token=")
+    connection_limit: int = Field(500, ge=1, le=10_000, description="open connections served at once; more wait "
+                                  "in the listen backlog until one closes")
+    idle_timeout_s: int = Field(10, ge=1, le=3600, description="a connection with no traffic for this long is "
+                                "closed (checked every second)")
+    failed_tokens: RateLimit = Field(RateLimit(burst=5, every_s=60.0), description="wrong tokens one source "
+                                     "address (an IPv6 /64) may send at once, then one per every_s; past that every "
+                                     "request needing the token is answered 429 with Retry-After, a right token too")
 
     @model_validator(mode="after")
     def _guarded_off_loopback(self) -> "HttpSettings":
@@ -41,12 +52,14 @@ class HttpSettings(BaseModel):
         return self
 
     @classmethod
-    def parse_address(cls, address: str, token: SecretStr | None = None) -> "HttpSettings":
-        """``HOST:PORT`` (``[::1]:PORT`` for IPv6) from the command line, keeping the config's token."""
+    def parse_address(cls, address: str, configured: "HttpSettings | None" = None) -> "HttpSettings":
+        """``HOST:PORT`` (``[::1]:PORT`` for IPv6) from the command line, keeping the rest of the
+        ``configured`` settings (token and limits)."""
         host, sep, port = address.rpartition(":")
         if not sep or not port.isdigit():
             raise ValueError(f"--http {address!r}: expected HOST:PORT")
+        kept = dict(configured) if configured is not None else {}
         try:
-            return cls(host=host.strip("[]") or "127.0.0.1", port=int(port), token=token)
+            return cls(**{**kept, "host": host.strip("[]") or "127.0.0.1", "port": int(port)})
         except ValidationError as err:
             raise ValueError(f"--http {address!r}: {'; '.join(e['msg'] for e in err.errors())}") from None

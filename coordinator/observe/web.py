@@ -1,20 +1,26 @@
 """The dashboard's WSGI application: the page and its assets, the JSON API and ``/metrics``.
 
 Read-only by construction: GET and HEAD only, no route changes state. With a token, the API and
-``/metrics`` need it (``Authorization: Bearer`` or ``?token=``, compared in constant time); the
-page's static files hold no fleet data and are served to anyone who can reach the port."""
+``/metrics`` need it (``Authorization: Bearer`` or ``?token=``, compared in constant time), and
+wrong tokens are rate-limited per source address (``[http] failed_tokens``: past the limit every
+request needing the token gets 429 with Retry-After, a right one too, so guessing learns nothing);
+the page's static files hold no fleet data and are served to anyone who can reach the port."""
 
 from __future__ import annotations
 
 import hmac
+import ipaddress
 import json
 import logging
+import math
 from collections.abc import Callable, Iterable
 from importlib.resources import files
 from urllib.parse import parse_qs
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import generate_latest
+
+from coordinator.throttle import Buckets
 
 log = logging.getLogger("edgefl.dashboard")
 MAX_QUERY_CHARS = 512
@@ -30,6 +36,14 @@ StartResponse = Callable[..., object]
 
 class BadRequest(ValueError):
     """A query the API refuses: the message names the parameter and the reason."""
+
+
+class Throttled(Exception):
+    """Too many wrong tokens from one source: answered 429, retry after ``seconds``."""
+
+    def __init__(self, seconds: float):
+        super().__init__(f"too many wrong tokens from this address: retry in {math.ceil(seconds)} s")
+        self.seconds = math.ceil(seconds)
 
 
 def _rounds_view(view: dict, query: dict[str, str]) -> dict:
@@ -51,23 +65,29 @@ API: dict[str, tuple[Callable[[dict, dict[str, str]], object], set[str]]] = {
 class DashboardApp:
     """Routes GET requests to the page, the API (``API``) and the metrics of one coordinator."""
 
-    def __init__(self, snapshot: Callable[[], dict], registry: CollectorRegistry, token: str | None):
+    def __init__(self, snapshot: Callable[[], dict], registry: CollectorRegistry, token: str | None,
+                 failed_tokens: Buckets):
         self.snapshot = snapshot
         self.registry = registry
         self.token = token.encode() if token else None
+        self.failed_tokens = failed_tokens  # per source: wrong tokens allowed before 429
         self.assets = {path: (files(__package__).joinpath("static", name).read_bytes(), kind)
                        for path, (name, kind) in STATIC.items()}
 
     def __call__(self, environ: dict, start_response: StartResponse) -> Iterable[bytes]:
+        extra: list[tuple[str, str]] = []
         try:
             status, kind, body = self._respond(environ)
+        except Throttled as err:
+            status, kind, body = "429 Too Many Requests", *_json({"error": str(err)})
+            extra.append(("Retry-After", str(err.seconds)))
         except BadRequest as err:
             status, kind, body = "400 Bad Request", *_json({"error": str(err)})
         except Exception:  # the dashboard must never take the coordinator down; say it failed
             log.exception("dashboard request %s failed", environ.get("PATH_INFO"))
             status, kind, body = "500 Internal Server Error", *_json({"error": "internal error (see the log)"})
         headers = [("Content-Type", kind), ("Content-Length", str(len(body))), ("Cache-Control", "no-store"),
-                   *HEADERS]
+                   *HEADERS, *extra]
         if status.startswith("405"):
             headers.append(("Allow", "GET, HEAD"))
         start_response(status, headers)
@@ -93,11 +113,31 @@ class DashboardApp:
         return "200 OK", *_json(render(self.snapshot(), query))
 
     def _authorized(self, environ: dict, query_token: str | None) -> bool:
+        """Whether the request carries the token; raises ``Throttled`` while its source has spent
+        its wrong tokens (before comparing, so a right token then is refused as well)."""
         if self.token is None:
             return True
+        source = _source(environ)
+        wait = self.failed_tokens.wait_s(source)
+        if wait > 0:
+            raise Throttled(wait)
         header = environ.get("HTTP_AUTHORIZATION", "")
         offered = header[len("Bearer "):] if header.startswith("Bearer ") else query_token or ""
-        return hmac.compare_digest(offered.encode("utf-8", "replace"), self.token)
+        if hmac.compare_digest(offered.encode("utf-8", "replace"), self.token):
+            return True
+        self.failed_tokens.take(source)
+        return False
+
+
+def _source(environ: dict) -> str:
+    """Whom wrong tokens are counted against: the peer's IPv4 address, or its IPv6 /64 (what one
+    site is usually given, so hopping addresses inside it does not reset the count)."""
+    address = environ.get("REMOTE_ADDR", "")
+    try:
+        peer = ipaddress.ip_address(address)
+    except ValueError:
+        return address[:64]
+    return str(ipaddress.ip_network(f"{peer}/64", strict=False)) if peer.version == 6 else address
 
 
 def _query(raw: str) -> dict[str, str]:

@@ -31,7 +31,7 @@ class FederationConfig(HeadTraining, TwinSettings, StrategySettings):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     rounds: int = Field(10, ge=1, description="global rounds G")
-    seed: int = 42
+    seed: int = Field(42, description="seeds the model, the clients' split and every draw")
     test_every_round: bool = Field(
         True, description="report test metrics after every round (costs a pass over the test split)"
     )

@@ -13,7 +13,9 @@ from coordinator.engine import RoundEngine, RoundResult
 from coordinator.simulation.participation import Participation
 from coordinator.strategies import ClientInfo, ClientUpdate
 from edge_agent.learners import Learner
-from edge_agent.protocol import MAX_SAMPLES, PersonalHeader, RoundHeader, UpdateHeader, envelope_size
+from edge_agent.protocol import (
+    MAX_SAMPLES, PLACEHOLDER_DIGEST, PersonalHeader, RoundHeader, UpdateHeader, envelope_size,
+)
 from edge_agent.tensors import TensorDict
 
 
@@ -42,8 +44,8 @@ def wire_bytes(update: ClientUpdate, state: TensorDict, personal: TensorDict | N
     its update up; the next round's global state and its personal message, if any, down."""
     metrics = {k: v for k, v in update.metrics.items() if math.isfinite(v)}  # the agent leaves out the others
     samples = min(max(update.n_samples, 1), MAX_SAMPLES)  # a tampered count is sized as the largest valid one
-    up = envelope_size(UpdateHeader(fleet=SIMULATED, sender=SIMULATED, round=1, n_samples=samples, metrics=metrics),
-                       update.params)
+    up = envelope_size(UpdateHeader(fleet=SIMULATED, sender=SIMULATED, round=1, n_samples=samples, metrics=metrics,
+                                    global_sha256=PLACEHOLDER_DIGEST), update.params)
     down = envelope_size(RoundHeader(fleet=SIMULATED, sender=SIMULATED, round=1, deadline_unix=1.0,
                                      model_signature="0" * 16), state)
     extra = envelope_size(PersonalHeader(fleet=SIMULATED, sender=SIMULATED, round=1), personal) if personal else 0

@@ -29,7 +29,8 @@ def load_csv(
 ) -> SeriesTable:
     """Read a date-indexed numeric CSV into a float32 SeriesTable on its regular step, validating every field.
 
-    With `columns=None` all numeric columns are kept and purely textual ones are ignored. Gaps are
+    With `columns=None` all numeric columns are kept and purely textual ones are ignored (listed in
+    the table's `ignored`). Gaps are
     handled as `gaps` says; the table's `gaps` attribute reports what was found and filled.
     """
     path = Path(path)
@@ -46,7 +47,8 @@ def load_csv(
     if gaps.fill == "refuse":
         _refuse_missing_steps(name, index, rows, step, lines)
     index, values = _on_grid(index, rows, step, values)
-    return SeriesTable.on_grid(name, index, values, wanted, step, gaps)
+    ignored = [str(c) for c in frame.columns if c != date_name and c not in wanted] if columns is None else []
+    return SeriesTable.on_grid(name, index, values, wanted, step, gaps, ignored)
 
 
 def _read_frame(path: Path) -> tuple[pd.DataFrame, np.ndarray]:

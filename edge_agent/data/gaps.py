@@ -28,7 +28,8 @@ class GapPolicy(BaseModel):
 
     model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
 
-    fill: Literal["refuse", "skip", "ffill", "interpolate"] = "refuse"
+    fill: Literal["refuse", "skip", "ffill", "interpolate"] = Field(
+        "refuse", description="missing steps: an error (refuse), kept out of every window (skip) or filled")
     max_fill_steps: int = Field(3, ge=1, description="longest gap, in missing steps, that ffill/interpolate fill")
 
     @property

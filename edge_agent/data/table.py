@@ -31,6 +31,7 @@ class SeriesTable:
     longitude: float | None = None
     observed: np.ndarray | None = None
     gaps: GapReport | None = None
+    ignored: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         values = np.array(self.values, dtype=np.float32, copy=True)
@@ -76,15 +77,24 @@ class SeriesTable:
         """(T,) bool: rows with a value in every column, the only rows a window may cover."""
         return self.observed.all(axis=1)
 
+    @property
+    def notes(self) -> list[str]:
+        """What the loader did that the user should hear of: gaps found and filled, text columns left out."""
+        gaps = [self.gaps.summary()] if self.gaps and self.gaps.gaps else []
+        ignored = [f"ignored {len(self.ignored)} text column(s) {', '.join(map(repr, self.ignored))}: not numbers "
+                   "(name the columns to use in [data] columns to silence this)"] if self.ignored else []
+        return [f"{self.name}: {note}" for note in gaps + ignored]
+
     @classmethod
     def on_grid(cls, name: str, index: pd.DatetimeIndex, values: np.ndarray, columns: Sequence[str],
-                step: pd.Timedelta, policy: GapPolicy) -> SeriesTable:
+                step: pd.Timedelta, policy: GapPolicy, ignored: Sequence[str] = ()) -> SeriesTable:
         """A table from values on a regular grid whose empty cells (NaN) are kept or filled as
         ``policy`` says, with the report of what was found and filled (CSV files and sensor
         histories alike)."""
         filled, status = fill_gaps(values, policy)
         report = GapReport.of(index, status, step, policy)
-        return cls(name, index, filled, tuple(columns), observed=status != Cell.MISSING, gaps=report)
+        return cls(name, index, filled, tuple(columns), observed=status != Cell.MISSING, gaps=report,
+                   ignored=tuple(ignored))
 
     def select(self, columns: Sequence[str]) -> SeriesTable:
         """Return a table with only `columns`, in the given order; unknown names raise DataError.

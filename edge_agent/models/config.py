@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from edge_agent.metrics import median_index
 from edge_agent.models.backbones import BACKBONES
@@ -44,11 +44,11 @@ class ModelConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    backbone: str = RECIPE["backbone"]
+    backbone: str = Field(RECIPE["backbone"], description=f"the shared network: {' | '.join(BACKBONES)}")
     lookback: int = Field(RECIPE["lookback"], ge=2, description="input window length L (a week of hourly steps)")
     horizon: int = Field(RECIPE["horizon"], ge=1, description="forecast length H (a day of hourly steps)")
     d_qap: int = Field(RECIPE["d_qap"], ge=1, description="QAP latent width (paper A.2: 128); per feature when channel-independent")
-    qap_heads: int = Field(RECIPE["qap_heads"], ge=1)
+    qap_heads: int = Field(RECIPE["qap_heads"], ge=1, description="QAP attention heads (d_qap divisible by it)")
     qap_queries: int = Field(1, ge=1, description="learnable queries Q (paper: 1)")
     projection: Literal["qap", "linear", "channel"] = Field(
         RECIPE["projection"], description="feature alignment: qap (Query Attention Pooling, FedQAPer 3.2), linear (a per-client "
@@ -58,7 +58,7 @@ class ModelConfig(BaseModel):
         True, description="normalize each input window per feature and undo it on the forecast"
     )
     dropout: float = Field(0.1, ge=0.0, lt=1.0)
-    hidden: int | None = Field(None, ge=1)
+    hidden: int | None = Field(None, ge=1, description="backbone width (default: the backbone's paper value)")
     layers: int | None = Field(None, ge=1)
     heads: int | None = Field(None, ge=1)
     d_ff: int | None = Field(None, ge=1)
@@ -85,9 +85,13 @@ class ModelConfig(BaseModel):
         """FedQAPer's model (``PAPER``) with ``overrides``."""
         return cls(**{**PAPER, **overrides})
 
+    @field_validator("backbone")
+    @classmethod
+    def _known_backbone(cls, name: str) -> str:
+        return registered(name, BACKBONES, "backbone")
+
     @model_validator(mode="after")
     def _check(self) -> "ModelConfig":
-        registered(self.backbone, BACKBONES, "backbone")
         if self.head == "shared" and self.projection != "channel":
             raise ValueError(f"head = 'shared' needs projection = 'channel' (a {self.projection} head is shaped by "
                              "each gateway's feature count)")

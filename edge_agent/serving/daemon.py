@@ -72,9 +72,14 @@ class ServeDaemon:
 
     def run(self, stop: Callable[[], bool] = lambda: False) -> None:
         """Serve until ``stop`` says so; the sensor client is disconnected on the way out."""
-        serving = self.gateway.serving
-        log.info("%s: serving forecasts on %s every %g s from %s", self.gateway.client_id,
-                 serving.forecast_topic(self.gateway.client_id), serving.every_s, self.folder)
+        serving, client = self.gateway.serving, self.gateway.client_id
+        if (self.folder / INFO_FILE).is_file():
+            log.info("%s: serving forecasts on %s every %g s from %s", client, serving.forecast_topic(client),
+                     serving.every_s, self.folder)
+        else:
+            log.warning("%s: waiting for a model bundle: none in %s yet (the training agent, edgefl agent run, "
+                        "writes one after its first round); then forecasts go to %s every %g s", client, self.folder,
+                        serving.forecast_topic(client), serving.every_s)
         self.history.start()
         try:
             while not stop():

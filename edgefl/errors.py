@@ -1,0 +1,78 @@
+"""How every ``edgefl`` command reports bad input: one line per problem on stderr, ``error: WHERE:
+WHAT``, naming the flag or config key and what to do (pydantic's errors translated by
+``edge_agent.problems``, click's usage errors flattened by ``OneLineErrors``)."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any, NoReturn
+
+import typer
+from pydantic import ValidationError
+from rich.console import Console
+from rich.markup import escape
+from typer.core import TyperGroup
+
+from edge_agent.problems import dotted, problem_lines
+
+stderr = Console(stderr=True, soft_wrap=True, highlight=False)
+
+
+def say(message: str) -> None:
+    """A plain line on stderr (progress and notices, so stdout stays the command's output)."""
+    stderr.print(escape(message))
+
+
+def fail(message: str, status: int = 2) -> NoReturn:
+    """End the command with ``status``, one ``error:`` line on stderr per line of ``message``."""
+    for line in message.splitlines() or [""]:
+        stderr.print(f"[bold red]error:[/] {escape(line)}")
+    raise typer.Exit(status)
+
+
+@contextmanager
+def reported(*errors: type[Exception], flags: Mapping[str, str]) -> Iterator[None]:
+    """Ends the command on a ``ValidationError`` (one line per problem, named by ``flags``: config
+    key -> the flag that sets it; a key no flag sets by its name; a check of several keys by its
+    message alone, which names them) or on one of ``errors`` (its message)."""
+    try:
+        yield
+    except ValidationError as err:
+        fail("\n".join(problem_lines(err, None, lambda loc: _flag(loc, flags))))
+    except errors as err:
+        fail(str(err))
+
+
+def _flag(loc: tuple[int | str, ...], flags: Mapping[str, str]) -> str:
+    """The flag that sets ``loc``, the list or table holding it, or the one key of the table at
+    ``loc`` that a flag sets (else the key itself)."""
+    held = (flags.get(dotted(loc[:end])) for end in range(len(loc), 0, -1))
+    inside = [flag for key, flag in flags.items() if loc and key.startswith(dotted(loc) + ".")]
+    return next(filter(None, held), inside[0] if len(inside) == 1 else dotted(loc))
+
+
+def flags_of(*names: str) -> dict[str, str]:
+    """Parameter names -> their flags (``f_max`` -> ``--f-max``)."""
+    return {name: "--" + name.replace("_", "-") for name in names}
+
+
+class OneLineErrors(TyperGroup):
+    """The root command group: a usage error (unknown option, value of the wrong type) is one
+    line too, instead of click's usage block and box."""
+
+    def main(self, *args: Any, standalone_mode: bool = True, **kwargs: Any) -> Any:
+        try:
+            status = super().main(*args, standalone_mode=False, **kwargs)
+        except typer.Abort:
+            stderr.print("aborted")
+            sys.exit(1)
+        except typer.TyperException as err:
+            message = err.format_message()
+            if "\n" in message:  # a group called without a command: its help (rich printed it already: no message)
+                err.show()
+            elif message:
+                stderr.print(f"[bold red]error:[/] {escape(message.replace('Value error, ', ''))}")
+            sys.exit(getattr(err, "exit_code", 1))
+        sys.exit(status if isinstance(status, int) else 0)

@@ -1,0 +1,2 @@
+"""Generators of the documentation site's reference pages (configuration, command line, layout)
+and of the runnable tutorial commands' checks."""
