@@ -9,8 +9,10 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 
+# Every role (pyproject.toml's `all` extra: gateway, coordinator, export, the bundled sites); a
+# gateway installs only its own: pip install 'edgefl[serve]' or 'edgefl[gateway]' (docs/notes/roles.md).
 $(VENV)/.installed: pyproject.toml | $(BIN)/python
-	$(BIN)/pip install --quiet -e .
+	$(BIN)/pip install --quiet -e '.[all]'
 	touch $@
 
 $(VENV)/.installed-test: pyproject.toml $(VENV)/.installed

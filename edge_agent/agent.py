@@ -8,13 +8,15 @@ round whose local training gives a non-finite loss or parameters is skipped: log
 restored from the state folder as of the last good round, the round marked done and no update
 sent (the coordinator treats the client as missing, as it does a silent one). Any other
 exception while handling one message is logged and the agent goes on, so a poisoned round the
-broker retains does not make it crash-loop."""
+broker retains does not make it crash-loop.
+
+Training runs in a child process (``edge_agent.training_child``): while it trains, the loop goes
+on answering the coordinator's replies, its own presence and the forecasts; round and personal
+messages wait until the round's result is in."""
 
 from __future__ import annotations
 
-import importlib
 import logging
-import math
 import queue
 import time
 from collections.abc import Callable
@@ -42,6 +44,7 @@ from edge_agent.session import Refused, Session
 from edge_agent.state import AgentState
 from edge_agent.storage import writable_folder
 from edge_agent.tensors import TensorDict, first_non_finite, l2_norm, layout_of
+from edge_agent.training_child import RoundResult, TrainingChild
 
 log = logging.getLogger("edgefl.agent")
 UPDATE_HEADER_MARGIN = 4096  # room for metrics and the campaign id in a real update's header
@@ -66,6 +69,8 @@ class Agent:
         self.serving = BundleRenewal(self.live, write_bundle) if self.live and cfg.serving and write_bundle else None
         self.on_event = on_event or (lambda kind, data: None)
         self.finished = False
+        self.training: TrainingChild | None = None
+        self.waiting_messages: list[Incoming] = []  # round and personal messages that came while training
         self.session = Session(cfg.client_id, give_up_after_s=cfg.give_up_after_s)
         self.connection = Connection(
             cfg.broker,
@@ -122,7 +127,6 @@ class Agent:
     def run(self, stop: Callable[[], bool] = lambda: False) -> None:
         """Serve rounds until the coordinator announces the end (or ``stop`` says so); a live
         gateway that serves forecasts goes on serving them and joins the next campaign."""
-        importlib.import_module("torch._dynamo")  # torch optimizers load it on first use (~1.3 s): not in round 1
         if self.live:
             self.live.start()
         self.connection.start()
@@ -136,6 +140,8 @@ class Agent:
                     self.on_event("forecast", {"round": self.trained_round})
                 if self.session.due():
                     self._introduce(resend=True)
+                if self.training is not None:
+                    self.finish_training()
                 try:
                     message = self.connection.inbox.get(timeout=0.1)
                 except queue.Empty:
@@ -147,6 +153,8 @@ class Agent:
             raise
         finally:
             log.info("%s exits: %s", self.cfg.client_id, why)
+            if self.training is not None:
+                self.training.stop()
             self.connection.stop(self.topics.agent(self.cfg.client_id, "status"))
             if self.live:
                 self.live.stop()
@@ -199,6 +207,8 @@ class Agent:
             return
         if self._stale(header):
             log.info("ignoring a %s of campaign %s: ours is %s", header.kind, header.campaign, self.files.campaign)
+        elif self.training is not None and isinstance(header, (RoundHeader, PersonalHeader)):
+            self.waiting_messages.append(message)  # handled once the round in training is done
         elif isinstance(header, RoundHeader):
             self._on_round(header, tensors)
         elif isinstance(header, ReplyHeader):
@@ -290,40 +300,44 @@ class Agent:
         return self.files.restore(make_learner(self.cfg, self.table))
 
     def _train_and_send(self, round_index: int, announced: str) -> None:
-        """Train for one round, make the result durable, then publish the learner's wire state
-        bound to the round's announcement (``announced``: its body_sha256, which the coordinator
-        checks); a round whose training diverges is skipped (see the module docstring)."""
-        cfg = self.cfg
-        started = time.perf_counter()
+        """Start training ``round_index`` in a child process on the latest history; its update, bound
+        to the round's announcement (``announced``: its body_sha256, which the coordinator checks),
+        is published when the child is done (``finish_training``)."""
         self._refresh_history()
-        serving = self.learner.serving_metrics(round_index)
-        loss = self.learner.train(round_index)
-        wire = self.learner.wire_state(round_index)
-        if not math.isfinite(loss) or first_non_finite(wire) is not None:
-            self._skip_failed_round(round_index, loss)
-            return
-        metrics = {"loss": loss, "seconds": time.perf_counter() - started, **serving,
-                   **(self.live.metrics() if self.live else {})}
-        if not all(math.isfinite(v) for v in metrics.values()):
-            log.warning("round %d: leaving out non-finite metrics %s", round_index, metrics)
-        header = UpdateHeader(
-            fleet=cfg.fleet, sender=cfg.client_id, round=round_index, n_samples=self.learner.n_samples,
-            metrics={k: v for k, v in metrics.items() if math.isfinite(v)}, campaign=self.files.campaign,
-            global_sha256=announced,
-        )
-        payload = encode(header, wire)
-        self.files.save_round(self.learner, round_index, payload)
-        self.trained_round = round_index
-        self.connection.publish(self.topics.agent(cfg.client_id, "update"), payload)
-        self.on_event("sent", {"round": round_index, "loss": loss})
+        self.training = TrainingChild(self.cfg, round_index, announced, self.live.metrics() if self.live else {})
 
-    def _skip_failed_round(self, round_index: int, loss: float) -> None:
-        log.error("round %d: local training diverged (loss %s or non-finite parameters); no update sent, "
-                  "model restored as of the last good round", round_index, loss)
+    def finish_training(self, timeout: float = 0.0) -> bool:
+        """Once the training child is done (waiting up to ``timeout`` s): publish its update, or
+        skip a failed round; then handle the messages that waited. True when it was done."""
+        result = self.training.result(timeout)
+        if result is None:
+            return False
+        self.training = None
+        if result.status == "sent":
+            self._send_trained(result)
+        else:
+            self._skip_failed_round(result)
+        waiting, self.waiting_messages = self.waiting_messages, []
+        for message in waiting:
+            self._guarded(message)
+        return True
+
+    def _send_trained(self, result: RoundResult) -> None:
+        """The child saved the round's personal state and update: take both over and publish it."""
         self.learner = self._saved_learner()
-        self.files.mark_trained(round_index)
-        self.trained_round = round_index
-        self.on_event("failed", {"round": round_index, "loss": loss})
+        self.trained_round = result.round
+        log.info("round %d: trained in %.1f s (training process peak %.0f MB)", result.round, result.seconds,
+                 result.peak_rss_mb)
+        self.connection.publish(self.topics.agent(self.cfg.client_id, "update"), self.files.pending.read_bytes())
+        self.on_event("sent", {"round": result.round, "loss": result.loss, "peak_rss_mb": result.peak_rss_mb})
+
+    def _skip_failed_round(self, result: RoundResult) -> None:
+        log.error("round %d: %s; no update sent, model restored as of the last good round", result.round,
+                  result.reason)
+        self.learner = self._saved_learner()
+        self.files.mark_trained(result.round)
+        self.trained_round = result.round
+        self.on_event("failed", {"round": result.round, "loss": result.loss, "reason": result.reason})
 
     def _on_personal(self, header: PersonalHeader, tensors: TensorDict) -> None:
         """The round's strategy sent this client its own tensors (FedPoD: personalized prompts);

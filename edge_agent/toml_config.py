@@ -8,15 +8,18 @@ from __future__ import annotations
 
 import tomllib
 from pathlib import Path
-from typing import Literal, TypeVar
+from typing import TYPE_CHECKING, Literal, TypeVar
 
 import tomli_w
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from edge_agent.data import DataError, GapPolicy, SeriesTable
+from edge_agent.data import DataError, GapPolicy
 from edge_agent.limits import NAME_PATTERN
 from edge_agent.problems import dotted, problem_lines
 from edge_agent.sensors.settings import SensorSettings, ServingSettings
+
+if TYPE_CHECKING:
+    from edge_agent.data import SeriesTable
 
 Config = TypeVar("Config", bound=BaseModel)
 

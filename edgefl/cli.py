@@ -15,6 +15,7 @@ from edge_agent.data import DataError
 from edge_agent.mqtt import DEFAULT_MAX_PAYLOAD_BYTES
 from edgefl.errors import fail, flags_of, reported, say
 from edgefl.export_cli import energy_command, export_app
+from edgefl.extras import needs
 from edgefl.replay import replay_command
 from edgefl.root import RootGroup
 from edgefl.services import agent_app, aggregator_app, coordinator_app
@@ -30,11 +31,12 @@ app.add_typer(coordinator_app, name="coordinator")
 app.add_typer(aggregator_app, name="aggregator")
 app.add_typer(agent_app, name="agent")
 app.add_typer(export_app, name="export")
-app.command("energy")(energy_command)
-app.command("replay")(replay_command)
+app.command("energy")(needs("export")(energy_command))
+app.command("replay")(needs("gateway")(replay_command))
 
 
 @app.command()
+@needs("sites")
 def sites() -> None:
     """List the real weather sites bundled with pvlib (one device each)."""
     from edge_agent.data import list_sites, load_site
@@ -49,6 +51,7 @@ def sites() -> None:
 
 
 @app.command()
+@needs("all")
 def demo(
     rounds: Annotated[int, typer.Option(help="rounds to run")] = 5,
     out: Annotated[Path, typer.Option(help="working folder (configs, state, logs, plot)")] = Path("runs/demo"),
@@ -96,6 +99,7 @@ def init_command(
 
 
 @app.command("broker-config")
+@needs("coordinator")
 def broker_config(
     fleet: Annotated[str, typer.Option(help="fleet name (topic prefix edgefl/<fleet>/)")],
     out: Annotated[Path, typer.Option(help="folder to write the setup into")],
@@ -146,6 +150,7 @@ class PretrainStrategy(str, Enum):
 
 
 @app.command("pretrain")
+@needs("coordinator")
 def pretrain_command(
     out: Annotated[Path, typer.Option(help="foundation checkpoint to write")] = Path("runs/foundation.safetensors"),
     strategy: Annotated[PretrainStrategy, typer.Option(help="fedavg: FedPoD's masked pretraining (appendix B.1); fedal: FeDaL's "

@@ -9,6 +9,7 @@ import typer
 from rich.console import Console
 
 from edgefl.errors import fail
+from edgefl.extras import needs
 
 if TYPE_CHECKING:
     from edge_agent.data import ClientData
@@ -58,6 +59,7 @@ def model_and_data(
 
 
 @export_app.command("onnx")
+@needs("export")
 def export_onnx_command(
     out: Annotated[Path, typer.Option(help="folder for model.onnx (and the streaming graphs)")],
     checkpoint: Checkpoint = None, agent_config: AgentConfigPath = None, site: Site = None, csv: Csv = None,
@@ -163,6 +165,7 @@ def energy_command(
 
 
 @export_app.command("nir")
+@needs("export")
 def export_nir_command(
     out: Annotated[Path, typer.Option(help="NIR file to write (HDF5, e.g. model.nir)")],
     checkpoint: Checkpoint = None, agent_config: AgentConfigPath = None, site: Site = None, csv: Csv = None,
@@ -173,6 +176,7 @@ def export_nir_command(
 
 
 @export_app.command("lava")
+@needs("export")
 def export_lava_command(
     out: Annotated[Path, typer.Option(help="netx HDF5 file to write (e.g. model.net)")],
     checkpoint: Checkpoint = None, agent_config: AgentConfigPath = None, site: Site = None, csv: Csv = None,

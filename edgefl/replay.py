@@ -13,21 +13,26 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from datetime import timedelta
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import numpy as np
-import pandas as pd
 import paho.mqtt.client as mqtt
 import typer
 from rich.console import Console
 from rich.progress import MofNCompleteColumn, Progress
 
-from edge_agent.data import DataError, GapPolicy, SeriesTable
+from edge_agent.data import DataError, GapPolicy
 from edge_agent.mqtt import QOS, BrokerConfig
 from edgefl.errors import fail, flags_of, reported
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from edge_agent.data import SeriesTable
 
 DEFAULT_PREFIX = "sensors"
 DEFAULT_SENSOR = "REPLAY"
@@ -66,10 +71,10 @@ def utc(timestamp: pd.Timestamp) -> pd.Timestamp:
     return timestamp.tz_localize("UTC") if timestamp.tzinfo is None else timestamp.tz_convert("UTC")
 
 
-def rebase_shift(last: pd.Timestamp, now: pd.Timestamp) -> pd.Timedelta:
+def rebase_shift(last: pd.Timestamp, now: pd.Timestamp) -> timedelta:
     """The whole number of days that moves ``last`` onto the latest time <= ``now`` with the same
     time of day: daily cycles (sunshine) stay aligned with the clock and every reading is past."""
-    return (utc(now) - utc(last)) // pd.Timedelta(days=1) * pd.Timedelta(days=1)
+    return (utc(now) - utc(last)) // timedelta(days=1) * timedelta(days=1)
 
 
 def messages(style: Style | str, device: str, timestamp: pd.Timestamp, row: dict[str, float],
@@ -161,7 +166,7 @@ class Publisher:
 
 
 def replay(table: SeriesTable, style: Style | str, broker: BrokerConfig, speedup: float, device: str,
-           prefix: str = DEFAULT_PREFIX, sensor: str = DEFAULT_SENSOR, shift: pd.Timedelta = pd.Timedelta(0),
+           prefix: str = DEFAULT_PREFIX, sensor: str = DEFAULT_SENSOR, shift: timedelta = timedelta(0),
            on_message: Callable[[str, bytes], None] | None = None,
            on_row: Callable[[], None] | None = None) -> ReplayStats:
     """Publish every row of ``table`` stamped with its time + ``shift``, paced on a monotonic clock at
@@ -221,8 +226,7 @@ def pick_rows(table: SeriesTable, rows: int | None, start_row: int | None) -> Se
         raise DataError(f"--start-row must be in 0..{table.n_rows - 1}, got {start_row}")
     first = start_row if start_row is not None else max(0, table.n_rows - (rows or table.n_rows))
     cut = slice(first, None if rows is None else first + rows)
-    return SeriesTable(table.name, table.index[cut], table.values[cut], table.columns, table.latitude,
-                       table.longitude, table.observed[cut])
+    return replace(table, index=table.index[cut], values=table.values[cut], observed=table.observed[cut], gaps=None)
 
 
 def check_levels(what: str, names: Sequence[str]) -> None:
@@ -232,7 +236,7 @@ def check_levels(what: str, names: Sequence[str]) -> None:
             raise DataError(f"{what} '{name}' cannot be an MQTT topic level (no '+', '#', '/', not empty)")
 
 
-def plan(table: SeriesTable, style: Style, device: str, prefix: str, sensor: str, shift: pd.Timedelta,
+def plan(table: SeriesTable, style: Style, device: str, prefix: str, sensor: str, shift: timedelta,
          broker: BrokerConfig, speedup: float) -> str:
     """The first line: what is published where, over which times and how fast."""
     topics = [topic for topic, _ in messages(style, device, table.index[0], dict.fromkeys(table.columns, 0.0),
@@ -285,7 +289,9 @@ def replay_command(
             check_levels("--prefix level", prefix.split("/"))
             check_levels("column", table.columns)
         broker = BrokerConfig(host=host, port=port, username=username, password=password, tls_ca=tls_ca)
-    shift = rebase_shift(table.index[-1], pd.Timestamp.now(tz="UTC")) if rebase else pd.Timedelta(0)
+    import pandas as pd  # a table is a pandas table: the sites and CSV files need the gateway extra anyway
+
+    shift = rebase_shift(table.index[-1], pd.Timestamp.now(tz="UTC")) if rebase else timedelta(0)
     console.print(plan(table, kind, name, prefix, sensor, shift, broker, speedup))
     try:
         with Progress(*Progress.get_default_columns(), MofNCompleteColumn(), console=console, transient=True,

@@ -19,6 +19,7 @@ from edge_agent.candidates import served_name, validation_scores
 from edge_agent.session import REFUSED_EXIT_CODE, Refused
 from edge_agent.storage import StateDirError
 from edgefl.errors import fail, say
+from edgefl.extras import needs
 
 console = Console(stderr=True)
 coordinator_app = typer.Typer(help="The coordinator service.", no_args_is_help=True)
@@ -110,6 +111,7 @@ def _serve(config: Path, verbose: bool, http: str | None, settings: type, servic
 
 
 @coordinator_app.command("serve")
+@needs("coordinator")
 def coordinator_serve(config: ConfigPath, verbose: bool = False, http: HttpOption = None) -> None:
     """Run the rounds of a fleet until the last one is aggregated (resumes after a crash)."""
     from coordinator.config import CoordinatorConfig
@@ -119,6 +121,7 @@ def coordinator_serve(config: ConfigPath, verbose: bool = False, http: HttpOptio
 
 
 @aggregator_app.command("serve")
+@needs("coordinator")
 def aggregator_serve(config: ConfigPath, verbose: bool = False, http: HttpOption = None) -> None:
     """Serve the central coordinator's rounds to this site's gateways and send one combined update
     per round up the bridge (resumes after a crash)."""
@@ -129,6 +132,7 @@ def aggregator_serve(config: ConfigPath, verbose: bool = False, http: HttpOption
 
 
 @coordinator_app.command("status")
+@needs("coordinator")
 def coordinator_status(config: ConfigPath) -> None:
     """Print the rounds, clients and rejections recorded in the coordinator's state."""
     from coordinator.config import CoordinatorConfig
@@ -137,6 +141,7 @@ def coordinator_status(config: ConfigPath) -> None:
 
 
 @aggregator_app.command("status")
+@needs("coordinator")
 def aggregator_status(config: ConfigPath) -> None:
     """Print the site's rounds (as the central coordinator numbered them), its gateways and rejections."""
     from coordinator.config import AggregatorConfig
@@ -214,6 +219,7 @@ def _print_agent_event(kind: str, data: dict) -> None:
 
 
 @agent_app.command("run")
+@needs("gateway")
 def agent_run(config: ConfigPath, verbose: bool = False) -> None:
     """Train for every announced round and send the shared parameters to the coordinator."""
     from edge_agent.agent import Agent
@@ -234,6 +240,7 @@ def agent_run(config: ConfigPath, verbose: bool = False) -> None:
 
 
 @agent_app.command("serve")
+@needs("serve")
 def agent_serve(config: ConfigPath, verbose: bool = False) -> None:
     """Serving only: ingest the sensors and publish forecasts from the latest ONNX bundle in
     state_dir/serving on the serving table's schedule, reloading it when the training agent writes
@@ -251,6 +258,7 @@ def agent_serve(config: ConfigPath, verbose: bool = False) -> None:
 
 
 @agent_app.command("forecast")
+@needs("gateway")
 def agent_forecast(
     config: ConfigPath,
     csv: Annotated[bool, typer.Option("--csv", help="print CSV instead of a table (with every level)")] = False,
@@ -284,6 +292,7 @@ def agent_forecast(
 
 
 @agent_app.command("checkpoint")
+@needs("gateway")
 def agent_checkpoint(
     config: ConfigPath, out: Annotated[Path, typer.Option("--out", "-o", help="checkpoint file to write")]
 ) -> None:

@@ -10,8 +10,6 @@ import os
 import shutil
 from pathlib import Path
 
-import pandas as pd
-
 import torch
 
 from edge_agent.data import ClientData
@@ -29,7 +27,7 @@ from export.onnx import TOLERANCE, _export, compare, export_onnx, ort_session, r
 VERIFY_WINDOWS = 16  # the latest test windows the export must reproduce
 
 
-def write_bundle(learner: HeadLearner, client_id: str, round_index: int, step: pd.Timedelta,
+def write_bundle(learner: HeadLearner, client_id: str, round_index: int, step_ns: int,
                  folder: Path) -> BundleInfo:
     """Export what ``learner`` serves once ``round_index`` is announced into ``folder``: the model
     first, then ``serving.json`` naming its sha256, so a reader never pairs a new JSON with an
@@ -54,7 +52,7 @@ def write_bundle(learner: HeadLearner, client_id: str, round_index: int, step: p
     levels = () if served.model is None else served.model.levels or ()
     info = BundleInfo(client_id=client_id, round=round_index - 1, model=served.which, columns=list(data.columns),
                       mean=[float(v) for v in data.scaler.mean], std=[float(v) for v in data.scaler.std],
-                      lookback=data.train.lookback, horizon=data.train.horizon, step_ns=step.value,
+                      lookback=data.train.lookback, horizon=data.train.horizon, step_ns=step_ns,
                       levels=list(levels), onnx_sha256=hashlib.sha256(model).hexdigest(),
                       verified_max_error=float(report.max_abs_error or 0.0))
     os.replace(staging / MODEL_FILE, Path(folder) / MODEL_FILE)

@@ -72,13 +72,28 @@ def agent_config(folder: Path, port: int, index: int, csv: Path, training: dict 
 STARTED: list[subprocess.Popen] = []  # every process a test started, killed after it (see conftest)
 
 
-def start(folder: Path, name: str, *args: str) -> subprocess.Popen:
+def edgefl_without(modules: tuple[str, ...]) -> list[str]:
+    """The Python arguments that run the ``edgefl`` CLI as on an install without ``modules`` (an
+    import finder that raises ModuleNotFoundError for them, as a missing package does)."""
+    if not modules:
+        return ["-m", "edgefl.cli"]
+    return ["-c", "import runpy, sys\n"
+            "class Missing:\n"
+            "    def find_spec(self, name, path=None, target=None):\n"
+            f"        if name.partition('.')[0] in {sorted(modules)!r}:\n"
+            "            raise ModuleNotFoundError(f'No module named {name!r}', name=name)\n"
+            "sys.meta_path.insert(0, Missing())\n"
+            "runpy.run_module('edgefl.cli', run_name='__main__', alter_sys=True)\n"]
+
+
+def start(folder: Path, name: str, *args: str, missing: tuple[str, ...] = ()) -> subprocess.Popen:
     """Run an ``edgefl`` command in the background, its output in ``<name>.log``, with as many
-    torch threads as this process (float sums depend on it; the in-process replays must match)."""
+    torch threads as this process (float sums depend on it; the in-process replays must match);
+    ``missing``: modules it runs without (``edgefl_without``)."""
     log = open(folder / f"{name}.log", "w")
     env = {**os.environ, "OMP_NUM_THREADS": str(torch.get_num_threads())}
-    process = subprocess.Popen([sys.executable, "-m", "edgefl.cli", *args], stdout=log, stderr=subprocess.STDOUT,
-                               env=env)
+    process = subprocess.Popen([sys.executable, *edgefl_without(missing), *args], stdout=log,
+                               stderr=subprocess.STDOUT, env=env)
     STARTED.append(process)
     return process
 

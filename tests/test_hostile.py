@@ -334,11 +334,18 @@ def round_message(number: int, state: dict[str, torch.Tensor], signature: str) -
     return Incoming(TOPICS.round, encode(header, state), 0, 1, True)
 
 
+def handled(agent: Agent, message: Incoming) -> None:
+    """``message`` handled by ``agent`` as its loop does, and the round it starts trained."""
+    agent._guarded(message)
+    if agent.training is not None:
+        assert agent.finish_training(timeout=120)
+
+
 def test_an_agent_refuses_a_poisoned_global_and_survives_a_diverged_round(tmp_path: Path) -> None:
     """Non-finite, huge (finite 1e30) and misshapen global models are refused and the round is
-    trained from the last good one; a NaN loss skips the round without an update; a failure
-    while handling a message is logged; a restarted agent facing the retained poisoned round
-    refuses it again instead of crash-looping."""
+    trained from the last good one; a diverged round (a learning rate that overflows float32) skips
+    the round without an update; a failure while handling a message is logged; a restarted agent
+    facing the retained poisoned round refuses it again instead of crash-looping."""
     config = agent_config(tmp_path, free_port(), 0, write_client_csvs(tmp_path, 1)[0])
     events: list[tuple[str, dict]] = []
     agent = Agent(load_config(config, AgentConfig), on_event=lambda kind, data: events.append((kind, data)))
@@ -349,21 +356,22 @@ def test_an_agent_refuses_a_poisoned_global_and_survives_a_diverged_round(tmp_pa
         ({**good, "shared.extra": torch.zeros(2)}, ours),
         (good, "ab" * 16),
     ]
-    agent._guarded(round_message(1, good, ours))
+    handled(agent, round_message(1, good, ours))
     for number, (state, signature) in enumerate(poisoned, 2):
-        agent._guarded(round_message(number, state, signature))
+        handled(agent, round_message(number, state, signature))
     assert [kind for kind, _ in events] == ["joined", "sent", *["global_refused", "sent"] * len(poisoned)]
     assert all(torch.isfinite(t).all() for t in agent.learner.wire_state(6).values())
 
-    agent.learner.train = lambda round_index: float("nan")
-    agent._guarded(round_message(6, good, ours))
+    agent.cfg = agent.cfg.model_copy(update={"training": agent.cfg.training.model_copy(update={"lr": 1e30})})
+    handled(agent, round_message(6, good, ours))
     assert events[-1][0] == "failed" and agent.files.trained_round() == 6
-    agent.learner.train = None  # not callable: handling the round raises
-    agent._guarded(round_message(7, good, ours))
+    assert "diverged" in events[-1][1]["reason"]
+    agent.learner.load_global = None  # not callable: handling the round raises
+    handled(agent, round_message(7, good, ours))
     assert events[-1][0] == "error"
 
     restarted = Agent(load_config(config, AgentConfig), on_event=lambda kind, data: events.append((kind, data)))
-    restarted._guarded(round_message(8, *poisoned[0]))
+    handled(restarted, round_message(8, *poisoned[0]))
     assert [kind for kind, _ in events[-2:]] == ["global_refused", "sent"]
 
 

@@ -154,9 +154,9 @@ def test_a_live_gateway_stores_replayed_readings_keeps_them_across_a_restart_and
     assert published["times"] == [pd.Timestamp(t).strftime("%Y-%m-%dT%H:%M:%SZ") for t in offline.stamps]
     values = np.array([published["forecast"][column]["value"] for column in FEATURES]).T
     np.testing.assert_allclose(values, offline.values.numpy(), rtol=1e-5, atol=1e-5)
-    discovery = retained(port, "homeassistant/sensor/+/config", len(FEATURES))
+    discovery = retained(port, "homeassistant/sensor/+/config", len(FEATURES))  # +24 h is beyond a 12 h horizon
     assert sorted(config["unique_id"] for config in discovery) == [
-        f"edgefl_client00_{feature}_forecast" for feature in sorted(FEATURES)]
+        f"edgefl_client00_{feature}_forecast_1h" for feature in sorted(FEATURES)]
     assert all(config["state_topic"] == FORECASTS and "value_json.forecast" in config["value_template"]
                for config in discovery)
 
@@ -180,11 +180,12 @@ def test_the_serving_only_process_publishes_forecasts_of_each_new_bundle_without
     tmp_path: Path, mosquitto
 ) -> None:
     """``edgefl agent serve`` ingests the replayed station, publishes the forecast of the first
-    bundle the (here in-process) training side writes, then of the next one, never loading torch."""
+    bundle the (here in-process) training side writes, then of the next one, without torch and pandas
+    installed (as with ``pip install 'edgefl[serve]'``: importing either fails in that process)."""
     port, config = mosquitto.port, live_config(tmp_path, mosquitto.port, False)
     watch = Watch(port, "edgefl/client00-serve-sensors/status")
     try:
-        server = start(tmp_path, "serve", "agent", "serve", "-c", str(config))
+        server = start(tmp_path, "serve", "agent", "serve", "-c", str(config), missing=("torch", "pandas"))
         wait_for(lambda: b"online" in watch.seen, 180, "the serving process's sensor client")
     finally:
         watch.close()
@@ -196,7 +197,7 @@ def test_the_serving_only_process_publishes_forecasts_of_each_new_bundle_without
     watch = Watch(port, FORECASTS)
     try:
         for round_index in (1, 2):
-            write_bundle(learner, cfg.client_id, round_index, cfg.sensors.step_delta, folder)
+            write_bundle(learner, cfg.client_id, round_index, cfg.sensors.step_ns, folder)
             wait_for(lambda: any(json.loads(p)["round"] == round_index - 1 for p in watch.seen), 60,
                      f"the forecast of bundle {round_index}")
     finally:
@@ -206,7 +207,7 @@ def test_the_serving_only_process_publishes_forecasts_of_each_new_bundle_without
     log = (tmp_path / "serve.log").read_text()
     assert "client00: waiting for a model bundle: none in " in log and " serving forecasts on " not in log
     loaded = [line for line in log.splitlines() if "(loaded: " in line]
-    assert len(loaded) == 2 and all(line.endswith("(loaded: pandas, onnxruntime)") for line in loaded), log
+    assert len(loaded) == 2 and all(line.endswith("(loaded: onnxruntime)") for line in loaded), log
     assert "Traceback" not in log
     published, lookback = json.loads(watch.seen[-1]), MODEL["lookback"]
     offline = OnnxServing(folder).forecast(table.index[-lookback:].as_unit("ns").asi8, table.values[-lookback:])

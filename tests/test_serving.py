@@ -37,7 +37,7 @@ def bundle(tmp_path_factory) -> tuple[Path, HeadLearner]:
     learner = HeadLearner(small_config("dlinear", quantiles=(0.1, 0.5, 0.9)), data, HeadTraining(batch_size=64), 3, 0)
     learner.train(1)
     folder = tmp_path_factory.mktemp("serving")
-    write_bundle(learner, "gw", 2, pd.Timedelta(hours=1), folder)
+    write_bundle(learner, "gw", 2, pd.Timedelta(hours=1).value, folder)
     return folder, learner
 
 

@@ -1,8 +1,8 @@
 """Data layer: CSV and bundled-weather loaders, synthetic series, feature pools, windows and scaling.
 
 Names are loaded on first use (PEP 562): ``from edge_agent.data import DataError`` imports only
-``edge_agent.data.table``, so the torch-free serving process can read sensor tables without
-pulling in torch (``windows``) or pvlib (``weather``)."""
+``edge_agent.data.errors``, so the serving-only process reads its sensors without pulling in torch
+(``windows``), pvlib (``weather``) or pandas (``table``)."""
 
 from __future__ import annotations
 
@@ -11,11 +11,12 @@ from typing import TYPE_CHECKING, Any
 
 _HOMES = {
     "csv": ("load_csv",),
+    "errors": ("DataError",),
     "fleet": ("feature_clients",),
     "gaps": ("Cell", "GapPolicy", "GapReport", "fill_gaps"),
     "pool": ("allocate_features", "build_pool", "client_tables", "feature_sites", "site_coordinates"),
     "synthetic": ("synthetic_clients", "synthetic_table"),
-    "table": ("DataError", "SeriesTable", "steps_per_day"),
+    "table": ("SeriesTable", "steps_per_day"),
     "weather": ("SITES", "WEATHER_VARIABLES", "SiteSpec", "list_sites", "load_site", "load_sites"),
     "windows": ("TIME_FEATURES", "ClientData", "StandardScaler", "WindowSet", "min_training_rows",
                 "prepare_client", "split_bounds", "time_features"),
@@ -25,11 +26,12 @@ __all__ = sorted(_MODULE_OF)
 
 if TYPE_CHECKING:
     from edge_agent.data.csv import load_csv
+    from edge_agent.data.errors import DataError
     from edge_agent.data.fleet import feature_clients
     from edge_agent.data.gaps import Cell, GapPolicy, GapReport, fill_gaps
     from edge_agent.data.pool import allocate_features, build_pool, client_tables, feature_sites, site_coordinates
     from edge_agent.data.synthetic import synthetic_clients, synthetic_table
-    from edge_agent.data.table import DataError, SeriesTable, steps_per_day
+    from edge_agent.data.table import SeriesTable, steps_per_day
     from edge_agent.data.weather import SITES, WEATHER_VARIABLES, SiteSpec, list_sites, load_site, load_sites
     from edge_agent.data.windows import (
         TIME_FEATURES,

@@ -1,15 +1,21 @@
 """Missing steps in a regular series: the fill policy, the fill itself and the report of what was
-done. Independent of where readings come from (a CSV file today, live sensor readings later)."""
+done. Independent of where readings come from (a CSV file, live sensor readings); numpy only, so
+the serving-only process fills its window without pandas."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import timedelta
 from enum import IntEnum
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
-import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field
+
+from edge_agent.times import duration_text
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 _MAX_LISTED = 3
 
@@ -137,6 +143,9 @@ class GapReport:
         return f"{gap.steps} steps ({duration(gap.steps * self.step)}) from {gap.start}{left}"
 
 
-def duration(delta: pd.Timedelta | np.timedelta64) -> str:
-    """A duration as Python prints it: '1:00:00', '0:30:00', '31 days, 0:00:00'."""
-    return str(pd.Timedelta(delta).to_pytimedelta())
+def duration(delta: timedelta | np.timedelta64) -> str:
+    """A duration as Python prints it: '1:00:00', '0:30:00', '31 days, 0:00:00' (pandas' Timedelta
+    is a timedelta; numpy's is read in nanoseconds)."""
+    if isinstance(delta, timedelta):
+        return duration_text(delta // timedelta(microseconds=1) * 1_000 + getattr(delta, "nanoseconds", 0))
+    return duration_text(int(np.timedelta64(delta, "ns").astype(np.int64)))

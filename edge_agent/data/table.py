@@ -8,11 +8,10 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from edge_agent.data.errors import DataError
 from edge_agent.data.gaps import Cell, GapPolicy, GapReport, fill_gaps
 
-
-class DataError(ValueError):
-    """Bad input data: the message names the file/column and the reason."""
+__all__ = ["DataError", "SeriesTable", "steps_per_day"]
 
 
 @dataclass(frozen=True, eq=False)

@@ -25,7 +25,10 @@ WEATHER_VARIABLES: tuple[str, ...] = (
 )
 HOURS_PER_YEAR = 8760
 CALENDAR = pd.date_range("2021-01-01", periods=HOURS_PER_YEAR, freq="h")
-DATA_DIR = os.path.join(os.path.dirname(importlib.util.find_spec("pvlib").origin), "data")
+_PVLIB = importlib.util.find_spec("pvlib")
+if _PVLIB is None:  # the bundled sites are pvlib's files: the `sites` extra (edgefl.extras names it)
+    raise ModuleNotFoundError("No module named 'pvlib' (the bundled weather sites)", name="pvlib")
+DATA_DIR = os.path.join(os.path.dirname(_PVLIB.origin), "data")
 
 Reading = tuple[pd.DataFrame, float, float]
 

@@ -18,18 +18,24 @@ Each kind is logged once per feature as a warning and counted always (``counts()
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import paho.mqtt.client as mqtt
-import pandas as pd
 
-from edge_agent.data.gaps import GapPolicy, duration
-from edge_agent.data.table import DataError, SeriesTable
+from edge_agent.data.errors import DataError
+from edge_agent.data.gaps import GapPolicy, fill_gaps
 from edge_agent.mqtt import Connection
 from edge_agent.sensors.payloads import BadReading, read
 from edge_agent.sensors.settings import SensorFeature, SensorSettings
 from edge_agent.sensors.store import ReadingStore
+from edge_agent.times import duration_text, now_ns, text_ns, to_ns
+
+if TYPE_CHECKING:
+    from edge_agent.data.table import SeriesTable
 
 log = logging.getLogger(__name__)
 UNKNOWN_TOPIC = "(unknown topic)"
@@ -37,10 +43,22 @@ _MAX_LISTED = 3
 _FILL_HINT = "to skip or fill them, set data.gaps.fill to skip, ffill or interpolate in agent.toml"
 
 
-def utc(moment: object) -> pd.Timestamp:
-    """A timestamp in UTC; a naive one is taken as UTC already."""
-    stamp = pd.Timestamp(moment)
-    return (stamp.tz_localize("UTC") if stamp.tz is None else stamp.tz_convert("UTC")).as_unit("ns")
+Moment = int | datetime  # UTC nanoseconds, or a datetime (naive: UTC)
+
+
+@dataclass(frozen=True)
+class Grid:
+    """The stored readings on the step's grid: each row the means of one interval (NaN: none)."""
+
+    start_ns: int
+    step_ns: int
+    values: np.ndarray  # (intervals, features) float64
+    columns: list[str]
+
+    @property
+    def times_ns(self) -> np.ndarray:
+        """Each row's interval start (int64 UTC nanoseconds)."""
+        return self.start_ns + self.step_ns * np.arange(len(self.values), dtype=np.int64)
 
 
 class SensorIngest:
@@ -52,7 +70,8 @@ class SensorIngest:
         self.settings = settings
         self.client_id = f"{client_id}-sensors"
         self.status_topic = f"edgefl/{self.client_id}/status"
-        self.store = ReadingStore(settings.store_path(state_dir), settings.retention, settings.max_readings_per_feature)
+        self.store = ReadingStore(settings.store_path(state_dir), settings.retention_ns,
+                                  settings.max_readings_per_feature)
         self._topics: dict[str, list[SensorFeature]] = {}
         for feature in settings.features:
             self._topics.setdefault(feature.topic, []).append(feature)
@@ -84,10 +103,10 @@ class SensorIngest:
         """True while the client is connected to the local broker (its subscriptions sent)."""
         return self._connection is not None and self._connection.connected.is_set()
 
-    def handle(self, topic: str, payload: bytes, arrival: object = None, retained: bool = False) -> None:
+    def handle(self, topic: str, payload: bytes, arrival: Moment | None = None, retained: bool = False) -> None:
         """Validate and store one message for every feature its topic carries; never raises.
-        ``arrival``: when it arrived (default now; naive means UTC)."""
-        arrival = utc(pd.Timestamp.now("UTC") if arrival is None else arrival)
+        ``arrival``: when it arrived (default now)."""
+        arrival = now_ns() if arrival is None else to_ns(arrival)
         features = self._topics.get(topic)
         if features is None:
             self._refuse(UNKNOWN_TOPIC, BadReading("unknown_topic", f"no feature reads {topic!r}"))
@@ -105,39 +124,66 @@ class SensorIngest:
         """feature -> kind (``accepted`` or a refusal kind) -> count since this ingest started."""
         return self.store.counts()
 
-    def table(self, name: str, gaps: GapPolicy = GapPolicy(), now: object = None) -> SeriesTable:
+    def grid(self, name: str, now: Moment | None = None) -> Grid:
         """The features (in configured order) on the step's grid, each cell the mean of the readings
-        in [t, t + step) labelled t (naive UTC; intervals aligned to the unix epoch). Only complete
-        intervals, from the first with a reading to the last with one before the one holding
-        ``now`` (the hours since the newest reading are no history yet); intervals without a
-        reading in between are gaps, refused, kept or filled as ``gaps`` says (like empty cells
-        of a CSV file)."""
-        step = self.settings.step_delta
-        now = utc(pd.Timestamp.now("UTC") if now is None else now)
-        self.store.prune(now.value)
-        end = now.value // step.value
+        in [t, t + step) labelled t (intervals aligned to the unix epoch). Only complete intervals,
+        from the first with a reading to the last with one before the one holding ``now`` (the
+        hours since the newest reading are no history yet); intervals without a reading are NaN."""
+        step = self.settings.step_ns
+        now = now_ns() if now is None else to_ns(now)
+        self.store.prune(now)
         columns = [feature.name for feature in self.settings.features]
-        means = self.store.means(columns, step.value, end * step.value)
+        means = self.store.means(columns, step, now // step * step)
         if not means:
-            raise DataError(f"{name}: no sensor reading yet in a complete interval of {duration(step)} before {now}")
+            raise DataError(f"{name}: no sensor reading yet in a complete interval of {duration_text(step)} "
+                            f"before {text_ns(now)}")
         first = min(interval for _, interval, _ in means)
         end = max(interval for _, interval, _ in means) + 1
         values = np.full((end - first, len(columns)), np.nan)
         position = {column: j for j, column in enumerate(columns)}
         for feature, interval, mean in means:
             values[interval - first, position[feature]] = mean
-        index = pd.date_range(pd.Timestamp(first * step.value), periods=end - first, freq=step, unit="ns")
-        return _gap_table(name, index, values, columns, step, gaps)
+        return Grid(first * step, step, values, columns)
 
-    def _accept(self, feature: SensorFeature, payload: bytes, arrival: pd.Timestamp, retained: bool) -> None:
+    def window(self, name: str, rows: int, gaps: GapPolicy = GapPolicy(),
+               now: Moment | None = None) -> tuple[np.ndarray, np.ndarray] | None:
+        """The latest ``rows`` intervals as (times ns, float32 values (rows, F), as a table holds them),
+        their gaps filled as ``gaps`` allows (as ``table`` does), or None where one of them still
+        lacks a value: what a forecast reads, with numpy alone."""
+        grid = self.grid(name, now)
+        filled, _ = fill_gaps(grid.values, gaps)
+        if len(filled) < rows or np.isnan(filled[-rows:]).any():
+            return None
+        return grid.times_ns[-rows:], filled[-rows:].astype(np.float32)
+
+    def table(self, name: str, gaps: GapPolicy = GapPolicy(), now: Moment | None = None) -> SeriesTable:
+        """The ``grid`` as the model's table (naive UTC times), its gaps refused, kept or filled as
+        ``gaps`` says (like empty cells of a CSV file). Training's view: it needs pandas."""
+        import pandas as pd
+
+        from edge_agent.data.table import SeriesTable
+
+        grid = self.grid(name, now)
+        step = pd.Timedelta(grid.step_ns)
+        index = pd.date_range(pd.Timestamp(grid.start_ns), periods=len(grid.values), freq=step, unit="ns")
+        table = SeriesTable.on_grid(name, index, grid.values, grid.columns, step, gaps)
+        report = table.gaps
+        if gaps.fill == "refuse" and report.gaps:
+            listed = ", ".join(f"{g.steps} intervals from {g.start}" for g in report.gaps[:_MAX_LISTED])
+            more = ", ..." if len(report.gaps) > _MAX_LISTED else ""
+            raise DataError(f"{name}: {len(report.gaps)} gaps (intervals of {duration_text(grid.step_ns)} without "
+                            f"a reading): {listed}{more}; {_FILL_HINT}")
+        return table
+
+    def _accept(self, feature: SensorFeature, payload: bytes, arrival: int, retained: bool) -> None:
         if retained and feature.time_path is None:
             raise BadReading("retained", "a retained message without a timestamp of its own")
         value, stamp = read(payload, feature.path, feature.time_path)
         stamp = arrival if stamp is None else stamp
-        ahead = (stamp - arrival).total_seconds()
+        ahead = (stamp - arrival) / 1e9
         if ahead > self.settings.max_future_s:
-            raise BadReading("in_future", f"{stamp} is {ahead:.0f} s after its arrival at {arrival}")
-        self.store.add(feature.name, stamp.value, value, arrival.value)
+            raise BadReading("in_future", f"{text_ns(stamp)} is {ahead:.0f} s after its arrival at {text_ns(arrival)}")
+        self.store.add(feature.name, stamp, value, arrival)
 
     def _refuse(self, feature: str, bad: BadReading) -> None:
         if self.store.refused(feature, bad.kind) == 1:
@@ -147,15 +193,3 @@ class SensorIngest:
     def _on_message(self, _client: mqtt.Client, _userdata: object, message: mqtt.MQTTMessage) -> None:
         self.handle(message.topic, bytes(message.payload), retained=bool(message.retain))
 
-
-def _gap_table(name: str, index: pd.DatetimeIndex, values: np.ndarray, columns: list[str], step: pd.Timedelta,
-               gaps: GapPolicy) -> SeriesTable:
-    """The table with its gaps filled as ``gaps`` allows, or a DataError listing them under ``refuse``."""
-    table = SeriesTable.on_grid(name, index, values, columns, step, gaps)
-    report = table.gaps
-    if gaps.fill == "refuse" and report.gaps:
-        listed = ", ".join(f"{g.steps} intervals from {g.start}" for g in report.gaps[:_MAX_LISTED])
-        more = ", ..." if len(report.gaps) > _MAX_LISTED else ""
-        raise DataError(f"{name}: {len(report.gaps)} gaps (intervals of {duration(step)} without a reading): "
-                        f"{listed}{more}; {_FILL_HINT}")
-    return table

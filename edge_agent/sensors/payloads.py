@@ -29,11 +29,12 @@ from __future__ import annotations
 import json
 import math
 import re
+from datetime import datetime
 
 import numpy as np
-import pandas as pd
 
 from edge_agent.limits import MAX_JSON_DEPTH, json_depth
+from edge_agent.times import NS_PER_S, from_datetime, from_unix
 
 MAX_PAYLOAD_BYTES = 64 * 1024
 _MILLISECONDS_FROM = 1e11
@@ -50,8 +51,9 @@ class BadReading(ValueError):
         self.kind, self.detail = kind, detail
 
 
-def read(raw: bytes, path: str | None, time_path: str | None = None) -> tuple[float, pd.Timestamp | None]:
-    """The value (a finite float) and, with ``time_path``, the UTC timestamp of one payload."""
+def read(raw: bytes, path: str | None, time_path: str | None = None) -> tuple[float, int | None]:
+    """The value (a finite float) and, with ``time_path``, the timestamp of one payload (UTC
+    nanoseconds since the epoch)."""
     if len(raw) > MAX_PAYLOAD_BYTES:
         raise BadReading("too_large", f"{len(raw)} bytes (at most {MAX_PAYLOAD_BYTES})")
     if path is None:
@@ -89,17 +91,15 @@ def field(document: object, path: str) -> object:
     return item
 
 
-def timestamp(value: object) -> pd.Timestamp:
-    """A UTC timestamp from an ISO 8601 string (no zone: UTC) or unix seconds/milliseconds."""
+def timestamp(value: object) -> int:
+    """UTC nanoseconds from an ISO 8601 string (no zone: UTC; ``datetime.fromisoformat``, to the
+    microsecond) or unix seconds/milliseconds."""
     try:
         if isinstance(value, str) and _ISO_DATE.match(value.strip()):
-            stamp = pd.Timestamp(value.strip())
-            stamp = stamp.tz_localize("UTC") if stamp.tz is None else stamp.tz_convert("UTC")
-        elif isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
-            stamp = pd.Timestamp(value, unit="s" if abs(value) < _MILLISECONDS_FROM else "ms", tz="UTC")
-        else:
-            raise ValueError("not an ISO 8601 date-time or unix time")
-        return stamp.as_unit("ns")
+            return from_datetime(datetime.fromisoformat(value.strip()))
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+            return from_unix(value, NS_PER_S if abs(value) < _MILLISECONDS_FROM else NS_PER_S // 1_000)
+        raise ValueError("not an ISO 8601 date-time or unix time")
     except (ValueError, OverflowError) as err:
         raise BadReading("bad_timestamp", f"{_short(value)}: {str(err)[:_SHOWN]}") from None
 

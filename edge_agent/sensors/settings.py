@@ -24,12 +24,13 @@ field) carries each model feature, the model's step and how much history the sto
 
 from __future__ import annotations
 
+from datetime import timedelta
 from pathlib import Path
 
-import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from edge_agent.mqtt import BrokerConfig
+from edge_agent.times import NS_PER_S, parse_duration
 
 _WILDCARDS = ("+", "#")
 
@@ -52,6 +53,10 @@ class SensorFeature(BaseModel):
     path: str | None = Field(None, description="dot path to the value in a JSON payload; absent: a plain number")
     time_path: str | None = Field(
         None, description="dot path to the reading's timestamp in the JSON payload; absent: the arrival time")
+    unit: str | None = Field(None, min_length=1, max_length=16, description="the readings' unit as Home Assistant "
+                             "shows it (e.g. '°C'); default: known for the bundled weather names")
+    device_class: str | None = Field(None, pattern=r"^[a-z_]{1,32}$", description="Home Assistant's sensor device "
+                                     "class (e.g. 'temperature'); default: known for the bundled weather names")
 
     @field_validator("topic")
     @classmethod
@@ -78,7 +83,7 @@ class SensorSettings(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
 
     broker: BrokerConfig = Field(BrokerConfig(), strict=False, description="the gateway's local (sensor) broker")
-    step: str = Field(description="the model's step as a pandas duration, e.g. '1h' or '15min'")
+    step: str = Field(description="the model's step as a duration, e.g. '1h', '15min' or '1h30min'")
     retention_days: float = Field(30.0, gt=0, strict=False, description="readings older than this are deleted")
     max_readings_per_feature: int = Field(500_000, ge=1, description="hard cap per feature; the oldest are pruned")
     max_future_s: float = Field(
@@ -90,10 +95,10 @@ class SensorSettings(BaseModel):
     @classmethod
     def _positive_step(cls, step: str) -> str:
         try:
-            delta = pd.Timedelta(step)
+            delta = parse_duration(step)
         except ValueError as err:
             raise ValueError(f"{step!r} is not a fixed duration such as '1h' or '15min' ({err})") from None
-        if delta < pd.Timedelta(seconds=1):
+        if delta < NS_PER_S:
             raise ValueError(f"{step!r} must be at least one second")
         return step
 
@@ -106,14 +111,14 @@ class SensorSettings(BaseModel):
         return self
 
     @property
-    def step_delta(self) -> pd.Timedelta:
-        """The step as a Timedelta."""
-        return pd.Timedelta(self.step)
+    def step_ns(self) -> int:
+        """The step in nanoseconds."""
+        return parse_duration(self.step)
 
     @property
-    def retention(self) -> pd.Timedelta:
-        """How far back readings are kept."""
-        return pd.Timedelta(days=self.retention_days)
+    def retention_ns(self) -> int:
+        """How far back readings are kept, in nanoseconds."""
+        return round(timedelta(days=self.retention_days) / timedelta(microseconds=1)) * 1_000
 
     def store_path(self, state_dir: Path) -> Path:
         """The SQLite file: ``store`` if given, else ``readings.sqlite`` in the agent's state directory."""
@@ -132,6 +137,16 @@ class ServingSettings(BaseModel):
                                  "(MQTT discovery)")
     discovery_prefix: str = Field("homeassistant", pattern=r"^[A-Za-z0-9_-]+$", description="Home Assistant's "
                                   "discovery prefix")
+    home_assistant_steps: tuple[int, ...] = Field((1, 24), min_length=1, max_length=8, description="one Home "
+                                                  "Assistant sensor per feature for each of these steps ahead (those "
+                                                  "beyond the model's horizon are left out)")
+
+    @field_validator("home_assistant_steps")
+    @classmethod
+    def _steps_ahead(cls, steps: tuple[int, ...]) -> tuple[int, ...]:
+        if any(step < 1 for step in steps) or len(set(steps)) != len(steps):
+            raise ValueError(f"{list(steps)}: steps ahead are distinct whole numbers >= 1")
+        return steps
 
     @field_validator("topic")
     @classmethod

@@ -13,9 +13,8 @@ import threading
 from collections import Counter
 from pathlib import Path
 
-import pandas as pd
-
 from edge_agent.sensors.payloads import BadReading
+from edge_agent.times import text_ns
 
 _SCHEMA = """CREATE TABLE IF NOT EXISTS readings (
     feature TEXT NOT NULL, time_ns INTEGER NOT NULL, value REAL NOT NULL, PRIMARY KEY (feature, time_ns)
@@ -25,8 +24,8 @@ _SCHEMA = """CREATE TABLE IF NOT EXISTS readings (
 class ReadingStore:
     """The readings of every feature; safe to use from the MQTT thread and the agent's thread."""
 
-    def __init__(self, path: Path, retention: pd.Timedelta, max_per_feature: int):
-        self.path, self.retention_ns, self.max_per_feature = Path(path), pd.Timedelta(retention).value, max_per_feature
+    def __init__(self, path: Path, retention_ns: int, max_per_feature: int):
+        self.path, self.retention_ns, self.max_per_feature = Path(path), retention_ns, max_per_feature
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._db = sqlite3.connect(self.path, check_same_thread=False)
         self._db.execute("PRAGMA journal_mode=WAL")
@@ -43,11 +42,11 @@ class ReadingStore:
         retention window before ``now_ns`` and newer than the feature's newest; then prune."""
         with self._lock:
             if time_ns < now_ns - self.retention_ns:
-                raise BadReading("too_old", f"{pd.Timestamp(time_ns, tz='UTC')} is before the retention window")
+                raise BadReading("too_old", f"{text_ns(time_ns)} is before the retention window")
             latest = self._latest.get(feature)
             if latest is not None and time_ns <= latest:
-                raise BadReading("out_of_order", f"{pd.Timestamp(time_ns, tz='UTC')} is not after the newest "
-                                                 f"stored reading ({pd.Timestamp(latest, tz='UTC')})")
+                raise BadReading("out_of_order", f"{text_ns(time_ns)} is not after the newest stored reading "
+                                                 f"({text_ns(latest)})")
             stored = self._stored.get(feature, 0) + 1
             with self._db:
                 self._db.execute("INSERT INTO readings VALUES (?, ?, ?)", (feature, time_ns, value))
@@ -67,11 +66,10 @@ class ReadingStore:
         with self._lock:
             return {feature: dict(counter) for feature, counter in self._counts.items()}
 
-    def latest(self, feature: str) -> pd.Timestamp | None:
-        """The time of the feature's newest stored reading (UTC), or None."""
+    def latest(self, feature: str) -> int | None:
+        """The time of the feature's newest stored reading (UTC nanoseconds), or None."""
         with self._lock:
-            latest = self._latest.get(feature)
-        return None if latest is None else pd.Timestamp(latest, tz="UTC")
+            return self._latest.get(feature)
 
     def prune(self, now_ns: int) -> None:
         """Delete every feature's readings that are older than the retention window or over the cap."""

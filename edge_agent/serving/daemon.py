@@ -2,7 +2,7 @@
 and publishes forecasts from the latest serving bundle on schedule, reloading the bundle when
 the training agent (here, elsewhere or not yet) writes a new ``serving.json``. It reads only the
 gateway's tables of ``agent.toml`` (``LiveGatewayConfig``) and never imports torch: its footprint
-is ONNX Runtime, numpy, pandas and paho (see ``bench/gateway.py``)."""
+is ONNX Runtime, numpy, pydantic and paho (see ``bench/gateway.py``)."""
 
 from __future__ import annotations
 

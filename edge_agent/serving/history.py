@@ -6,12 +6,16 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import TYPE_CHECKING
 
-from edge_agent.data.table import DataError, SeriesTable
+from edge_agent.data.errors import DataError
 from edge_agent.sensors.ingest import SensorIngest
 from edge_agent.serving.home_assistant import discovery_messages
 from edge_agent.serving.onnx_serving import OnnxServing, document
 from edge_agent.toml_config import LiveGatewayConfig
+
+if TYPE_CHECKING:
+    from edge_agent.data.table import SeriesTable
 
 log = logging.getLogger("edgefl.agent")
 
@@ -61,13 +65,16 @@ class SensorHistory:
     def publish_forecast(self, server: OnnxServing) -> bool:
         """Forecast from the latest ``lookback`` intervals of history with the ONNX bundle and
         publish it on the ``[serving]`` topic; False (said once per reason) where the latest
-        window has a gap or no history is there yet."""
-        table = self.table()
-        lookback = server.info.lookback
-        if table is None or table.n_rows < lookback or not table.observed[-lookback:].all():
+        window has a gap or no history is there yet. numpy only: the serving process has no pandas."""
+        lookback, gateway = server.info.lookback, self.gateway
+        try:
+            window = self.ingest.window(gateway.client_id, lookback, gateway.data.gaps)
+        except DataError as err:
+            window = self.waiting("no history", str(err))
+        if window is None:
             self.waiting("no forecast", f"the latest {lookback} intervals of sensor history are not all there")
             return False
-        payload = server.forecast(table.index[-lookback:].as_unit("ns").asi8, table.values[-lookback:])
+        payload = server.forecast(*window)
         serving, client_id = self.gateway.serving, self.gateway.client_id
         self.ingest.publish(serving.forecast_topic(client_id), document(payload), serving.retain)
         return True
@@ -86,7 +93,9 @@ class SensorHistory:
         serving = self.gateway.serving
         if serving.home_assistant:
             topic = serving.forecast_topic(self.gateway.client_id)
-            for config_topic, payload in discovery_messages(server.info, topic, serving.discovery_prefix):
+            for config_topic, payload in discovery_messages(server.info, topic, serving.discovery_prefix,
+                                                            self.gateway.sensors.features, self.ingest.status_topic,
+                                                            serving.home_assistant_steps):
                 self.ingest.publish(config_topic, payload, retain=True)
 
     def waiting(self, reason: str, detail: str) -> None:

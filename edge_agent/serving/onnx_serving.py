@@ -14,6 +14,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from edge_agent.serving.calendar import calendar_features
+from edge_agent.times import iso, iso_ns
 
 MODEL_FILE, INFO_FILE = "model.onnx", "serving.json"
 MAX_INFO_BYTES = 1 << 20
@@ -96,15 +97,6 @@ def _series(values: np.ndarray, levels: list[float]) -> dict[str, list[float]]:
 def _rounded(values: np.ndarray) -> list[float]:
     """Seven significant digits: float32's precision, no digits that mean nothing."""
     return [float(f"{v:.7g}") for v in values]
-
-
-def iso(moment: datetime) -> str:
-    return moment.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def iso_ns(ns: int) -> str:
-    """Epoch nanoseconds (the table's naive UTC times) as ISO 8601 UTC."""
-    return iso(datetime.fromtimestamp(ns // 1_000_000_000, timezone.utc))
 
 
 def document(payload: dict[str, Any]) -> bytes:

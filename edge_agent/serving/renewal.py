@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("edgefl.agent")
 BundleWriter = Callable[["HeadLearner", str, int, Any, Path], BundleInfo]
-"""(learner, client id, round index served, step as a pandas Timedelta, folder) -> the bundle written."""
+"""(learner, client id, round index served, step in nanoseconds, folder) -> the bundle written."""
 
 
 class BundleRenewal:
@@ -35,7 +35,7 @@ class BundleRenewal:
         once. A failed export keeps the last bundle: serving never stops training or the fleet."""
         gateway = self.history.gateway
         try:
-            info = self.write_bundle(learner, gateway.client_id, round_index, gateway.sensors.step_delta, self.folder)
+            info = self.write_bundle(learner, gateway.client_id, round_index, gateway.sensors.step_ns, self.folder)
             self.server = OnnxServing(self.folder)
         except Exception:  # the guard's purpose: the bundle is a by-product of training
             log.exception("the served model could not be exported to ONNX; forecasts keep the last bundle")
