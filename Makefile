@@ -60,7 +60,7 @@ iptables:
 robustness: $(VENV)/.installed-bench mosquitto iptables
 	$(BIN)/python bench/robustness.py --quick
 
-# Other Pythons and CPUs (docs/notes/pythons.md). Debian 13 root filesystems made once with debootstrap
+# Other Pythons and CPUs (docs/notes/pythons.md). Debian 13 root filesystems made once with mmdebstrap
 # (arm64 under qemu-user-static) and cached in $EDGEFL_ROOTFS_CACHE (/var/cache/edgefl-rootfs); root.
 # arm-check: `edgefl agent serve` on linux/aarch64 publishes a forecast (bench/results/arm_check.json).
 arm-check: $(VENV)/.installed mosquitto

@@ -202,7 +202,7 @@ def main() -> None:
         "forecast_message": {"topic": FORECASTS, "model": published["model"], "window_end": published["window_end"],
                              "steps": len(published["times"]), "features": sorted(published["forecast"])},
         "max_abs_diff_vs_x86_64": facts["max_abs_diff"],
-        "rootfs": f"Debian 13 (trixie) arm64, debootstrap + qemu-user-static (binfmt_misc), cached in {root.parent}",
+        "rootfs": f"Debian 13 (trixie) arm64, mmdebstrap + qemu-user-static (binfmt_misc), cached in {root.parent}",
     }
     RESULT.write_text(json.dumps(result, indent=2) + "\n")
     say(f"forecast read back from linux/{probe['machine']} Python {probe['python']} in {result['seconds']} s "
