@@ -3,7 +3,8 @@ PYTHON ?= python3.11
 VENV   := .venv
 BIN    := $(VENV)/bin
 
-.PHONY: demo test bench-quick robustness clean mosquitto iptables chromium neurobench lava-venv
+.PHONY: demo test bench-quick robustness clean mosquitto iptables chromium neurobench lava-venv arm-check \
+	python-versions wheels
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -60,6 +61,20 @@ iptables:
 # Attacks, fuzzing (atheris) and network faults: bench/results/robustness.{json,md,png}; needs root.
 robustness: $(VENV)/.installed-bench mosquitto iptables
 	$(BIN)/python bench/robustness.py --quick
+
+# Other Pythons and CPUs (docs/notes/pythons.md). Debian 13 root filesystems made once with mmdebstrap
+# (arm64 under qemu-user-static) and cached in $EDGEFL_ROOTFS_CACHE (/var/cache/edgefl-rootfs); root.
+# arm-check: `edgefl agent serve` on linux/aarch64 publishes a forecast (bench/results/arm_check.json).
+arm-check: $(VENV)/.installed mosquitto
+	$(BIN)/python tools/platforms/arm_check.py
+
+# The serve and gateway tests on Python 3.11, 3.12 and 3.13 (bench/results/python_versions.json).
+python-versions: $(VENV)/.installed-test mosquitto
+	$(BIN)/python tools/platforms/python_versions.py
+
+# Which wheels each requirement set installs on Python 3.11-3.13, x86_64 and aarch64 (bench/results/wheels.json).
+wheels: $(VENV)/.installed
+	$(BIN)/python tools/platforms/wheels.py
 
 bench-quick: $(VENV)/.installed
 	$(BIN)/python bench/fedqaper.py --quick
