@@ -20,7 +20,7 @@ import numpy as np
 import paho.mqtt.client as mqtt
 
 from requirements import BUILD, REPO, SERVE, pins
-from rootfs import chroot_argv, ensure_rootfs, ensure_venv, inside, say, session
+from rootfs import EMULATED_CPU, chroot_argv, ensure_rootfs, ensure_venv, inside, say, session
 from worktree import commit, stage_source
 
 sys.path.insert(0, str(REPO))
@@ -174,7 +174,6 @@ def serve_and_read_back(root: Path, venv: str, work: Path, port: int) -> dict:
 def main() -> None:
     began = time.monotonic()
     root = ensure_rootfs("arm64")
-    venv = ensure_venv(root, VENV, pins(SERVE) + list(BUILD))
     with tempfile.TemporaryDirectory(prefix="edgefl-arm-check-") as tmp:
         work = Path(tmp)
         stage_source(work / "src")
@@ -186,6 +185,7 @@ def main() -> None:
         try:
             wait_for_port(port, broker)
             with session(root, work):
+                venv = ensure_venv(root, VENV, pins(SERVE) + list(BUILD))
                 facts = serve_and_read_back(root, venv, work, port)
         finally:
             broker.terminate()
@@ -193,7 +193,7 @@ def main() -> None:
     probe, published = facts["probe"], facts["published"]
     result = {
         "forecast": True, "seconds": round(facts["seconds"], 1),
-        "python": probe["python"], "machine": probe["machine"],
+        "python": probe["python"], "machine": probe["machine"], "emulated_cpu": EMULATED_CPU,
         "command": "make arm-check", "commit": commit(),
         "host": {"machine": platform.machine(), "python": platform.python_version()},
         "steps_s": {"serve_online": round(facts["online_s"], 1), "x86_64_train_and_export": round(facts["bundle_s"], 1),

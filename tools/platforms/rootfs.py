@@ -24,8 +24,11 @@ HOST_TOOLS = {"mmdebstrap": "mmdebstrap", "qemu-aarch64-static": "qemu-user-stat
               "update-binfmts": "binfmt-support"}
 BINFMT = Path("/proc/sys/fs/binfmt_misc")
 HOST_CA = "etc/ssl/certs/host-ca-certificates.crt"  # the host's trust (a TLS-inspecting proxy's CA included)
+# The core qemu-user emulates for arm64 programs: a Raspberry Pi 4's (qemu's default is "max").
+EMULATED_CPU = os.environ.get("EDGEFL_QEMU_CPU", "cortex-a72")
 CLEAN_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin", "HOME": "/root", "LANG": "C.UTF-8",
-             "PIP_CERT": f"/{HOST_CA}", "PIP_DEFAULT_TIMEOUT": "180", "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
+             "PIP_CERT": f"/{HOST_CA}", "PIP_DEFAULT_TIMEOUT": "180", "PIP_DISABLE_PIP_VERSION_CHECK": "1",
+             "QEMU_CPU": EMULATED_CPU}
 
 
 def say(message: str) -> None:
@@ -81,14 +84,17 @@ def ensure_rootfs(arch: str) -> Path:
 
 @contextmanager
 def session(root: Path, *shared: Path) -> Iterator[None]:
-    """``root`` with /proc, /sys and /dev of the host and each ``shared`` folder bind-mounted at
-    its own path (so a config file names the same paths inside and out); one session at a time."""
+    """``root`` with /proc and /dev of the host and each ``shared`` folder bind-mounted at its own
+    path (so a config file names the same paths inside and out); one session at a time. The host's
+    /sys only for a root of the host's CPU: under qemu-user, ONNX Runtime's cpuinfo reads the x86
+    topology there and dies of SIGSEGV on import; without it, it warns and uses its defaults."""
     with open(root.with_name(root.name + ".lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         shutil.copyfile("/etc/resolv.conf", root / "etc/resolv.conf")
         shutil.copyfile("/etc/ssl/certs/ca-certificates.crt", root / HOST_CA)
-        mounts = [(["-t", "proc", "proc"], root / "proc"), (["--rbind", "/sys"], root / "sys"),
-                  (["--rbind", "/dev"], root / "dev")]
+        mounts = [(["-t", "proc", "proc"], root / "proc"), (["--rbind", "/dev"], root / "dev")]
+        if root.name.endswith(host_arch()):
+            mounts.append((["--rbind", "/sys"], root / "sys"))
         mounts += [(["--bind", str(folder)], root / str(folder).lstrip("/")) for folder in shared]
         done: list[Path] = []
         try:

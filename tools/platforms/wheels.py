@@ -13,6 +13,7 @@ import tempfile
 from pathlib import Path
 
 from requirements import REPO, SERVE, gateway, pins, project
+from worktree import commit
 
 RESULT = REPO / "bench/results/wheels.json"
 PYTHONS = ("3.11", "3.12", "3.13")
@@ -66,7 +67,7 @@ def main() -> None:
                       + (f"{found['wheels']} wheels, {len(found['gpu_packages'])} GPU packages" if found["resolves"]
                          else f"does not resolve: {found['error']}"), flush=True)
                 results.setdefault(name, {})[f"{python}/{machine}"] = found
-    RESULT.write_text(json.dumps({"command": "make wheels", "sets": sets(), "glibc": f"2.{GLIBC_MINOR}",
+    RESULT.write_text(json.dumps({"command": "make wheels", "commit": commit(), "sets": sets(), "glibc": f"2.{GLIBC_MINOR}",
                                   "results": results}, indent=2) + "\n")
     print(f"wrote {RESULT.relative_to(REPO)}")
 
