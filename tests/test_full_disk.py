@@ -49,7 +49,8 @@ def fill(folder: Path) -> Path:
 
 
 def update(coordinator: Coordinator, client: str) -> Incoming:
-    header = UpdateHeader(fleet="test", sender=client, round=1, n_samples=50, campaign=coordinator.campaign)
+    header = UpdateHeader(fleet="test", sender=client, round=1, n_samples=50, campaign=coordinator.campaign,
+                          global_sha256=coordinator.announced_digest(1))
     return message(client, "update", encode(header, coordinator.initial))
 
 

@@ -37,7 +37,8 @@ def send_round(coordinator: Coordinator, number: int, reporting: tuple[str, ...]
     """The ``reporting`` clients' updates of round ``number``, then the round's close."""
     updates = [ClientUpdate(c, trained(coordinator.initial, c, number), 50) for c in reporting]
     coordinator._process([message(u.client_id, "update", encode(UpdateHeader(
-        fleet="test", sender=u.client_id, round=number, n_samples=50, campaign=coordinator.campaign), u.params))
+        fleet="test", sender=u.client_id, round=number, n_samples=50, campaign=coordinator.campaign,
+        global_sha256=coordinator.announced_digest(number)), u.params))
         for u in updates])
     assert coordinator._maybe_close(coordinator.store.round(number)).round == min(number + 1, ROUNDS)
     return updates

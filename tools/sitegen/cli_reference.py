@@ -10,10 +10,15 @@ from typer.core import TyperCommand, TyperGroup
 
 
 def command_tree() -> TyperGroup:
-    """The command tree behind ``edgefl`` (imported here: the CLI pulls in torch)."""
+    """The command tree behind ``edgefl`` (imported here: the CLI pulls in torch), the commands
+    it builds only when used (``edgefl.root.LAZY``) built and added."""
     from edgefl.cli import app
 
-    return typer.main.get_command(app)
+    tree = typer.main.get_command(app)
+    with typer.Context(tree, info_name="edgefl") as context:
+        for name in tree.list_commands(context):
+            tree.commands.setdefault(name, tree.get_command(context, name))
+    return tree
 
 
 def command_paths(command: TyperCommand | TyperGroup, prefix: str = "edgefl") -> list[str]:
