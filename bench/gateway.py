@@ -245,7 +245,7 @@ def pct(values: np.ndarray, q: float) -> float:
 
 def table(summary: dict) -> str:
     """The results as a markdown table, with the goals of issue 15."""
-    rss, ms, cfg = summary["rss_mb"], summary["forecast_ms"], summary["config"]
+    rss, ms = summary["rss_mb"], summary["forecast_ms"]
     lines = ["| measure | value | goal |", "| --- | --- | --- |",
              f"| RSS idle agent | {rss['idle']:.0f} MB | |",
              f"| RSS training child (peak) | {rss['training']:.0f} MB | <= {GOALS['training_rss_mb']} MB |",
