@@ -6,6 +6,7 @@ run (``edgefl.root``): the models it builds import torch."""
 from __future__ import annotations
 
 import json
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
@@ -42,6 +43,14 @@ def round_table(quantiles: bool) -> Table:
         "round", "train loss", "val score", "test MASE", "test MSE", *extra, "on time", "imputed", "serving",
         "kB/client", "seconds", title="FedPer rounds",
     )
+
+
+def show_round(table: Table, cells: list[str]) -> None:
+    """A round's row in the live table on a terminal; piped or logged, also one plain line as the
+    round ends (a live table would show only at the end, cut to 80 columns)."""
+    table.add_row(*cells)
+    if not console.is_terminal:
+        print("; ".join(f"{column.header} {cell}" for column, cell in zip(table.columns, cells)), flush=True)
 
 
 def quantile_cells(metrics: Metrics | None) -> list[str]:
@@ -134,16 +143,16 @@ def simulate(
         f"{f' ({dropped} dropped at gaps)' if dropped else ''}; backbone {cfg.backbone} ({cfg.projection})"
     )
     table = round_table(cfg.quantiles is not None)
-    with Live(table, console=console, refresh_per_second=4):
+    with Live(table, console=console, refresh_per_second=4) if console.is_terminal else nullcontext():
         result = run_federation(
             fleet, cfg, fed, participation=matrix,
-            on_round=lambda r: table.add_row(
+            on_round=lambda r: show_round(table, [
                 str(r.round), f"{r.train_loss:.4f}", f"{r.val.score:.4f}",
                 *((f"{r.test.mase:.4f}", f"{r.test.mse:.4f}") if r.test else ("-", "-")),
                 *(quantile_cells(r.test) if cfg.quantiles else ()),
                 str(len(r.present)), str(len(r.imputed)), served_counts(r.serving),
                 f"{r.wire_bytes / 1e3:.1f}", f"{r.seconds:.1f}",
-            ),
+            ]),
         )
     console.print()
     console.print(f"best round {result.best_round} (by validation): {metric_line(result.test)}; "

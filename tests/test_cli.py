@@ -44,6 +44,10 @@ def test_simulate_on_a_user_csv_prints_every_round_and_writes_json(tmp_path: Pat
     assert proc.returncode == 0, proc.stderr
     assert "3 clients" in proc.stdout and "best round" in proc.stdout
     assert "local" in proc.stdout and "centralized" in proc.stdout
+    lines = proc.stdout.splitlines()  # piped: one plain line per round, as it ends, before the summary
+    rounds = [i for i, line in enumerate(lines) if line.startswith(("round 1; train loss", "round 2; train loss"))]
+    assert len(rounds) == 2 and max(rounds) < next(i for i, line in enumerate(lines) if line.startswith("best round"))
+    assert "kB/client" in lines[rounds[0]]
     summary = json.loads(out.read_text())
     assert [r["round"] for r in summary["rounds"]] == [1, 2]
     assert all(np.isfinite(r["val_score"]) for r in summary["rounds"])
