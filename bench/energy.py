@@ -44,7 +44,7 @@ def run_job(backbone: str, cfg: dict, threads: int) -> dict:
     from edge_agent.data import load_site, prepare_client
     from edge_agent.models import BACKBONES as REGISTRY
     from edge_agent.models import ModelConfig, build_forecaster
-    from edge_agent.train import calibrate_batchnorm, make_optimizer, train_epochs
+    from edge_agent.train import calibrate_batchnorm, evaluate, make_optimizer, train_epochs
     from export.energy import chip_layers, energy_report
     from export.onnx import export_onnx
     from export.opcount import count_ops
@@ -57,6 +57,7 @@ def run_job(backbone: str, cfg: dict, threads: int) -> dict:
                              data.n_features, 4, cfg["seed"])
     train_epochs(model, data.train, cfg["epochs"], cfg["batch_size"], make_optimizer(model, cfg["lr"]), cfg["seed"])
     calibrate_batchnorm(model, data.train)  # after a short training the running stats are still at init
+    error = evaluate(model, data.test)  # every test window: the forecast the counted firing rates buy
     positions = torch.linspace(0, len(data.test) - 1, cfg["test_windows"]).round().long().unique()
     test = dataclasses.replace(data.test, starts=data.test.starts[positions])  # evenly spread test windows
     layers, windows = count_ops(model, test)
@@ -84,7 +85,7 @@ def run_job(backbone: str, cfg: dict, threads: int) -> dict:
                    onnx_ms=timing["onnx_ms"], onnx_max_abs_error=onnx.max_abs_error)
     neurobench = crosscheck(model, test) if REGISTRY[backbone].kind == "snn" else None
     return {"backbone": backbone, "rows": rows, "layers": per_layer, "neurobench": neurobench,
-            "seconds": time.perf_counter() - started}
+            "test": {"mase": error.mase, "mse": error.mse, "mae": error.mae}, "seconds": time.perf_counter() - started}
 
 
 def layer_row(layer, windows: int, pj: float) -> dict:
@@ -131,6 +132,7 @@ def markdown(summary: dict) -> str:
     for r in rows:
         if r["profile"] == PROFILES[0]:
             lines.append(f"| {r['backbone']} | {r['torch_ms']:.2f} | {r['onnx_ms']:.2f} | {r['onnx_speedup']:.2f}x |")
+    lines += error_table(summary)
     lines += neurobench_table(summary["neurobench"])
     for backbone, layers in summary["layers"].items():
         lines += layer_table(backbone, layers)
@@ -148,6 +150,22 @@ def layer_table(backbone: str, layers: list[dict]) -> list[str]:
         shape = "x".join(map(str, r["input_shape"])) + (f" x{r['calls']} calls" if r["calls"] > 1 else "")
         lines.append(f"| {r['name']} | {r['cost']} | {shape} | {r['fan_out'] or '-'} | {spikes_in} | "
                      f"{r['macs']:.4g} | {r['acs']:.4g} | {r['neuron_updates']:.4g} | {spikes_out} | {r['pj']:.4g} |")
+    return lines
+
+
+def error_table(summary: dict) -> list[str]:
+    """Each trained backbone's test error at the firing rates priced above, beside the anchors
+    fitted on the same site's history and scored on the same test windows."""
+    rates = {r["backbone"]: r["firing_rate"] for r in summary["rows"] if r["profile"] == PROFILES[0]}
+    lines = ["", "Test error of the models priced above (every test window of the site; MASE on the training "
+             "split's scale), and the free anchors on the same windows:", "",
+             "| forecaster | firing rate | MASE | MSE | MAE |", "|---|---|---|---|---|"]
+    for backbone, s in summary["test"].items():
+        rate = f"{rates[backbone]:.3f}" if rates[backbone] is not None else "-"
+        lines.append(f"| {backbone} | {rate} | {s['mase']:.4f} | {s['mse']:.4f} | {s['mae']:.4f} |")
+    for name, s in summary["anchors"].items():
+        if s:
+            lines.append(f"| {name} (anchor) | - | {s['mase']:.4f} | {s['mse']:.4f} | {s['mae']:.4f} |")
     return lines
 
 
@@ -189,6 +207,14 @@ def plot(summary: dict, path: Path) -> None:
     save_figure(fig, path)
 
 
+def site_anchors(cfg: dict) -> dict[str, dict | None]:
+    """The anchors' test MASE, MSE and MAE on the benchmark site's windows (``common.anchor_scores``)."""
+    from common import anchor_scores
+    from edge_agent.data import load_site, prepare_client
+
+    return anchor_scores([prepare_client(load_site(cfg["site"]), cfg["lookback"], cfg["horizon"], cfg["stride"])])
+
+
 def main() -> None:
     args, cfg, started = configure(bench_parser(__doc__, "one short epoch of training per backbone"), QUICK, FULL)
     jobs = run_parallel(run_job, [(b, cfg) for b in BACKBONES], args.workers,
@@ -197,9 +223,12 @@ def main() -> None:
     rows = sorted((row for job in jobs for row in job["rows"]),
                   key=lambda r: (BACKBONES.index(r["backbone"]), PROFILES.index(r["profile"])))
     cmos = {r["backbone"]: r["backbone_synaptic_pj"] for r in rows if r["profile"] == "cmos45nm"}
+    ordered = sorted(jobs, key=lambda j: BACKBONES.index(j["backbone"]))
     summary = {
         "rows": rows,
-        "layers": {job["backbone"]: job["layers"] for job in sorted(jobs, key=lambda j: BACKBONES.index(j["backbone"]))},
+        "layers": {job["backbone"]: job["layers"] for job in ordered},
+        "test": {job["backbone"]: job["test"] for job in ordered},
+        "anchors": site_anchors(cfg),
         "neurobench": {job["backbone"]: job["neurobench"] for job in jobs if job["neurobench"] is not None},
         "snn_vs_ann": {"measured": cmos["itransformer"] / cmos["ispikformer"], "paper": PAPER["itransformer"] /
                        PAPER["ispikformer"], "ispikformer_pj": cmos["ispikformer"], "itransformer_pj": cmos["itransformer"]},
