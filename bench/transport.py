@@ -25,6 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import paho.mqtt.client as mqtt  # noqa: E402
+from common import commit  # noqa: E402
 from mqtt_bench import envelope_header, loopback_broker, raw_throughput, restamp  # noqa: E402
 
 SIZES = {"100KB": 40, "1MB": 156}  # d_qap giving shared states of ~104 KB and ~1.0 MB (DLinear, L96 H48)
@@ -125,6 +126,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     args = parser.parse_args()
     count, rounds = (1000, 2) if args.quick else (5000, 5)
+    started = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp, loopback_broker(Path(tmp), 100_000) as (port, _):
         work = Path(tmp)
         raw = raw_throughput(port, count, 100_000)
@@ -140,8 +142,10 @@ def main() -> None:
         "raw_mb_s": raw,
         "ingest_mb_s": {k: v["ingest_mb_s"] for k, v in results.items()},
         "round_overhead_ms": max(results["1MB"]["round_overhead_ms"]),
-        "details": {**results, "raw_messages": count, "clients": args.clients, "rounds": rounds,
-                    "cpu_count": os.cpu_count()},
+        "details": results,
+        "config": {"mode": "quick" if args.quick else "full", "raw_messages": count, "clients": args.clients,
+                   "rounds": rounds, "sizes_d_qap": SIZES, "cpu_count": os.cpu_count(),
+                   "wall_seconds": round(time.perf_counter() - started, 1), "commit": commit()},
     }
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "transport.json").write_text(json.dumps(summary, indent=2))

@@ -23,6 +23,8 @@ anchor, and the largest excess of one gateway over its own best anchor. Usage:
     python bench/value.py --quick     # DLinear recipe, 3 datasets x 4 histories x 3 seeds (23 min, 2 cores)
     python bench/value.py             # + a spiking backbone, MSTL, Centralized, 20 station clients
     python bench/value.py --quick --report-only   # value.md and value.png again from value.json
+    python bench/value.py --quick --windows /tmp/w.npz   # also keep every run's per-window errors there
+    python bench/value.py --quick --report-only --windows /tmp/w.npz   # re-choose "served" without retraining
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import bench_parser, configure, panel_row, run_config, run_parallel, save_figure, write_report
+from common import bench_parser, commit, configure, panel_row, run_config, run_parallel, save_figure, write_report
 from datasets import bench_fleet
 
 from edge_agent.recipe import TRAINING
@@ -238,6 +240,41 @@ def served_client(candidates: dict[str, dict]) -> dict:
     return {**served, "served": {str(n): int(c) for n, c in zip(names, counts)}}
 
 
+def save_windows(runs: list[dict], path: Path) -> None:
+    """The runs with their per-window errors in one ``.npz``: each array under its own key, the
+    rest as JSON naming those keys (plain arrays and JSON: nothing to unpickle on reading)."""
+    import numpy as np
+
+    arrays: dict[str, np.ndarray] = {}
+
+    def plain(value):
+        if isinstance(value, np.ndarray):
+            key = f"a{len(arrays)}"
+            arrays[key] = value
+            return {"__array__": key}
+        if isinstance(value, dict):
+            return {k: plain(v) for k, v in value.items()}
+        return value.item() if isinstance(value, np.generic) else value
+
+    meta = json.dumps([plain(run) for run in runs])
+    np.savez_compressed(path, meta=np.array(meta), **arrays)
+
+
+def load_windows(path: Path) -> list[dict]:
+    """The runs ``save_windows`` wrote, arrays restored."""
+    import numpy as np
+
+    with np.load(path, allow_pickle=False) as saved:
+        arrays = {key: saved[key] for key in saved.files}
+
+    def restored(value):
+        if isinstance(value, dict):
+            return arrays[value["__array__"]] if set(value) == {"__array__"} else {k: restored(v) for k, v in value.items()}
+        return value
+
+    return [restored(run) for run in json.loads(str(arrays.pop("meta")))]
+
+
 def public(runs: list[dict]) -> list[dict]:
     """The runs as value.json keeps them: without the per-window errors."""
     return [{**r, "clients": {c: {k: v for k, v in s.items() if k != "windows"} for c, s in r["clients"].items()}}
@@ -409,21 +446,30 @@ def describe(result: dict) -> str:
 
 def main() -> None:
     parser = bench_parser(__doc__, "DLinear recipe, 10 rounds (23 min on 2 cores)")
-    parser.add_argument("--report-only", action="store_true", help="re-render value.md and value.png from --out/value.json")
+    parser.add_argument("--report-only", action="store_true", help="re-render value.md and value.png from "
+                        "--out/value.json, or with --windows re-choose what is served from the saved runs")
+    parser.add_argument("--windows", type=Path, help="an .npz of every run's per-window errors: written after "
+                        "training, read by --report-only")
     args, cfg, started = configure(parser, QUICK, FULL)
-    if args.report_only:
+    if args.report_only and not args.windows:
         summary = json.loads((args.out / "value.json").read_text())
         write_report(args.out, "value", summary, markdown, plot)
         return
-    with tempfile.TemporaryDirectory() as cache:
-        os.environ[ANCHOR_CACHE] = cache
-        results = run_parallel(run_job, jobs(cfg), args.workers, describe)
-    runs = [run for result in results for run in result["runs"]]
+    if args.report_only:
+        runs = [run for run in load_windows(args.windows) if run["method"] != SERVED]
+        config = {**json.loads((args.out / "value.json").read_text())["config"], "reselected_at": commit()}
+    else:
+        with tempfile.TemporaryDirectory() as cache:
+            os.environ[ANCHOR_CACHE] = cache
+            results = run_parallel(run_job, jobs(cfg), args.workers, describe)
+        runs = [run for result in results for run in result["runs"]]
+        config = run_config(cfg, args.quick, started)
+        if args.windows:
+            save_windows(runs, args.windows)
     runs += served_runs(runs, cfg)
     rows = summarize(runs, cfg)
     summary = {"rows": rows, "anchors": cfg["anchors"], "federated": list(FEDERATED), "served": SERVED,
-               "verdicts": None, "runs": public(runs),
-               "config": {**run_config(cfg, args.quick, started), "selection_days": SELECTION_DAYS}}
+               "verdicts": None, "runs": public(runs), "config": {**config, "selection_days": SELECTION_DAYS}}
     summary["verdicts"] = verdicts(rows, cfg)
     write_report(args.out, "value", summary, markdown, plot)
 
