@@ -53,16 +53,25 @@ class CoordinatorConfig(FleetModel, TwinSettings, StrategySettings):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    fleet: str = Field(pattern=NAME_PATTERN)
-    state_dir: Path
-    rounds: int = Field(10, ge=1, le=MAX_ROUND)
+    fleet: str = Field(pattern=NAME_PATTERN, description="the fleet's name, as in every agent.toml: its MQTT topics "
+                                                         "are under edgefl/<fleet>/")
+    state_dir: Path = Field(description="folder of the coordinator's state, created if missing: the SQLite database "
+                                        "(unless store.url is set) and, in pretrain mode, foundation.safetensors; "
+                                        "one campaign per folder")
+    rounds: int = Field(10, ge=1, le=MAX_ROUND, description="rounds in the campaign; it ends after the last (a site "
+                        "aggregator refuses this key: the central coordinator decides)")
     min_clients: int = Field(1, ge=1, description="quorum: updates needed to close a round")
     start_clients: int = Field(0, ge=0, description="hold round 1 until this many clients have registered")
     round_timeout_s: float = Field(300.0, gt=0, description="deadline of a round after its announcement")
-    max_payload_bytes: int = Field(DEFAULT_MAX_PAYLOAD_BYTES, ge=1024)
-    registration: Literal["open", "closed"] = "open"
-    allowed_clients: list[str] = Field(default_factory=list)
-    seed: int = 42
+    max_payload_bytes: int = Field(DEFAULT_MAX_PAYLOAD_BYTES, ge=1024, description="largest MQTT message accepted, "
+                                   "in bytes; the same as the broker's message_size_limit and every agent's "
+                                   "max_payload_bytes")
+    registration: Literal["open", "closed"] = Field("open", description="open: any client may register; closed: "
+                                                    "only those in allowed_clients")
+    allowed_clients: list[str] = Field(default_factory=list, description="client ids that may register and send "
+                                       "when registration is closed; reloaded on SIGHUP or when the file changes")
+    seed: int = Field(42, description="base of the coordinator's seed streams: the initial global model, client "
+                                      "sampling and the strategy's own draws")
     linger_s: float = Field(30.0, ge=0, description="after the last round, how long to wait for the clients to say "
                             "they went offline (so status tells the truth)")
     broker: BrokerConfig = BrokerConfig()

@@ -106,15 +106,22 @@ class AgentConfig(FleetModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    fleet: str = Field(pattern=NAME_PATTERN)
-    client_id: str = Field(pattern=NAME_PATTERN)
-    state_dir: Path
+    fleet: str = Field(pattern=NAME_PATTERN, description="the fleet's name, as in coordinator.toml: its MQTT topics "
+                                                         "are under edgefl/<fleet>/")
+    client_id: str = Field(pattern=NAME_PATTERN, description="this gateway's id in the fleet: its topics "
+                                                             "(edgefl/<fleet>/agents/<client_id>/) and its name in "
+                                                             "allowed_clients")
+    state_dir: Path = Field(description="folder of the agent's state, created if missing: its models, training "
+                                        "progress, the update to (re)send and a live gateway's readings")
     data: DataSource
     dp_sigma: float = Field(0.0, ge=0.0, description="prompt mode: std of Gaussian noise on uploaded prompts (privacy)")
     training: AgentTraining = AgentTraining()
-    seed: int = 42
+    seed: int = Field(42, description="base of the agent's seed streams (model initialization, shuffling, dropout), "
+                                      "combined with client_index and the round")
     client_index: int = Field(0, ge=0, description="this client's index in the fleet's seed schedule")
-    max_payload_bytes: int = Field(DEFAULT_MAX_PAYLOAD_BYTES, ge=1024)
+    max_payload_bytes: int = Field(DEFAULT_MAX_PAYLOAD_BYTES, ge=1024, description="largest MQTT message, in bytes, "
+                                   "the agent accepts (the broker's message_size_limit); it refuses to start if its "
+                                   "updates would be larger")
     max_global_growth: float = Field(
         100.0, gt=1.0, description="refuse a global model whose L2 norm exceeds this multiple of the last accepted "
                                    "one's (at least 1.0): a poisoned average is not trained on")

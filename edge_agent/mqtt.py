@@ -36,12 +36,13 @@ class BrokerConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    host: str = "127.0.0.1"
-    port: int = Field(1883, ge=1, le=65535)
-    username: str | None = None
-    password: str | None = None
+    host: str = Field("127.0.0.1", description="MQTT broker host name or IP address")
+    port: int = Field(1883, ge=1, le=65535, description="MQTT broker TCP port")
+    username: str | None = Field(None, description="MQTT user name, given with password (absent: no login)")
+    password: str | None = Field(None, description="MQTT password, given with username")
     tls_ca: Path | None = Field(None, description="CA certificate that signed the broker's certificate")
-    keepalive_s: int = Field(30, ge=5)
+    keepalive_s: int = Field(30, ge=5, description="MQTT keepalive in seconds: the broker drops a connection "
+                                                   "silent for 1.5 times this")
     session_expiry_s: int = Field(7 * 24 * 3600, ge=0, description="how long the broker keeps our session")
 
     @model_validator(mode="after")

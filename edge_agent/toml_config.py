@@ -35,9 +35,10 @@ class DataSource(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    csv: Path | None = None
-    date_column: str | None = None
-    site: str | None = None
+    csv: Path | None = Field(None, description="a CSV file: a date column and numeric columns on a regular time step")
+    date_column: str | None = Field(None, description="the CSV's date column (default: one named 'date', any case, "
+                                                      "else the first column)")
+    site: str | None = Field(None, description="one of the bundled weather sites (`edgefl sites` lists them)")
     source: Literal["sensors"] | None = Field(None, description="'sensors': readings from the [sensors] table's topics")
     columns: list[str] | None = Field(None, description="subset of columns to use (default: all)")
     gaps: GapPolicy = Field(GapPolicy(), description="missing timestamps and empty cells in csv, intervals "

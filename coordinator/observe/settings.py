@@ -30,7 +30,8 @@ class HttpSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    host: str = Field("127.0.0.1", min_length=1, max_length=253)
+    host: str = Field("127.0.0.1", min_length=1, max_length=253, description="address the dashboard listens "
+                      "on; anything but loopback needs a token")
     port: int = Field(8008, ge=0, le=65535, description="0: any free port (logged at start)")
     token: SecretStr | None = Field(None, description=f"at least {MIN_TOKEN_CHARS} characters; required "
                                     "to listen on anything but loopback; sent as 'Authorization: Bearer' or ?token=")

@@ -23,9 +23,10 @@ class GraphSettings(BaseModel):
 
     alpha: float = Field(0.99, ge=0.0, le=1.0, description="weight of A P against A' P (eq. 9)")
     subgraph_step: int = Field(2, ge=1, description="S_G: each client is regularized towards N/S_G - 1 neighbours")
-    graph_epochs: int = Field(40, ge=1)
-    graph_lr: float = Field(1e-3, gt=0)
-    sparsity: float = Field(1.0, ge=0.0)
+    graph_epochs: int = Field(40, ge=1, description="SGD steps fitting the client graphs each round")
+    graph_lr: float = Field(1e-3, gt=0, description="learning rate of the graph fitting (SGD)")
+    sparsity: float = Field(1.0, ge=0.0, description="weight of the spread term sum A_ij^2 / N in the graph "
+                            "objective (keeps a graph from collapsing onto the identity)")
 
 
 class FedPoD(Strategy):

@@ -57,11 +57,15 @@ class ModelConfig(BaseModel):
     instance_norm: bool = Field(
         True, description="normalize each input window per feature and undo it on the forecast"
     )
-    dropout: float = Field(0.1, ge=0.0, lt=1.0)
+    dropout: float = Field(0.1, ge=0.0, lt=1.0, description="dropout rate while training: QAP pooling, the "
+                           "itransformer backbone, lstm and gru between layers")
     hidden: int | None = Field(None, ge=1, description="backbone width (default: the backbone's paper value)")
-    layers: int | None = Field(None, ge=1)
-    heads: int | None = Field(None, ge=1)
-    d_ff: int | None = Field(None, ge=1)
+    layers: int | None = Field(None, ge=1, description="backbone layers or blocks (default: the backbone's paper "
+                               "value; dlinear has none)")
+    heads: int | None = Field(None, ge=1, description="attention heads of itransformer, spikformer and ispikformer "
+                              "(default: the backbone's paper value)")
+    d_ff: int | None = Field(None, ge=1, description="feed-forward width in itransformer, spikformer and ispikformer "
+                             "blocks (default: the backbone's paper value)")
     steps: int = Field(4, ge=1, description="SNN time steps T")
     moving_avg: int = Field(25, ge=1, description="DLinear decomposition kernel")
     head: Literal["personal", "shared"] = Field(

@@ -40,12 +40,14 @@ WIRE_PREFIXES = ("prompts.", "shared.")
 class PromptConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    lookback: int = Field(12, ge=1)
-    horizon: int = Field(12, ge=1)
+    lookback: int = Field(12, ge=1, description="observed steps L before the forecast; lookback + horizon must "
+                                                "equal the foundation model's window")
+    horizon: int = Field(12, ge=1, description="forecast steps H after the lookback")
     task: Literal["multivariate", "single"] = Field(
         "multivariate", description="task 2 (all variables) or task 1 (one target variable)"
     )
-    target: str = "temp_air"
+    target: str = Field("temp_air", description="with task = 'single': the variable forecast (one of the foundation "
+                                                "model's variables)")
     spatial: int = Field(8, ge=1, description="size of the spatial prompt P_S")
     quantiles: QuantileLevels | None = Field(
         None, description="quantile levels of the FFN's output layer (e.g. 0.1, 0.5, 0.9); None = point forecasts"
@@ -62,7 +64,8 @@ class PromptModeSettings(BaseModel):
     )
     foundation: Path | None = Field(None, description="prompt mode: the pretrained foundation checkpoint")
     foundation_sha256: str | None = Field(None, pattern=r"^[0-9a-f]{64}$", description="refuse any other backbone")
-    prompt: PromptConfig = PromptConfig()
+    prompt: PromptConfig = Field(PromptConfig(), description="prompt mode: the windows and the task the prompts "
+                                                             "are trained for")
 
     @model_validator(mode="after")
     def _foundation_for_prompts(self) -> "PromptModeSettings":
