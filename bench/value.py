@@ -45,12 +45,13 @@ QUICK = {
     "seeds": [1, 2, 3], "clients": 10, "f_max": 20, "rounds": 10, "local_epochs": 1, "personal_epochs": 1,
     "max_windows": None, "val_stride": 1,
     "anchors": ["seasonal_naive", "seasonal_naive_week", "window_average", "ets", "theta"],
-    "learned": ["local", "fedavg"],
+    "learned": ["local", "fedavg"], "newcomers": [14, 30],
 }
 FULL = {**QUICK, "backbones": ["dlinear", "spikernn"], "clients": 20, "rounds": 20,
         "anchors": QUICK["anchors"] + ["mstl"], "learned": QUICK["learned"] + ["fedrep", "centralized"]}
 FEDERATED = ("fedavg", "fedrep")  # fedrep: personal_epochs from the config fit the personal part first
 SERVED, SERVED_FEDERATED = "served", "fedavg"  # what the product serves, and its federated candidate
+NEWCOMER = "fedavg_newcomer"  # FedAvg for a K-day gateway in a fleet whose other half holds the whole split
 SELECTION_DAYS = TRAINING["selection_days"]  # the recipe's: a gateway re-chooses on its last two weeks
 
 
@@ -89,6 +90,8 @@ def run_job(dataset: str, days: int, backbone: str | None, method: str | None, s
     if backbone is None:
         per_method = {method: anchored(fleet, method)}
         cached_anchors(fleet, dataset, days, [method], save=True)
+    elif method == NEWCOMER:
+        per_method = {NEWCOMER: newcomers(fleet, dataset, backbone, seed, cfg)}
     else:
         cached_anchors(fleet, dataset, days, cfg["anchors"], save=False)
         per_method, models = {}, {}
@@ -144,6 +147,16 @@ def trained(fleet: list, model, method: str, seed: int, cfg: dict) -> tuple[dict
     return per_client, result.models
 
 
+def newcomers(fleet: list, dataset: str, backbone: str, seed: int, cfg: dict) -> dict:
+    """FedAvg for the gateways that just joined: every second client (odd positions) keeps only its
+    K days, the others hold the whole training split, as in a fleet that has run for a year; scored
+    on the newcomers only, beside their own K-day Local-only model and anchors (same windows)."""
+    established = clients(dataset, 0, tuple(sorted((k, v) for k, v in cfg.items() if not isinstance(v, list))))
+    mixed = [old if index % 2 == 0 else new for index, (old, new) in enumerate(zip(established, fleet))]
+    scores = learned(mixed, model_config(backbone), "fedavg", seed, cfg)
+    return {client.name: scores[client.name] for client in fleet[1::2]}
+
+
 def learned(fleet: list, model, method: str, seed: int, cfg: dict) -> dict:
     """Per-client scores of one learned method with ``model`` (a ModelConfig)."""
     return trained(fleet, model, method, seed, cfg)[0]
@@ -189,7 +202,9 @@ def jobs(cfg: dict) -> list[tuple]:
     workers finish together."""
     cells = [(d, k) for k in sorted(cfg["history_days"], key=lambda k: -(k or 10**6)) for d in cfg["datasets"]]
     return ([(d, k, None, a, None, cfg) for d, k in cells for a in cfg["anchors"]]
-            + [(d, k, b, None, s, cfg) for d, k in cells for b in cfg["backbones"] for s in cfg["seeds"]])
+            + [(d, k, b, None, s, cfg) for d, k in cells for b in cfg["backbones"] for s in cfg["seeds"]]
+            + [(d, k, b, NEWCOMER, s, cfg) for d, k in cells if k in cfg.get("newcomers", ())
+               for b in cfg["backbones"] for s in cfg["seeds"]])
 
 
 def served_runs(runs: list[dict], cfg: dict) -> list[dict]:
@@ -314,6 +329,8 @@ def summarize(runs: list[dict], cfg: dict) -> list[dict]:
             row["clients_better_than_local"] = sum(
                 s["mase"] < local[dataset, days, backbone, r["seed"]][c]["mase"]
                 for r in group for c, s in r["clients"].items())
+        if method == NEWCOMER:
+            row["same_gateways"] = same_gateways(runs, group, anchor_names)
         if method == SERVED:
             counts: dict[str, int] = {}
             for r in group:
@@ -325,11 +342,32 @@ def summarize(runs: list[dict], cfg: dict) -> list[dict]:
     return rows
 
 
+def same_gateways(runs: list[dict], group: list[dict], anchor_names: set[str]) -> dict:
+    """Local-only (same seeds) and every anchor on exactly the gateways of the newcomer runs
+    ``group``: means over those gateways (and seeds), and the best anchor among them."""
+    import numpy as np
+
+    first = group[0]
+    gateways = list(first["clients"])
+    cell = [r for r in runs if (r["dataset"], r["history_days"]) == (first["dataset"], first["history_days"])]
+    seeds = {r["seed"] for r in group}
+    local = [np.mean([r["clients"][c]["mase"] for c in gateways]) for r in cell
+             if r["method"] == "local" and r["backbone"] == first["backbone"] and r["seed"] in seeds]
+    everyone_short = [np.mean([r["clients"][c]["mase"] for c in gateways]) for r in cell
+                      if r["method"] == "fedavg" and r["backbone"] == first["backbone"] and r["seed"] in seeds]
+    anchors = {r["method"]: float(np.mean([r["clients"][c]["mase"] for c in gateways])) for r in cell
+               if r["method"] in anchor_names and all(c in r["clients"] for c in gateways)}
+    best = min(anchors, key=anchors.__getitem__)
+    return {"gateways": len(gateways), "local": float(np.mean(local)), "fedavg_everyone_short": float(np.mean(everyone_short)),
+            "best_anchor": best, "best_anchor_mase": anchors[best]}
+
+
 def verdicts(rows: list[dict], cfg: dict) -> dict:
     """The issue's goals, each with the numbers that decide it."""
     import numpy as np
 
-    out: dict = {"served_at_most_best_anchor": [], "federated_pays_when_scarce": [], "learned_beats_anchors_full": []}
+    out: dict = {"served_at_most_best_anchor": [], "federated_pays_when_scarce": [], "learned_beats_anchors_full": [],
+                 "federated_pays_a_newcomer": []}
     for dataset in cfg["datasets"]:
         for days in cfg["history_days"]:
             cell = [r for r in rows if (r["dataset"], r["history_days"]) == (dataset, days)]
@@ -349,6 +387,15 @@ def verdicts(rows: list[dict], cfg: dict) -> dict:
                         "dataset": dataset, "history_days": days, "backbone": backbone, "federated": fed["method"],
                         "vs_local": gain_local, "vs_best_anchor": gain_anchor,
                         "met": gain_local >= 0.05 and gain_anchor >= 0.05})
+                if NEWCOMER in by:
+                    new, same = by[NEWCOMER], by[NEWCOMER]["same_gateways"]
+                    gain_local, gain_anchor = 1 - new["mase"] / same["local"], 1 - new["mase"] / same["best_anchor_mase"]
+                    out["federated_pays_a_newcomer"].append({
+                        "dataset": dataset, "history_days": days, "backbone": backbone, "gateways": same["gateways"],
+                        "fedavg_newcomer": new["mase"], "local": same["local"],
+                        "fedavg_everyone_short": same["fedavg_everyone_short"], "best_anchor": same["best_anchor"],
+                        "best_anchor_mase": same["best_anchor_mase"], "vs_local": gain_local,
+                        "vs_best_anchor": gain_anchor, "met": gain_local >= 0.05 and gain_anchor >= 0.05})
                 if days == 0:
                     best = min((by[m] for m in cfg["learned"] if m in by), key=lambda r: r["mase"])
                     out["learned_beats_anchors_full"].append({
@@ -358,6 +405,8 @@ def verdicts(rows: list[dict], cfg: dict) -> dict:
     out["summary"] = {
         "served_at_most_best_anchor_everywhere": all(v["met"] for v in out["served_at_most_best_anchor"]),
         "datasets_where_federated_pays_when_scarce": sorted({v["dataset"] for v in scarce if v["met"]}),
+        "datasets_where_federated_pays_a_newcomer": sorted(
+            {v["dataset"] for v in out["federated_pays_a_newcomer"] if v["met"]}),
         "datasets_where_learned_beats_anchors_by_10pct": sorted(
             {v["dataset"] for v in out["learned_beats_anchors_full"] if v["met"]}),
         "cells": int(np.prod([len(cfg["datasets"]), len(cfg["history_days"])])),
@@ -404,6 +453,7 @@ def markdown(summary: dict) -> str:
         lines.append(f"| {s['dataset']} | {days} | {s['backbone'] or '-'} | {s['method']} | {s['mase']:.4f} ± "
                      f"{s['mase_spread']:.4f} | {s['mse']:.4f} | {s['mae']:.4f} | {local} | "
                      f"{s['clients_better_than_best_anchor']}/{s['client_runs']} | {s['worst_client_vs_best_anchor']:+.1%} |")
+    lines += newcomer_table(summary["verdicts"]["federated_pays_a_newcomer"])
     v = summary["verdicts"]["summary"]
     lines += ["", f"served <= best anchor and no gateway > +2% over its own best anchor, in every cell: "
               f"{v['served_at_most_best_anchor_everywhere']}; federated beats Local and the best anchor by >= 5% "
@@ -411,6 +461,23 @@ def markdown(summary: dict) -> str:
               f"model beats the best anchor by >= 10% with the full history on: "
               f"{v['datasets_where_learned_beats_anchors_by_10pct'] or 'no dataset'}."]
     return "\n".join(lines) + "\n"
+
+
+def newcomer_table(cells: list[dict]) -> list[str]:
+    """A gateway with K days joining a fleet whose other half holds the whole training split: its
+    FedAvg model beside its own Local-only model and best anchor (the same gateways and windows)."""
+    if not cells:
+        return []
+    lines = ["", "A newcomer: every second gateway keeps K days, the others the whole training split; scored on "
+             "the newcomers (test MASE, means over seeds):", "",
+             "| dataset | K days | backbone | newcomers | best anchor | local | fedavg (everyone K days) | "
+             "fedavg (newcomer) | vs local | vs anchor |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for v in cells:
+        lines.append(f"| {v['dataset']} | {v['history_days']} | {v['backbone']} | {v['gateways']} | "
+                     f"{v['best_anchor']} {v['best_anchor_mase']:.3f} | {v['local']:.3f} | "
+                     f"{v.get('fedavg_everyone_short', float('nan')):.3f} | **{v['fedavg_newcomer']:.3f}** | "
+                     f"{-v['vs_local']:+.1%} | {-v['vs_best_anchor']:+.1%} |")
+    return lines
 
 
 def plot(summary: dict, path: Path) -> None:

@@ -35,7 +35,7 @@ from edge_agent.onnx_model import LEVELS_KEY
 from export.contract import ExportMismatchError, ExportReport, sample_windows
 
 TOLERANCE = 1e-5
-MIN_SPIKE_AGREEMENT = 0.999  # float32 rounding at threshold ties may flip a few spikes
+MAX_FLIPPED_SHARE = 0.05  # windows where float32 rounding at a threshold tie flipped a spike (at least one allowed)
 OPSET = 17
 
 
@@ -113,13 +113,15 @@ class Readout(nn.Module):
 
 
 def export_onnx(model: Forecaster, out: Path, windows: WindowSet, n_windows: int = 64, *,
-                tolerance: float = TOLERANCE, min_agreement: float = MIN_SPIKE_AGREEMENT) -> ExportReport:
+                tolerance: float = TOLERANCE, max_flipped: float = MAX_FLIPPED_SHARE) -> ExportReport:
     """Write the unrolled graph (and the streaming graphs for spiking backbones) to folder ``out`` and verify them.
 
     A spike is a threshold test: a membrane within float32 rounding of its threshold may fire in
     one runtime and not in the other (summation order differs), and what follows then differs
-    legitimately. So spikes must agree in at least ``min_agreement`` of all entries (the
-    report says exactly how many differ), and on every window whose output spikes are identical
+    legitimately, and the flip travels on through the window's later layers and steps. So the
+    number of windows with any differing spike is bounded (at most ``max_flipped`` of them, and
+    at least one is allowed: a tie is a per-window event, while how far its flip travels depends
+    on the depth; the report gives the spike agreement too), and on every window whose output spikes are identical
     the forecast must be within ``tolerance`` (the forecast depends on the output spikes only).
     ANN forecasts must be within ``tolerance`` everywhere. Spiking details: ``spikes_checked``,
     ``flipped_windows`` (windows left out of the forecast check) and ``stream_max_abs_error``.
@@ -136,10 +138,10 @@ def export_onnx(model: Forecaster, out: Path, windows: WindowSet, n_windows: int
         reference = Unrolled(model)(x, marks) if spiking else (torch_forecast(model, x, marks),)
         expected = tuple(o.numpy() for o in reference)
     got = run_session(folder / "model.onnx", {"x": x.numpy(), "marks": marks.numpy()})
-    error, agreement, flipped = verify(expected, got, tolerance, min_agreement, "model.onnx")
+    error, agreement, flipped = verify(expected, got, tolerance, max_flipped, "model.onnx")
     report = ExportReport("onnx", [str(folder / "model.onnx")], len(x), agreement, error)
     if spiking:
-        stream_error = _export_streaming(model, folder, x, marks, expected, tolerance, min_agreement)
+        stream_error = _export_streaming(model, folder, x, marks, expected, tolerance, max_flipped)
         _add_streaming(report, folder, expected[1], flipped, stream_error)
     report.timings_ms = time_inference(model, folder / "model.onnx", x, marks)
     if model.levels:
@@ -168,10 +170,12 @@ def _add_streaming(report: ExportReport, folder: Path, spikes: np.ndarray, flipp
                         "left out of the forecast check")
 
 
-def verify(expected: tuple, got: list | tuple, tolerance: float, min_agreement: float,
+def verify(expected: tuple, got: list | tuple, tolerance: float, max_flipped: float,
            what: str) -> tuple[float, float | None, int]:
     """(max forecast error on windows with identical spikes, spike agreement, windows with a
-    flipped spike); raises ``ExportMismatchError`` when either bound is broken."""
+    flipped spike); raises ``ExportMismatchError`` when more than ``max_flipped`` of the windows
+    (at least one allowed) have a differing spike, or a window with identical spikes a forecast
+    beyond ``tolerance``."""
     if len(expected) == 1:
         return compare(expected, got, tolerance, what), None, 0
     want, have = expected[1], got[1]
@@ -179,16 +183,18 @@ def verify(expected: tuple, got: list | tuple, tolerance: float, min_agreement: 
         raise ExportMismatchError(f"{what}: spikes have shape {have.shape}, torch gives {want.shape}")
     differ = want != have
     agreement = 1.0 - float(differ.mean())
-    if agreement < min_agreement:
-        raise ExportMismatchError(f"{what}: {int(differ.sum())} of {differ.size} spikes differ from torch "
-                             f"(agreement {agreement:.5f} < {min_agreement})")
     same = ~differ.reshape(differ.shape[0], differ.shape[1], -1).any(axis=(0, 2))
+    allowed = max(1, int(max_flipped * same.size))
+    if (~same).sum() > allowed:
+        raise ExportMismatchError(f"{what}: {int((~same).sum())} of {same.size} windows have spikes that differ from "
+                                  f"torch (at most {allowed} may, at a float32 threshold tie; {int(differ.sum())} of "
+                                  f"{differ.size} spikes differ, agreement {agreement:.5f})")
     error = compare((expected[0][same],), (got[0][same],), tolerance, what)
     return error, agreement, int((~same).sum())
 
 
 def _export_streaming(model: Forecaster, folder: Path, x: torch.Tensor, marks: torch.Tensor,
-                      expected: tuple, tolerance: float, min_agreement: float) -> float:
+                      expected: tuple, tolerance: float, max_flipped: float) -> float:
     backbone = model.shared["backbone"]
     step = Step(backbone)
     with torch.no_grad():
@@ -200,7 +206,7 @@ def _export_streaming(model: Forecaster, folder: Path, x: torch.Tensor, marks: t
             ["spikes", *[f"next_{n}" for n in names]])
     rate = torch.from_numpy(expected[1]).mean(0)
     _export(Readout(model), (rate, mean, std), folder / "readout.onnx", ["rate", "mean", "std"], ["forecast"])
-    return verify(expected, stream(folder, x.numpy(), marks.numpy()), tolerance, min_agreement, "streaming graphs")[0]
+    return verify(expected, stream(folder, x.numpy(), marks.numpy()), tolerance, max_flipped, "streaming graphs")[0]
 
 
 def stream(folder: Path, x: np.ndarray, marks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

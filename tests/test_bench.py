@@ -70,3 +70,30 @@ def test_a_benchmark_job_gives_the_same_numbers_when_run_again(bench: str, first
     module = importlib.import_module(bench)
     before, after = twice(module.run_job, first, other)
     assert before == after
+
+
+def test_value_scores_a_newcomer_on_its_own_gateways_beside_their_local_model_and_anchors() -> None:
+    """The newcomer cell: FedAvg over a fleet whose even positions hold the whole training split,
+    scored on the odd positions (K days) only, and compared with Local-only and the anchors on
+    exactly those gateways."""
+    value = importlib.import_module("value")
+    threads = torch.get_num_threads()
+    try:
+        cfg = {**VALUE, "datasets": ["stations"], "history_days": [14], "backbones": ["dlinear"], "seeds": [1],
+               "newcomers": [14]}
+        runs = [run for job in value.jobs(cfg) for run in value.run_job(*job, 1)["runs"]]
+    finally:
+        torch.set_num_threads(threads)
+    fleet = value.clients("stations", 14, tuple(sorted((k, v) for k, v in cfg.items() if not isinstance(v, list))))
+    newcomer = next(r for r in runs if r["method"] == value.NEWCOMER)
+    assert list(newcomer["clients"]) == [c.name for c in fleet[1::2]]
+    runs += value.served_runs(runs, cfg)
+    rows = value.summarize(runs, cfg)
+    row = next(r for r in rows if r["method"] == value.NEWCOMER)
+    local = next(r for r in runs if r["method"] == "local")
+    same = row["same_gateways"]
+    assert same["local"] == pytest.approx(np.mean([local["clients"][c]["mase"] for c in newcomer["clients"]]))
+    assert same["best_anchor"] in cfg["anchors"]
+    verdict = value.verdicts(rows, cfg)["federated_pays_a_newcomer"][0]
+    assert verdict["vs_local"] == pytest.approx(1 - row["mase"] / same["local"])
+    assert "A newcomer" in value.markdown({**{"rows": rows, "config": cfg}, "verdicts": value.verdicts(rows, cfg)})

@@ -34,7 +34,7 @@ def test_every_backbone_exports_and_onnx_runtime_reproduces_it(backbone: str, si
     if BACKBONES[backbone].kind == "snn":
         assert report.files == [str(tmp_path / f"{name}.onnx") for name in ("model", "encode", "step", "readout")]
         assert report.details["spikes_checked"] > 0 and report.details["stream_max_abs_error"] <= 1e-5
-        assert report.spike_agreement >= 0.999 and report.details["flipped_windows"] < report.windows / 4
+        assert report.spike_agreement >= 0.999 and report.details["flipped_windows"] <= max(1, report.windows // 20)
         x, marks, _ = site.test.batch(torch.arange(8))
         forecast, spikes = stream(tmp_path, x.numpy(), marks.numpy())
         assert 0.0 < spikes.mean() < 1.0  # a spiking transformer's block output sums residual spikes:
@@ -138,10 +138,15 @@ def test_spike_flips_are_counted_and_bounded() -> None:
     flipped, shifted = spikes.copy(), forecast.copy()
     flipped[2, 4, 1] = 1 - flipped[2, 4, 1]  # one spike of window 4 flips, so its forecast may move
     shifted[4] += 0.5
-    error, agreement, windows = verify((forecast, spikes), (shifted, flipped), 1e-5, 0.99, "test")
+    error, agreement, windows = verify((forecast, spikes), (shifted, flipped), 1e-5, 0.05, "test")
     assert error == 0.0 and agreement == pytest.approx(1 - 1 / spikes.size) and windows == 1
-    with pytest.raises(ExportMismatchError, match="1 of 120 spikes differ"):
-        verify((forecast, spikes), (shifted, flipped), 1e-5, 0.999, "test")
+    travelled = flipped.copy()
+    travelled[3:, 4] = 1 - travelled[3:, 4]  # the flip travels on through the window's later steps: still one window
+    assert verify((forecast, spikes), (shifted, travelled), 1e-5, 0.05, "test")[2] == 1
+    flipped[0, 2, 0] = 1 - flipped[0, 2, 0]  # a second window flips: more than 5% of 6 windows (one allowed)
+    with pytest.raises(ExportMismatchError, match="2 of 6 windows have spikes that differ"):
+        verify((forecast, spikes), (shifted, flipped), 1e-5, 0.05, "test")
+    assert verify((forecast, spikes), (shifted, flipped), 1e-5, 0.5, "test")[2] == 2
     shifted[0] += 1e-3  # a window with identical spikes must still match
     with pytest.raises(ExportMismatchError, match="differs from torch"):
-        verify((forecast, spikes), (shifted, flipped), 1e-5, 0.99, "test")
+        verify((forecast, spikes), (shifted, flipped), 1e-5, 0.5, "test")
