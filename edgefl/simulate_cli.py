@@ -6,13 +6,11 @@ run (``edgefl.root``): the models it builds import torch."""
 from __future__ import annotations
 
 import json
-from contextlib import nullcontext
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
 import typer
 from rich.console import Console
-from rich.live import Live
 from rich.table import Table
 
 from coordinator.simulation.federation import FederationConfig, run_federation
@@ -22,6 +20,7 @@ from edge_agent.models import ModelConfig
 from edge_agent.train import Metrics
 from edgefl.errors import flags_of, reported, say
 from edgefl.model_options import ModelOptions
+from edgefl.progress import live_rounds
 
 app = typer.Typer()
 console = Console()
@@ -43,14 +42,6 @@ def round_table(quantiles: bool) -> Table:
         "round", "train loss", "val score", "test MASE", "test MSE", *extra, "on time", "imputed", "serving",
         "kB/client", "seconds", title="FedPer rounds",
     )
-
-
-def show_round(table: Table, cells: list[str]) -> None:
-    """A round's row in the live table on a terminal; piped or logged, also one plain line as the
-    round ends (a live table would show only at the end, cut to 80 columns)."""
-    table.add_row(*cells)
-    if not console.is_terminal:
-        print("; ".join(f"{column.header} {cell}" for column, cell in zip(table.columns, cells)), flush=True)
 
 
 def quantile_cells(metrics: Metrics | None) -> list[str]:
@@ -143,10 +134,10 @@ def simulate(
         f"{f' ({dropped} dropped at gaps)' if dropped else ''}; backbone {cfg.backbone} ({cfg.projection})"
     )
     table = round_table(cfg.quantiles is not None)
-    with Live(table, console=console, refresh_per_second=4) if console.is_terminal else nullcontext():
+    with live_rounds(console, table) as show_round:
         result = run_federation(
             fleet, cfg, fed, participation=matrix,
-            on_round=lambda r: show_round(table, [
+            on_round=lambda r: show_round([
                 str(r.round), f"{r.train_loss:.4f}", f"{r.val.score:.4f}",
                 *((f"{r.test.mase:.4f}", f"{r.test.mse:.4f}") if r.test else ("-", "-")),
                 *(quantile_cells(r.test) if cfg.quantiles else ()),
