@@ -32,17 +32,17 @@ from edge_agent.zero_shot import zero_shot_forecast
 def load_local_model(cfg: AgentConfig, table: SeriesTable) -> Forecaster:
     """The model the agent serves, with its personal (and last global) parameters restored from disk
     (where an anchor serves: the agent's federated model, the model an export can describe)."""
-    learner, served = _restored(cfg, table)
+    learner, served = restored(cfg, table)
     return served.model if served.model is not None else learner.model
 
 
 def serving(cfg: AgentConfig, table: SeriesTable) -> Served:
     """What the agent serves now: its federated model, or where it validates better its local-only
     model (``keep_local``) or an anchor (``anchors``; see ``HeadLearner.serving_model``)."""
-    return _restored(cfg, table)[1]
+    return restored(cfg, table)[1]
 
 
-def _restored(cfg: AgentConfig, table: SeriesTable) -> tuple[HeadLearner, Served]:
+def restored(cfg: AgentConfig, table: SeriesTable) -> tuple[HeadLearner, Served]:
     """The agent's head learner as saved on disk, and what it serves."""
     learner = make_learner(cfg, table)
     if not isinstance(learner, HeadLearner):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Optional
@@ -16,6 +17,7 @@ from edge_agent.mqtt import DEFAULT_MAX_PAYLOAD_BYTES
 from edgefl.errors import fail, flags_of, reported, say
 from edgefl.export_cli import energy_command, export_app
 from edgefl.extras import needs
+from edgefl.progress import live_rounds
 from edgefl.replay import replay_command
 from edgefl.root import RootGroup
 from edgefl.services import agent_app, aggregator_app, coordinator_app
@@ -54,26 +56,33 @@ def sites() -> None:
 @needs("all")
 def demo(
     rounds: Annotated[int, typer.Option(help="rounds to run")] = 5,
-    out: Annotated[Path, typer.Option(help="working folder (configs, state, logs, plot)")] = Path("runs/demo"),
+    out: Annotated[Path, typer.Option(help="working folder (configs, state, logs, pictures)")] = Path("runs/demo"),
 ) -> None:
-    """A real fleet on this machine: mosquitto, the coordinator and one agent per weather site."""
+    """A real fleet on this machine: mosquitto, the coordinator and one agent per weather site;
+    each start-up stage and round as it happens, then pictures of the rounds and forecasts."""
     import shutil
 
-    from edgefl.demo import plot_curve, run_demo
+    from edgefl.demo import configure, look_next, round_cells, round_table, run_demo
+    from edgefl.demo_plots import plot_curve, plot_forecasts, station_days
 
     shutil.rmtree(out, ignore_errors=True)
-    table = Table("round", "clients", "accepted", "rejected", "train loss", "elapsed s",
-                  title="edgefl fleet: 7 weather stations over MQTT")
-    console.print(f"starting mosquitto, the coordinator and 7 agents (logs in {out / 'logs'}) ...")
+    note = functools.partial(console.print, soft_wrap=True, markup=False, highlight=False)
     try:
-        with Live(table, console=console, refresh_per_second=4):
-            rows = run_demo(out, rounds, lambda r: table.add_row(
-                str(r.round), str(r.clients), str(r.accepted), str(r.rejected), f"{r.loss:.4f}", f"{r.seconds:.1f}"))
-        console.print()
+        fleet = configure(out, rounds)
+        note(f"starting mosquitto, the coordinator and {len(fleet.sites)} agents (logs in {fleet.logs}) ...")
+        with live_rounds(console, round_table(len(fleet.sites))) as show:
+            rows = run_demo(fleet, rounds, note, lambda r: show(round_cells(r)))
     except (FileNotFoundError, RuntimeError, TimeoutError) as exc:
         fail(str(exc))
-    plot_curve(rows, out / "training_curve.png")
-    console.print(f"wrote {out / 'training_curve.png'}; coordinator state in {out / 'state' / 'coordinator'}")
+    curve, forecasts = out / "training_curve.png", out / "forecasts.png"
+    plot_curve(rows, curve)
+    note(f"forecasting each station's last test days with the model it serves (from {out / 'state'}) ...")
+    stations = []
+    for site in fleet.sites:
+        stations.append(station_days(fleet.agent_config(site)))
+        note(f"  {site}: served by {stations[-1].served}")
+    plot_forecasts(stations, forecasts)
+    note("\n".join(look_next(fleet, curve, forecasts)))
 
 
 @app.command("init")

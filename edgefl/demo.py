@@ -1,8 +1,10 @@
 """``edgefl demo``: a real fleet on this machine. mosquitto with generated credentials and ACL,
-the coordinator and one agent process per bundled weather site, a live table, a PNG curve."""
+the coordinator (with its dashboard) and one agent process per bundled weather site; each start-up
+stage and closed round is reported as it happens (``edgefl.demo_plots`` draws the pictures)."""
 
 from __future__ import annotations
 
+import math
 import subprocess
 import sys
 import time
@@ -11,28 +13,66 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from rich.table import Table
+
 from coordinator.broker_setup import free_port, start_mosquitto, wait_for_port, write_fleet_setup
-from coordinator.store import Store
+from coordinator.store import RoundRow as StoredRound, Store
+from edge_agent.candidates import served_name, validation_scores
 from edge_agent.config import dump_toml
 from edge_agent.data import list_sites
 
 DEMO_MODEL = {"backbone": "dlinear"}  # the recipe: ModelConfig's defaults
 DEMO_TRAINING = {"local_epochs": 1, "stride": 13}  # the recipe's batches, keep_local and anchors (AgentTraining)
+FEDERATED = "federated"  # the candidate that is the fleet's model (``edge_agent.selection``)
 
 
 @dataclass(frozen=True)
 class RoundRow:
+    """One closed round: who took part, the sample-weighted training loss, and the fleet's mean
+    validation MASE of the federated model each agent started the round from and of the
+    candidate it served then (NaN where no agent reported one)."""
+
     round: int
     clients: int
     accepted: int
     rejected: int
     loss: float
+    val_federated: float
+    val_served: float
     seconds: float
 
 
-def _configure(workdir: Path, rounds: int, port: int) -> tuple[dict[str, Path], list[str]]:
-    """Generate the broker setup, then give every service the demo's model and schedule."""
-    sites = list_sites()
+@dataclass(frozen=True)
+class DemoFleet:
+    """Where a demo's pieces are: its folder, every service's config (by file name), its sites
+    and the coordinator's dashboard."""
+
+    folder: Path
+    configs: dict[str, Path]
+    sites: list[str]
+    broker_port: int
+    dashboard: str
+
+    @property
+    def coordinator_config(self) -> Path:
+        return self.configs["coordinator.toml"]
+
+    @property
+    def coordinator_state(self) -> Path:
+        return self.folder / "state" / "coordinator"
+
+    @property
+    def logs(self) -> Path:
+        return self.folder / "logs"
+
+    def agent_config(self, site: str) -> Path:
+        return self.configs[f"{site}.toml"]
+
+
+def configure(workdir: Path, rounds: int) -> DemoFleet:
+    """Generate the broker setup, then give every service the demo's model and schedule, and the
+    coordinator a dashboard on a free loopback port."""
+    sites, port, http_port = list_sites(), free_port(), free_port()
     written = write_fleet_setup("demo", sites, workdir / "broker", port=port, state_root=workdir / "state")
     for name, path in written.items():
         if not name.endswith(".toml"):
@@ -40,27 +80,27 @@ def _configure(workdir: Path, rounds: int, port: int) -> tuple[dict[str, Path], 
         config = tomllib.loads(path.read_text())
         config["model"] = DEMO_MODEL
         if name == "coordinator.toml":
-            config.update(rounds=rounds, min_clients=len(sites), round_timeout_s=120.0)
+            config.update(rounds=rounds, min_clients=len(sites), round_timeout_s=120.0,
+                          http={"host": "127.0.0.1", "port": http_port})
         else:
             config["training"] = DEMO_TRAINING
         path.write_text(dump_toml(config))
-    return written, sites
+    return DemoFleet(workdir, written, sites, port, f"http://127.0.0.1:{http_port}/")
 
 
-def run_demo(workdir: Path, rounds: int, on_round: Callable[[RoundRow], None]) -> list[RoundRow]:
-    """Start everything, report each closed round, stop everything; returns the round rows."""
-    port = free_port()
-    written, sites = _configure(workdir, rounds, port)
-    broker = start_mosquitto(written["mosquitto.conf"], workdir / "broker")
+def run_demo(fleet: DemoFleet, rounds: int, on_stage: Callable[[str], None],
+             on_round: Callable[[RoundRow], None]) -> list[RoundRow]:
+    """Start everything, report each start-up stage and closed round, stop everything; returns the round rows."""
+    broker = start_mosquitto(fleet.configs["mosquitto.conf"], fleet.folder / "broker")
     processes: list[subprocess.Popen] = []
     try:
-        wait_for_port(port, broker)
-        logs = workdir / "logs"
-        logs.mkdir(exist_ok=True)
-        processes.append(_spawn(logs / "coordinator.log", "coordinator", "serve", "-c", written["coordinator.toml"]))
-        for site in sites:
-            processes.append(_spawn(logs / f"{site}.log", "agent", "run", "-c", written[f"{site}.toml"]))
-        return _watch(workdir / "state" / "coordinator", rounds, processes[0], on_round)
+        wait_for_port(fleet.broker_port, broker)
+        on_stage(f"broker up on 127.0.0.1:{fleet.broker_port}")
+        fleet.logs.mkdir(exist_ok=True)
+        processes.append(_spawn(fleet.logs / "coordinator.log", "coordinator", "serve", "-c", fleet.coordinator_config))
+        for site in fleet.sites:
+            processes.append(_spawn(fleet.logs / f"{site}.log", "agent", "run", "-c", fleet.agent_config(site)))
+        return _watch(fleet, rounds, processes[0], on_stage, on_round)
     finally:
         for process in processes:
             process.terminate()
@@ -71,42 +111,88 @@ def run_demo(workdir: Path, rounds: int, on_round: Callable[[RoundRow], None]) -
 
 
 def _spawn(log: Path, *args: object) -> subprocess.Popen:
+    """One ``edgefl`` service process, its output into ``log``."""
     return subprocess.Popen(
         [sys.executable, "-m", "edgefl.cli", *map(str, args)], stdout=open(log, "w"), stderr=subprocess.STDOUT
     )
 
 
-def _watch(state: Path, rounds: int, coordinator: subprocess.Popen, on_round) -> list[RoundRow]:
-    """Poll the coordinator's store and report every round as it closes."""
+class _StartUp:
+    """Says once that the coordinator is up, and how many agents have registered whenever that changes."""
+
+    def __init__(self, fleet: DemoFleet, on_stage: Callable[[str], None]):
+        self.fleet, self.on_stage, self.up, self.registered = fleet, on_stage, False, 0
+
+    def check(self, store: Store) -> None:
+        """Report what changed in ``store`` since the last poll."""
+        if not self.up and store.latest_round() is not None:
+            self.up = True
+            self.on_stage(f"coordinator up: campaign {store.campaign()}, dashboard on {self.fleet.dashboard}")
+        registered = store.client_count()
+        if registered != self.registered:
+            self.registered = registered
+            self.on_stage(f"{registered}/{len(self.fleet.sites)} agents registered")
+
+
+def _watch(fleet: DemoFleet, rounds: int, coordinator: subprocess.Popen,
+           on_stage: Callable[[str], None], on_round: Callable[[RoundRow], None]) -> list[RoundRow]:
+    """Poll the coordinator's store and report start-up and every round as it closes."""
     reported: list[RoundRow] = []
-    started = time.time()
+    started, start_up = time.time(), _StartUp(fleet, on_stage)
     while len(reported) < rounds:
         if coordinator.poll() not in (None, 0):
             raise RuntimeError(f"the coordinator exited with status {coordinator.returncode}; see its log")
-        if (state / "coordinator.sqlite3").exists():
-            store = Store(state)
+        if (fleet.coordinator_state / "coordinator.sqlite3").exists():
+            store = Store(fleet.coordinator_state)
+            start_up.check(store)
             for row in store.rounds():
                 if row.closed_at and row.round > len(reported):
-                    rejected = sum(1 for e in store.events(accepted=False) if e["round"] == row.round)
-                    item = RoundRow(row.round, len(store.clients()), len(row.metrics["clients"]), rejected,
-                                    row.metrics["loss"], row.closed_at - started)
-                    reported.append(item)
-                    on_round(item)
+                    reported.append(_round_row(store, row, started))
+                    on_round(reported[-1])
             store.close()
         time.sleep(0.5)
     coordinator.wait(60)
     return reported
 
 
-def plot_curve(rows: list[RoundRow], path: Path) -> None:
-    """Training loss (sample-weighted over the agents' updates) per round."""
-    import matplotlib
+def _round_row(store: Store, row: StoredRound, started: float) -> RoundRow:
+    """A closed round's row from the coordinator's store: its round metrics, its refusals and the
+    validation scores the agents sent with their updates (``edge_agent.candidates``)."""
+    metrics = [update.metrics for update in store.updates(row.round)]
+    rejected = sum(1 for e in store.events(accepted=False) if e["round"] == row.round)
+    federated = [validation_scores(m).get(FEDERATED, math.nan) for m in metrics]
+    served = [validation_scores(m).get(served_name(m) or FEDERATED, math.nan) for m in metrics]
+    return RoundRow(row.round, store.client_count(), len(row.metrics["clients"]), rejected, row.metrics["loss"],
+                    _mean(federated), _mean(served), row.closed_at - started)
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(5, 3.2))
-    ax.plot([r.round for r in rows], [r.loss for r in rows], marker="o")
-    ax.set(xlabel="round", ylabel="training loss (MSE, normalized)", title="edgefl demo: 7 weather stations")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+def _mean(values: list[float]) -> float:
+    """The mean of the finite ``values``; NaN where there is none."""
+    finite = [v for v in values if math.isfinite(v)]
+    return sum(finite) / len(finite) if finite else math.nan
+
+
+def round_table(stations: int) -> Table:
+    """The demo's table of closed rounds (``round_cells`` fills a row)."""
+    return Table("round", "clients", "accepted", "rejected", "train loss", "val MASE federated", "val MASE served",
+                 "elapsed s", title=f"edgefl fleet: {stations} weather stations over MQTT",
+                 caption="val MASE: mean over the stations, of the models each round started from")
+
+
+def round_cells(row: RoundRow) -> list[str]:
+    """A closed round as table cells ("-" where no station reported a validation score)."""
+    scores = [f"{v:.4f}" if math.isfinite(v) else "-" for v in (row.loss, row.val_federated, row.val_served)]
+    return [str(row.round), str(row.clients), str(row.accepted), str(row.rejected), *scores, f"{row.seconds:.1f}"]
+
+
+def look_next(fleet: DemoFleet, curve: Path, forecasts: Path) -> list[str]:
+    """Where a person looks after the demo: its pictures, the commands that read its state, its logs."""
+    return [
+        "look next:",
+        f"  training loss and validation MASE per round: {curve}",
+        f"  each station's last test days, measured and forecast: {forecasts}",
+        f"  rounds, clients and what each station serves: edgefl coordinator status -c {fleet.coordinator_config}",
+        f"  a station's forecast of its next day: edgefl agent forecast -c {fleet.agent_config(fleet.sites[0])}",
+        f"  logs of the coordinator and of every station: {fleet.logs}",
+        f"  dashboard: {fleet.dashboard} was live while the rounds ran (it stops with the coordinator)",
+    ]
