@@ -57,6 +57,8 @@ def sites() -> None:
 def demo(
     rounds: Annotated[int, typer.Option(help="rounds to run")] = 5,
     out: Annotated[Path, typer.Option(help="working folder (configs, state, logs, pictures)")] = Path("runs/demo"),
+    stations: Annotated[Optional[int], typer.Option(min=1, help="how many bundled weather stations join "
+                                                    "(default: all 7)")] = None,
 ) -> None:
     """A real fleet on this machine: mosquitto, the coordinator and one agent per weather site;
     each start-up stage and round as it happens, then pictures of the rounds and forecasts."""
@@ -68,7 +70,7 @@ def demo(
     shutil.rmtree(out, ignore_errors=True)
     note = functools.partial(console.print, soft_wrap=True, markup=False, highlight=False)
     try:
-        fleet = configure(out, rounds)
+        fleet = configure(out, rounds, stations)
         note(f"starting mosquitto, the coordinator and {len(fleet.sites)} agents (logs in {fleet.logs}) ...")
         with live_rounds(console, round_table(len(fleet.sites))) as show:
             rows = run_demo(fleet, rounds, note, lambda r: show(round_cells(r)))

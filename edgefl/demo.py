@@ -69,10 +69,11 @@ class DemoFleet:
         return self.configs[f"{site}.toml"]
 
 
-def configure(workdir: Path, rounds: int) -> DemoFleet:
-    """Generate the broker setup, then give every service the demo's model and schedule, and the
-    coordinator a dashboard on a free loopback port."""
-    sites, port, http_port = list_sites(), free_port(), free_port()
+def configure(workdir: Path, rounds: int, stations: int | None = None) -> DemoFleet:
+    """Generate the broker setup for the first ``stations`` bundled sites (None: all), then give
+    every service the demo's model and schedule, and the coordinator a dashboard on a free
+    loopback port."""
+    sites, port, http_port = list_sites()[:stations], free_port(), free_port()
     written = write_fleet_setup("demo", sites, workdir / "broker", port=port, state_root=workdir / "state")
     for name, path in written.items():
         if not name.endswith(".toml"):
