@@ -7,13 +7,10 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-from rich.console import Console
-from rich.live import Live
-from rich.table import Table
 
 from edge_agent.data import DataError
 from edge_agent.mqtt import DEFAULT_MAX_PAYLOAD_BYTES
-from edgefl.errors import fail, flags_of, reported, say
+from edgefl.errors import LazyConsole, fail, flags_of, reported, say
 from edgefl.export_cli import energy_command, export_app
 from edgefl.extras import needs
 from edgefl.replay import replay_command
@@ -26,7 +23,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     cls=RootGroup,
 )
-console = Console()
+console = LazyConsole()  # rich is loaded by the commands that print tables
 app.add_typer(coordinator_app, name="coordinator")
 app.add_typer(aggregator_app, name="aggregator")
 app.add_typer(agent_app, name="agent")
@@ -39,6 +36,8 @@ app.command("replay")(needs("gateway")(replay_command))
 @needs("sites")
 def sites() -> None:
     """List the real weather sites bundled with pvlib (one device each)."""
+    from rich.table import Table
+
     from edge_agent.data import list_sites, load_site
 
     table = Table("site", "latitude", "longitude", "rows", "variables")
@@ -59,6 +58,9 @@ def demo(
     """A real fleet on this machine: mosquitto, the coordinator and one agent per weather site."""
     import shutil
 
+    from rich.live import Live
+    from rich.table import Table
+
     from edgefl.demo import plot_curve, run_demo
 
     shutil.rmtree(out, ignore_errors=True)
@@ -66,7 +68,7 @@ def demo(
                   title="edgefl fleet: 7 weather stations over MQTT")
     console.print(f"starting mosquitto, the coordinator and 7 agents (logs in {out / 'logs'}) ...")
     try:
-        with Live(table, console=console, refresh_per_second=4):
+        with Live(table, console=console.rich, refresh_per_second=4):
             rows = run_demo(out, rounds, lambda r: table.add_row(
                 str(r.round), str(r.clients), str(r.accepted), str(r.rejected), f"{r.loss:.4f}", f"{r.seconds:.1f}"))
         console.print()
@@ -170,6 +172,9 @@ def pretrain_command(
 ) -> None:
     """Pretrain the foundation model by masked reconstruction, federated over the weather sites
     (with --steps, --per-variable and --extra-series: a fleet that mixes resolutions and quantities)."""
+    from rich.live import Live
+    from rich.table import Table
+
     from coordinator.simulation.pretrain import PretrainConfig, pretrain
     from edge_agent.data import load_sites
     from edge_agent.data.canonical import device_series
@@ -188,7 +193,7 @@ def pretrain_command(
         fleet += load_extra() if extra_series else []
         devices = [device_series(table, fm.variables, fm.window, stride) for table in fleet]
     table = Table("round", "devices", "train loss", "val masked MSE", "seconds", title=f"foundation pretraining ({strategy.value})")
-    with Live(table, console=console, refresh_per_second=4):
+    with Live(table, console=console.rich, refresh_per_second=4):
         model, _ = pretrain(devices, fm, cfg, lambda r: table.add_row(
             str(r.round), _devices(r.devices, len(devices)), f"{r.train_loss:.4f}", f"{r.val_loss:.4f}", f"{r.seconds:.1f}"))
     digest = save_foundation(model, out)
