@@ -6,12 +6,14 @@ import copy
 import math
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from torch import nn
 from torch.nn import functional as F
+from torch.optim.adam import adam
 
 from edge_agent.anchors import ANCHORS
 from edge_agent.conformal import apply_offsets, fit_offsets
@@ -114,9 +116,75 @@ class Metrics:
         return self.mse if self.mase is None else self.mase
 
 
-def make_optimizer(model: nn.Module, lr: float) -> torch.optim.Optimizer:
+class Optimizer(Protocol):
+    """What the training loops use of an optimizer: ``torch.optim``'s or ``ForeachAdam``."""
+
+    def zero_grad(self, set_to_none: bool = True) -> None: ...
+
+    def step(self) -> object: ...
+
+
+class ForeachAdam:
+    """``torch.optim.Adam(params, lr=lr, foreach=True)`` (its other settings at their defaults),
+    bit for bit, without ``torch.optim.Optimizer``: that class's constructor, ``zero_grad`` and
+    ``step`` import ``torch._dynamo`` on their first call (for ``torch.compile``, which nothing
+    here uses), some 800 modules (sympy, torch.distributed, ...) and 70 MB of a training
+    process's memory (bench/gateway.py's training child). Each step gathers the
+    parameters that have a gradient and their moments as ``Adam.step`` does and hands them to
+    ``torch.optim.adam.adam``, the functional form ``Adam.step`` itself calls, with the same
+    arguments; tests/test_models.py checks that both train to identical parameters."""
+
+    BETAS, EPS = (0.9, 0.999), 1e-8
+
+    def __init__(self, params: Iterable[torch.Tensor], lr: float):
+        self.params = list(params)
+        if not self.params:
+            raise ValueError("optimizer got an empty parameter list")
+        if not lr >= 0.0:
+            raise ValueError(f"Invalid learning rate: {lr}")
+        self.lr = lr
+        self.state: dict[torch.Tensor, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}  # step, moments
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for p in self.params:
+            if p.grad is None:
+                continue
+            if set_to_none:
+                p.grad = None
+            else:  # as torch.optim.Optimizer.zero_grad(set_to_none=False)
+                if p.grad.grad_fn is not None:
+                    p.grad.detach_()
+                else:
+                    p.grad.requires_grad_(False)
+                p.grad.zero_()
+
+    @torch.no_grad()
+    def step(self) -> None:
+        params, grads, exp_avgs, exp_avg_sqs, steps = [], [], [], [], []
+        for p in self.params:
+            if p.grad is None:
+                continue
+            if p.grad.is_sparse:
+                raise RuntimeError("Adam does not support sparse gradients")
+            if p not in self.state:  # Adam's lazy state: the step count on the CPU, zero moments
+                self.state[p] = (torch.tensor(0.0, dtype=torch.get_default_dtype(), device="cpu"),
+                                 torch.zeros_like(p, memory_format=torch.preserve_format),
+                                 torch.zeros_like(p, memory_format=torch.preserve_format))
+            step, exp_avg, exp_avg_sq = self.state[p]
+            params.append(p)
+            grads.append(p.grad)
+            exp_avgs.append(exp_avg)
+            exp_avg_sqs.append(exp_avg_sq)
+            steps.append(step)
+        adam(params, grads, exp_avgs, exp_avg_sqs, [], steps, foreach=True, capturable=False, differentiable=False,
+             fused=None, grad_scale=None, found_inf=None, has_complex=any(torch.is_complex(p) for p in params),
+             decoupled_weight_decay=False, amsgrad=False, beta1=self.BETAS[0], beta2=self.BETAS[1], lr=self.lr,
+             weight_decay=0, eps=self.EPS, maximize=False)
+
+
+def make_optimizer(model: nn.Module, lr: float) -> ForeachAdam:
     """Adam over every parameter of ``model``, as in the paper's training setup (A.2: lr 1e-3)."""
-    return torch.optim.Adam(model.parameters(), lr=lr, foreach=True)
+    return ForeachAdam(model.parameters(), lr)
 
 
 def full_forecast(model: nn.Module, x: torch.Tensor, marks: torch.Tensor) -> torch.Tensor:
@@ -147,7 +215,7 @@ def forecast_loss(model: nn.Module, x: torch.Tensor, marks: torch.Tensor, y: tor
 LossTerms = torch.Tensor | dict[str, torch.Tensor]
 
 
-def seeded_steps(optimizer: torch.optim.Optimizer, size: int, epochs: int, batch_size: int, seed: int,
+def seeded_steps(optimizer: Optimizer, size: int, epochs: int, batch_size: int, seed: int,
                  step_loss: Callable[[torch.Tensor, int, int], LossTerms]) -> list[tuple[dict[str, float], int]]:
     """The one seeded training loop of every learner: ``epochs`` passes over ``size`` samples, each
     in a shuffled order drawn from ``seed`` and cut into batches, one optimizer step per batch on
@@ -184,7 +252,7 @@ def train_epochs(
     windows: WindowSet,
     epochs: int,
     batch_size: int,
-    optimizer: torch.optim.Optimizer,
+    optimizer: Optimizer,
     seed: int,
     penalty: Callable[[], torch.Tensor] | None = None,
 ) -> float:

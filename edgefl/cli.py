@@ -8,16 +8,12 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-from rich.console import Console
-from rich.live import Live
-from rich.table import Table
 
 from edge_agent.data import DataError
 from edge_agent.mqtt import DEFAULT_MAX_PAYLOAD_BYTES
-from edgefl.errors import fail, flags_of, reported, say
+from edgefl.errors import LazyConsole, fail, flags_of, reported, say
 from edgefl.export_cli import energy_command, export_app
 from edgefl.extras import needs
-from edgefl.progress import live_rounds
 from edgefl.replay import replay_command
 from edgefl.root import RootGroup
 from edgefl.services import agent_app, aggregator_app, coordinator_app
@@ -28,7 +24,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     cls=RootGroup,
 )
-console = Console()
+console = LazyConsole()  # rich is loaded by the commands that print tables
 app.add_typer(coordinator_app, name="coordinator")
 app.add_typer(aggregator_app, name="aggregator")
 app.add_typer(agent_app, name="agent")
@@ -41,6 +37,8 @@ app.command("replay")(needs("gateway")(replay_command))
 @needs("sites")
 def sites() -> None:
     """List the real weather sites bundled with pvlib (one device each)."""
+    from rich.table import Table
+
     from edge_agent.data import list_sites, load_site
 
     table = Table("site", "latitude", "longitude", "rows", "variables")
@@ -66,24 +64,25 @@ def demo(
 
     from edgefl.demo import configure, look_next, round_cells, round_table, run_demo
     from edgefl.demo_plots import plot_curve, plot_forecasts, station_days
+    from edgefl.progress import live_rounds
 
     shutil.rmtree(out, ignore_errors=True)
     note = functools.partial(console.print, soft_wrap=True, markup=False, highlight=False)
     try:
         fleet = configure(out, rounds, stations)
         note(f"starting mosquitto, the coordinator and {len(fleet.sites)} agents (logs in {fleet.logs}) ...")
-        with live_rounds(console, round_table(len(fleet.sites))) as show:
+        with live_rounds(console.rich, round_table(len(fleet.sites))) as show:
             rows = run_demo(fleet, rounds, note, lambda r: show(round_cells(r)))
     except (FileNotFoundError, RuntimeError, TimeoutError) as exc:
         fail(str(exc))
     curve, forecasts = out / "training_curve.png", out / "forecasts.png"
     plot_curve(rows, curve)
     note(f"forecasting each station's last test days with the model it serves (from {out / 'state'}) ...")
-    stations = []
+    drawn = []
     for site in fleet.sites:
-        stations.append(station_days(fleet.agent_config(site)))
-        note(f"  {site}: served by {stations[-1].served}")
-    plot_forecasts(stations, forecasts)
+        drawn.append(station_days(fleet.agent_config(site)))
+        note(f"  {site}: served by {drawn[-1].served}")
+    plot_forecasts(drawn, forecasts)
     note("\n".join(look_next(fleet, curve, forecasts)))
 
 
@@ -181,6 +180,9 @@ def pretrain_command(
 ) -> None:
     """Pretrain the foundation model by masked reconstruction, federated over the weather sites
     (with --steps, --per-variable and --extra-series: a fleet that mixes resolutions and quantities)."""
+    from rich.live import Live
+    from rich.table import Table
+
     from coordinator.simulation.pretrain import PretrainConfig, pretrain
     from edge_agent.data import load_sites
     from edge_agent.data.canonical import device_series
@@ -199,7 +201,7 @@ def pretrain_command(
         fleet += load_extra() if extra_series else []
         devices = [device_series(table, fm.variables, fm.window, stride) for table in fleet]
     table = Table("round", "devices", "train loss", "val masked MSE", "seconds", title=f"foundation pretraining ({strategy.value})")
-    with Live(table, console=console, refresh_per_second=4):
+    with Live(table, console=console.rich, refresh_per_second=4):
         model, _ = pretrain(devices, fm, cfg, lambda r: table.add_row(
             str(r.round), _devices(r.devices, len(devices)), f"{r.train_loss:.4f}", f"{r.val_loss:.4f}", f"{r.seconds:.1f}"))
     digest = save_foundation(model, out)

@@ -7,17 +7,47 @@ from __future__ import annotations
 import sys
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import typer
 from pydantic import ValidationError
-from rich.console import Console
-from rich.markup import escape
 from typer.core import TyperGroup
 
 from edge_agent.problems import dotted, problem_lines
 
-stderr = Console(stderr=True, soft_wrap=True, highlight=False)
+if TYPE_CHECKING:
+    from rich.console import Console
+
+
+class LazyConsole:
+    """A rich ``Console`` made on first use, so that a command that never prints through one
+    (``edgefl agent serve``: its output is logging) does not load rich (2 MB resident)."""
+
+    def __init__(self, **options: Any):
+        self._options = options
+        self._console: Console | None = None
+
+    @property
+    def rich(self) -> Console:
+        """The console itself (for rich objects that take one, as ``Live`` and ``Progress``)."""
+        if self._console is None:
+            from rich.console import Console
+
+            self._console = Console(**self._options)
+        return self._console
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.rich, name)
+
+
+def escape(markup: str) -> str:
+    """``rich.markup.escape``, rich loaded when first needed."""
+    from rich.markup import escape as escape_markup
+
+    return escape_markup(markup)
+
+
+stderr = LazyConsole(stderr=True, soft_wrap=True, highlight=False)
 
 
 def say(message: str) -> None:

@@ -6,9 +6,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
-from rich.console import Console
 
-from edgefl.errors import fail
+from edgefl.errors import LazyConsole, fail
 from edgefl.extras import needs
 
 if TYPE_CHECKING:
@@ -16,7 +15,7 @@ if TYPE_CHECKING:
     from edge_agent.models import Forecaster
     from export.contract import ExportReport
 
-console = Console(soft_wrap=True)
+console = LazyConsole(soft_wrap=True)
 export_app = typer.Typer(help="Export a trained model: ONNX, Lava netx HDF5, NIR.", no_args_is_help=True)
 
 Checkpoint = Annotated[Optional[Path], typer.Option(help="model file (edgefl simulate --save-models, agent checkpoint)")]

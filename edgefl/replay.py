@@ -22,12 +22,10 @@ from typing import TYPE_CHECKING, Annotated, Optional
 import numpy as np
 import paho.mqtt.client as mqtt
 import typer
-from rich.console import Console
-from rich.progress import MofNCompleteColumn, Progress
 
 from edge_agent.data import DataError, GapPolicy
 from edge_agent.mqtt import QOS, BrokerConfig
-from edgefl.errors import fail, flags_of, reported
+from edgefl.errors import LazyConsole, fail, flags_of, reported
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -40,7 +38,7 @@ CONNECT_TIMEOUT_S = 10.0
 DRAIN_TIMEOUT_S = 30.0
 LONG_REPLAY_ROWS = 100
 
-console = Console(soft_wrap=True)
+console = LazyConsole(soft_wrap=True)
 
 
 class Style(str, Enum):
@@ -290,11 +288,12 @@ def replay_command(
             check_levels("column", table.columns)
         broker = BrokerConfig(host=host, port=port, username=username, password=password, tls_ca=tls_ca)
     import pandas as pd  # a table is a pandas table: the sites and CSV files need the gateway extra anyway
+    from rich.progress import MofNCompleteColumn, Progress
 
     shift = rebase_shift(table.index[-1], pd.Timestamp.now(tz="UTC")) if rebase else timedelta(0)
     console.print(plan(table, kind, name, prefix, sensor, shift, broker, speedup))
     try:
-        with Progress(*Progress.get_default_columns(), MofNCompleteColumn(), console=console, transient=True,
+        with Progress(*Progress.get_default_columns(), MofNCompleteColumn(), console=console.rich, transient=True,
                       disable=table.n_rows <= LONG_REPLAY_ROWS or not console.is_terminal) as progress:
             task = progress.add_task("rows", total=table.n_rows)
             stats = replay(table, kind, broker, speedup, name, prefix, sensor, shift,

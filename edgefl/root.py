@@ -9,10 +9,9 @@ import importlib
 from typing import Any
 
 import typer
-from rich.markup import escape
 from typer.core import TyperCommand
 
-from edgefl.errors import OneLineErrors
+from edgefl.errors import OneLineErrors, escape
 from edgefl.extras import missing_extra
 
 LAZY = {"simulate": ("edgefl.simulate_cli", "coordinator")}

@@ -9,19 +9,16 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-from rich.console import Console
-from rich.markup import escape
-from rich.table import Table
 
 from edge_agent.toml_config import ConfigError, load_config
 from edge_agent.data import DataError
 from edge_agent.candidates import served_name, validation_scores
 from edge_agent.session import REFUSED_EXIT_CODE, Refused
 from edge_agent.storage import StateDirError
-from edgefl.errors import fail, say
+from edgefl.errors import LazyConsole, escape, fail, say
 from edgefl.extras import needs
 
-console = Console(stderr=True)
+console = LazyConsole(stderr=True)  # rich is loaded by the commands that print
 coordinator_app = typer.Typer(help="The coordinator service.", no_args_is_help=True)
 aggregator_app = typer.Typer(help="A site aggregator next to a site broker.", no_args_is_help=True)
 agent_app = typer.Typer(help="The edge agent on a gateway.", no_args_is_help=True)
@@ -151,6 +148,9 @@ def aggregator_status(config: ConfigPath) -> None:
 
 def _print_status(cfg) -> None:
     """The rounds, clients and latest rejections in a coordinator's (or site aggregator's) state."""
+    from rich.console import Console
+    from rich.table import Table
+
     from coordinator.store import Store
 
     try:
@@ -268,6 +268,9 @@ def agent_forecast(
 ) -> None:
     """Print the forecast of the local model for the horizon after the latest window; a quantile
     model's with its interval (lowest to highest level)."""
+    from rich.console import Console
+    from rich.table import Table
+
     from edge_agent.forecast import forecast
 
     cfg = _agent_config(config)
@@ -297,6 +300,8 @@ def agent_checkpoint(
     config: ConfigPath, out: Annotated[Path, typer.Option("--out", "-o", help="checkpoint file to write")]
 ) -> None:
     """Save the agent's current model (global shared + personal parts) as one checkpoint file."""
+    from rich.console import Console
+
     from edge_agent.forecast import load_local_model
     from edge_agent.live import gateway_table
     from edge_agent.models import save_checkpoint

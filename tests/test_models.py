@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -112,6 +115,43 @@ def test_identical_seeds_give_identical_models(backbone: str, client) -> None:
     first, second, other = trained(5), trained(5), trained(6)
     assert all(torch.equal(first[k], second[k]) for k in first)
     assert any(not torch.equal(first[k], other[k]) for k in first)
+
+
+def test_make_optimizer_trains_bit_for_bit_as_torch_adam(client) -> None:
+    """``make_optimizer``'s Adam (``torch.optim.adam.adam`` without ``torch.optim.Optimizer``,
+    whose methods import torch._dynamo) leaves every parameter exactly where
+    ``torch.optim.Adam(foreach=True)`` does: over several calls (the moments persist) and with a
+    parameter that has no gradient at first (no state until it has one)."""
+    def trained(optimizer_of) -> dict[str, torch.Tensor]:
+        model = build_forecaster(small_config("dlinear"), client.n_features, TIME_FEATURES, seed=3)
+        optimizer = optimizer_of(model)
+        frozen = next(model.parameters())
+        frozen.requires_grad_(False)
+        train_epochs(model, client.train, 1, 32, optimizer, seed=0)
+        frozen.requires_grad_(True)
+        for seed in (1, 2):
+            train_epochs(model, client.train, 1, 32, optimizer, seed)
+        return model.state_dict()
+
+    ours = trained(lambda model: make_optimizer(model, 3e-3))
+    torchs = trained(lambda model: torch.optim.Adam(model.parameters(), lr=3e-3, foreach=True))
+    assert all(torch.equal(ours[k], torchs[k]) for k in torchs)
+
+
+def test_training_does_not_load_torch_dynamo() -> None:
+    """A training process stays 70 MB smaller without torch._dynamo (bench/gateway.py's training
+    child), which torch.optim.Optimizer's methods would import."""
+    script = ("import sys\n"
+              "from edge_agent.data import TIME_FEATURES, prepare_client, synthetic_table\n"
+              "from edge_agent.models import ModelConfig, build_forecaster\n"
+              "from edge_agent.train import make_optimizer, train_epochs\n"
+              "data = prepare_client(synthetic_table(n_features=2, n_steps=300, seed=1), lookback=24, horizon=12)\n"
+              "model = build_forecaster(ModelConfig(lookback=24, horizon=12), 2, TIME_FEATURES, seed=0)\n"
+              "train_epochs(model, data.train, 1, 32, make_optimizer(model, 1e-3), seed=0)\n"
+              "print('torch._dynamo' in sys.modules)\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["False"]
 
 
 def test_lif_integrates_fires_and_resets_to_zero() -> None:
