@@ -23,6 +23,7 @@ anchor, and the largest excess of one gateway over its own best anchor. Usage:
     python bench/value.py --quick     # DLinear recipe, 3 datasets x 4 histories x 3 seeds (23 min, 2 cores)
     python bench/value.py             # + a spiking backbone, MSTL, Centralized, 20 station clients
     python bench/value.py --quick --report-only   # value.md and value.png again from value.json
+    python bench/value.py --quick --newcomers 14,30   # + K-day gateways joining a fleet that holds the whole split
     python bench/value.py --quick --windows /tmp/w.npz   # also keep every run's per-window errors there
     python bench/value.py --quick --report-only --windows /tmp/w.npz   # re-choose "served" without retraining
 """
@@ -45,9 +46,9 @@ QUICK = {
     "seeds": [1, 2, 3], "clients": 10, "f_max": 20, "rounds": 10, "local_epochs": 1, "personal_epochs": 1,
     "max_windows": None, "val_stride": 1,
     "anchors": ["seasonal_naive", "seasonal_naive_week", "window_average", "ets", "theta"],
-    "learned": ["local", "fedavg"], "newcomers": [14, 30],
+    "learned": ["local", "fedavg"], "newcomers": [],
 }
-FULL = {**QUICK, "backbones": ["dlinear", "spikernn"], "clients": 20, "rounds": 20,
+FULL = {**QUICK, "backbones": ["dlinear", "spikernn"], "clients": 20, "rounds": 20, "newcomers": [14, 30],
         "anchors": QUICK["anchors"] + ["mstl"], "learned": QUICK["learned"] + ["fedrep", "centralized"]}
 FEDERATED = ("fedavg", "fedrep")  # fedrep: personal_epochs from the config fit the personal part first
 SERVED, SERVED_FEDERATED = "served", "fedavg"  # what the product serves, and its federated candidate
@@ -517,7 +518,11 @@ def main() -> None:
                         "--out/value.json, or with --windows re-choose what is served from the saved runs")
     parser.add_argument("--windows", type=Path, help="an .npz of every run's per-window errors: written after "
                         "training, read by --report-only")
+    parser.add_argument("--newcomers", help="history days of the newcomer cells, e.g. 14,30 (default: none in quick "
+                        "mode, 14 and 30 in full mode; each adds a federation per seed)")
     args, cfg, started = configure(parser, QUICK, FULL)
+    if args.newcomers:
+        cfg["newcomers"] = [int(days) for days in args.newcomers.split(",")]
     if args.report_only and not args.windows:
         summary = json.loads((args.out / "value.json").read_text())
         write_report(args.out, "value", summary, markdown, plot)
