@@ -146,17 +146,11 @@ class ForeachAdam:
         self.state: dict[torch.Tensor, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}  # step, moments
 
     def zero_grad(self, set_to_none: bool = True) -> None:
+        """Drop every gradient (the only form the training loops ask for: ``set_to_none=True``)."""
+        if not set_to_none:
+            raise ValueError("ForeachAdam.zero_grad sets gradients to None only")
         for p in self.params:
-            if p.grad is None:
-                continue
-            if set_to_none:
-                p.grad = None
-            else:  # as torch.optim.Optimizer.zero_grad(set_to_none=False)
-                if p.grad.grad_fn is not None:
-                    p.grad.detach_()
-                else:
-                    p.grad.requires_grad_(False)
-                p.grad.zero_()
+            p.grad = None
 
     @torch.no_grad()
     def step(self) -> None:
