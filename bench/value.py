@@ -256,9 +256,10 @@ def served_client(candidates: dict[str, dict]) -> dict:
     return {**served, "served": {str(n): int(c) for n, c in zip(names, counts)}}
 
 
-def save_windows(runs: list[dict], path: Path) -> None:
-    """The runs with their per-window errors in one ``.npz``: each array under its own key, the
-    rest as JSON naming those keys (plain arrays and JSON: nothing to unpickle on reading)."""
+def save_windows(runs: list[dict], config: dict, path: Path) -> None:
+    """The runs with their per-window errors, and the run's config (its commit), in one ``.npz``:
+    each array under its own key, the rest as JSON naming those keys (plain arrays and JSON:
+    nothing to unpickle on reading)."""
     import numpy as np
 
     arrays: dict[str, np.ndarray] = {}
@@ -272,12 +273,12 @@ def save_windows(runs: list[dict], path: Path) -> None:
             return {k: plain(v) for k, v in value.items()}
         return value.item() if isinstance(value, np.generic) else value
 
-    meta = json.dumps([plain(run) for run in runs])
+    meta = json.dumps({"runs": [plain(run) for run in runs], "config": config})
     np.savez_compressed(path, meta=np.array(meta), **arrays)
 
 
-def load_windows(path: Path) -> list[dict]:
-    """The runs ``save_windows`` wrote, arrays restored."""
+def load_windows(path: Path) -> tuple[list[dict], dict]:
+    """The runs ``save_windows`` wrote, arrays restored, and the config of the run that wrote them."""
     import numpy as np
 
     with np.load(path, allow_pickle=False) as saved:
@@ -288,7 +289,8 @@ def load_windows(path: Path) -> list[dict]:
             return arrays[value["__array__"]] if set(value) == {"__array__"} else {k: restored(v) for k, v in value.items()}
         return value
 
-    return [restored(run) for run in json.loads(str(arrays.pop("meta")))]
+    meta = json.loads(str(arrays.pop("meta")))
+    return [restored(run) for run in meta["runs"]], meta["config"]
 
 
 def public(runs: list[dict]) -> list[dict]:
@@ -528,8 +530,9 @@ def main() -> None:
         write_report(args.out, "value", summary, markdown, plot)
         return
     if args.report_only:
-        runs = [run for run in load_windows(args.windows) if run["method"] != SERVED]
-        config = {**json.loads((args.out / "value.json").read_text())["config"], "reselected_at": commit()}
+        runs, config = load_windows(args.windows)
+        runs = [run for run in runs if run["method"] != SERVED]
+        config = {**config, "reselected_at": commit()}
     else:
         with tempfile.TemporaryDirectory() as cache:
             os.environ[ANCHOR_CACHE] = cache
@@ -537,7 +540,7 @@ def main() -> None:
         runs = [run for result in results for run in result["runs"]]
         config = run_config(cfg, args.quick, started)
         if args.windows:
-            save_windows(runs, args.windows)
+            save_windows(runs, config, args.windows)
     runs += served_runs(runs, cfg)
     rows = summarize(runs, cfg)
     summary = {"rows": rows, "anchors": cfg["anchors"], "federated": list(FEDERATED), "served": SERVED,

@@ -72,7 +72,7 @@ def test_a_benchmark_job_gives_the_same_numbers_when_run_again(bench: str, first
     assert before == after
 
 
-def test_value_scores_a_newcomer_on_its_own_gateways_beside_their_local_model_and_anchors() -> None:
+def test_value_scores_a_newcomer_on_its_own_gateways_beside_their_local_model_and_anchors(tmp_path: Path) -> None:
     """The newcomer cell: FedAvg over a fleet whose even positions hold the whole training split,
     scored on the odd positions (K days) only, and compared with Local-only and the anchors on
     exactly those gateways."""
@@ -97,3 +97,14 @@ def test_value_scores_a_newcomer_on_its_own_gateways_beside_their_local_model_an
     verdict = value.verdicts(rows, cfg)["federated_pays_a_newcomer"][0]
     assert verdict["vs_local"] == pytest.approx(1 - row["mase"] / same["local"])
     assert "A newcomer" in value.markdown({**{"rows": rows, "config": cfg}, "verdicts": value.verdicts(rows, cfg)})
+    saved = tmp_path / "windows.npz"
+    value.save_windows(runs, {"commit": "abc"}, saved)
+    again, config = value.load_windows(saved)
+    assert config == {"commit": "abc"} and len(again) == len(runs)
+    replayed = value.served_runs([r for r in again if r["method"] != value.SERVED], cfg)
+    assert [r["clients"] for r in replayed] == [r["clients"] for r in runs if r["method"] == value.SERVED]
+    selection = importlib.import_module("selection")
+    study = {r["rule"]: r for r in selection.study([r for r in again if r["method"] not in (value.SERVED, value.NEWCOMER)])}
+    product = next(r for r in rows if r["method"] == value.SERVED)
+    assert study["latest_14"]["all"]["mase"] == pytest.approx(product["mase"])
+    assert study["latest_14"]["all"]["worst_client_vs_best_anchor"] == pytest.approx(product["worst_client_vs_best_anchor"])
