@@ -1,6 +1,6 @@
 """A head-mode round's data and anchor forecasts are prepared in a process of their own
 (``edge_agent.round_data``): the training process built on them imports neither pandas nor
-statsforecast, and scores, chooses what to serve and trains exactly as a learner built on the
+statsforecast (nor torch._dynamo, which ``edge_agent.train.ForeachAdam`` keeps out), and scores, chooses what to serve and trains exactly as a learner built on the
 gateway's table in one process."""
 
 from __future__ import annotations
@@ -27,7 +27,8 @@ from edge_agent.training_child import round_learner
 learner, _ = round_learner(load_config(Path(sys.argv[1]), AgentConfig), Path(sys.argv[2]))
 metrics = learner.serving_metrics(1)
 loss = learner.train(1)
-heavy = sorted(name for name in sys.modules if name.split(".")[0] in ("pandas", "pyarrow", "statsforecast"))
+heavy = sorted(name for name in sys.modules
+               if name.split(".")[0] in ("pandas", "pyarrow", "statsforecast") or name.startswith("torch._dynamo"))
 print(json.dumps({"metrics": metrics, "loss": loss, "heavy": heavy}))
 """
 
