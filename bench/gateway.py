@@ -5,18 +5,22 @@ default head-mode model) is measured as three processes:
 
 1. ``edgefl agent run``, idle: connected, its history adopted (model built), no round yet:
    resident memory (VmRSS, steady: the highest of a few seconds' samples);
-2. the same agent while it trains the coordinator's rounds, each in a child process
-   (``edge_agent.training_child``), each followed by the export of its verified ONNX serving
-   bundle: the training children's peak resident memory (their own ``VmHWM``, as the agent
-   logs it), the agent's own highest VmRSS meanwhile, and CPU seconds (user + system, children
-   included) per round, from the announcement of round 1 to the agent's exit;
+2. the same agent while it trains the coordinator's rounds, each in two child processes one after
+   the other (``edge_agent.round_data`` prepares the data and the anchors' forecasts, then
+   ``edge_agent.training_child`` trains), each round followed by the export of its verified ONNX
+   serving bundle: the peak resident memory of each kind of child (their own ``VmHWM``, as the
+   agent logs it), the agent's own highest VmRSS meanwhile, and CPU seconds (user + system,
+   children included) per round, from the announcement of round 1 to the agent's exit;
 3. ``edgefl agent serve``, the torch-free serving process, publishing a forecast every second
    from that bundle: resident memory (VmRSS, steady), optionally run by another interpreter
    (``--serve-python``: a virtualenv holding only ``pip install 'edgefl[serve]'``).
 
 Then the forecast latency of the served model at batch 1 on one thread, torch eager against
 ONNX Runtime, after a warm-up; with ``--install-mb``, the size of a fresh virtualenv's
-site-packages per extra (pip and setuptools left out).
+site-packages per extra (pip and setuptools left out). The Python versions the gateway's tests
+pass on (``make python-versions``) and the linux/aarch64 forecast (``make arm-check``) are not
+measured here: they are copied from their committed results files, each with the commit and
+command that produced it.
 
     python bench/gateway.py             # 3 rounds, 1000 timed forecasts
     python bench/gateway.py --quick     # 2 rounds, 200 timed forecasts
@@ -49,9 +53,10 @@ STATION, FORECASTS = "zigbee2mqtt/amsterdam", "home/amsterdam/forecast"
 QUICK = {"rounds": 2, "calls": 200, "warmup": 50}
 FULL = {"rounds": 3, "calls": 1000, "warmup": 100}
 GOALS = {"serving_rss_mb": 75, "training_rss_mb": 350, "ort_speedup": 3, "install_mb_serve": 200}  # issue 28
-CHILD_PEAK = re.compile(r"training process peak (\d+) MB")
+CHILD_PEAK = re.compile(r"training process peak (\d+) MB, data process peak (\d+) MB")
 VENV_TOOLS = ("pip", "setuptools", "_distutils_hack", "distutils-precedence.pth")
 SAMPLE_S = 0.05
+BLOCK = 50  # forecasts timed in a row before the other runtime's turn
 
 
 def vm_rss(pid: int) -> float:
@@ -147,10 +152,11 @@ def agent_footprint(work: Path, port: int, agent_toml: Path, coordinator_toml: P
     _, cpu = reap(agent, 60)
     if agent.returncode or coordinator.returncode:
         raise RuntimeError(f"agent exit {agent.returncode}, coordinator exit {coordinator.returncode}; see {work}")
-    children = [float(mb) for mb in CHILD_PEAK.findall(log.read_text())]
+    children = [(float(train), float(data)) for train, data in CHILD_PEAK.findall(log.read_text())]
     if len(children) != rounds:
         raise RuntimeError(f"{len(children)} training children reported their peak, {rounds} rounds ran; see {work}")
-    return {"idle": idle, "training": max(children), "agent_while_training": agent_peak,
+    return {"idle": idle, "training": max(train for train, _ in children),
+            "round_data": max(data for _, data in children), "agent_while_training": agent_peak,
             "round_cpu_s": (cpu - before) / rounds}
 
 
@@ -206,10 +212,8 @@ def latency(agent_toml: Path, calls: int, warmup: int) -> dict:
     session = OnnxServing(cfg.state_dir / "serving").session
     inputs = {"x": x.numpy(), "marks": marks.numpy()}
     with torch.inference_mode():
-        torch_ms = timed(lambda: model(x, marks), calls, warmup)
-    ort_ms = timed(lambda: session.run(["forecast"], inputs), calls, warmup)
-    return {"torch_p50": pct(torch_ms, 50), "torch_p99": pct(torch_ms, 99),
-            "ort_p50": pct(ort_ms, 50), "ort_p99": pct(ort_ms, 99)}
+        ms = timed({"torch": lambda: model(x, marks), "ort": lambda: session.run(["forecast"], inputs)}, calls, warmup)
+    return {f"{name}_p{q}": pct(times, q) for name, times in ms.items() for q in (50, 99)}
 
 
 def install_mb(extra: str, folder: Path) -> float:
@@ -226,16 +230,43 @@ def install_mb(extra: str, folder: Path) -> float:
     return round(size / 2**20, 1)
 
 
-def timed(call: Callable[[], object], calls: int, warmup: int) -> np.ndarray:
-    """Milliseconds of each of ``calls`` calls after ``warmup`` untimed ones."""
-    for _ in range(warmup):
-        call()
-    times = np.empty(calls)
-    for i in range(calls):
-        started = time.perf_counter()
-        call()
-        times[i] = (time.perf_counter() - started) * 1e3
-    return times
+def default_model() -> str:
+    """The model the agent trains: the recipe's, as ``edge_agent.recipe`` holds it at this commit."""
+    from edge_agent.recipe import MODEL
+
+    return "default head mode (" + ", ".join(f"{key} {value}" for key, value in MODEL.items()) + ")"
+
+
+def committed_results() -> dict:
+    """The Python versions the gateway's tests passed on and the linux/aarch64 forecast, from their
+    committed results files (not measured by this script), each with the commit and command that
+    produced it."""
+    versions = json.loads((ROOT / "bench" / "results" / "python_versions.json").read_text())
+    arm = json.loads((ROOT / "bench" / "results" / "arm_check.json").read_text())
+    return {"python_versions": {"from": "bench/results/python_versions.json", "commit": versions["commit"],
+                                "command": versions["command"], "tests": versions["tests"],
+                                "versions": {version: {"python": run["python"], "passed": len(run["passed"]),
+                                                       "failed": len(run["failed"]), "skipped": len(run["skipped"])}
+                                             for version, run in versions["python_versions"].items()}},
+            "aarch64": {"forecast": arm["forecast"], "seconds": arm["seconds"], "python": arm["python"],
+                        "from": "bench/results/arm_check.json", "commit": arm["commit"], "command": arm["command"]}}
+
+
+def timed(runs: dict[str, Callable[[], object]], calls: int, warmup: int) -> dict[str, np.ndarray]:
+    """Milliseconds of each of ``calls`` calls of every run after ``warmup`` untimed ones, the runs
+    taking turns in blocks of ``BLOCK`` calls, so that a shared machine's changing load falls on
+    all of them alike."""
+    for run in runs.values():
+        for _ in range(warmup):
+            run()
+    times: dict[str, list[float]] = {name: [] for name in runs}
+    for first in range(0, calls, BLOCK):
+        for name, run in runs.items():
+            for _ in range(min(BLOCK, calls - first)):
+                started = time.perf_counter()
+                run()
+                times[name].append((time.perf_counter() - started) * 1e3)
+    return {name: np.array(values) for name, values in times.items()}
 
 
 def pct(values: np.ndarray, q: float) -> float:
@@ -244,11 +275,12 @@ def pct(values: np.ndarray, q: float) -> float:
 
 
 def table(summary: dict) -> str:
-    """The results as a markdown table, with the goals of issue 15."""
+    """The results as a markdown table, with the goals of issue 28."""
     rss, ms = summary["rss_mb"], summary["forecast_ms"]
     lines = ["| measure | value | goal |", "| --- | --- | --- |",
              f"| RSS idle agent | {rss['idle']:.0f} MB | |",
              f"| RSS training child (peak) | {rss['training']:.0f} MB | <= {GOALS['training_rss_mb']} MB |",
+             f"| RSS data child before it (peak) | {rss['round_data']:.0f} MB | <= {GOALS['training_rss_mb']} MB |",
              f"| RSS agent while its child trains (peak) | {rss['agent_while_training']:.0f} MB | |",
              f"| RSS serving-only (`agent serve`) | {rss['serving']:.0f} MB | <= {GOALS['serving_rss_mb']} MB |",
              f"| CPU per round (train + ONNX export) | {summary['round_cpu_s']:.2f} s | |",
@@ -257,6 +289,11 @@ def table(summary: dict) -> str:
              f"| ORT speedup (p50) | {ms['ort_speedup']:.1f}x | >= {GOALS['ort_speedup']}x |"]
     lines += [f"| install `edgefl[{extra}]` | {mb:.0f} MB | {'<= 200 MB' if extra == 'serve' else ''} |"
               for extra, mb in summary.get("install_mb", {}).items()]
+    versions, arm = summary["python_versions"], summary["aarch64"]
+    passed = ", ".join(f"{v}: {run['passed']} passed, {run['failed']} failed" for v, run in versions["versions"].items())
+    lines += [f"| Python versions (`{versions['command']}` at {versions['commit'][:7]}) | {passed} | 3.11-3.13 |",
+              f"| linux/aarch64 forecast (`{arm['command']}` at {arm['commit'][:7]}) | {arm['forecast']}, "
+              f"{arm['seconds']} s | true |"]
     return "\n".join(lines)
 
 
@@ -279,15 +316,16 @@ def main() -> None:
             broker.stop()
         sizes = {extra: install_mb(extra, work) for extra in filter(None, args.install_mb.split(","))}
     forecast_ms["ort_speedup"] = round(forecast_ms["torch_p50"] / forecast_ms["ort_p50"], 1)
-    summary = {"rss_mb": {k: round(agent[k], 1) for k in ("idle", "training", "agent_while_training")}
+    summary = {"rss_mb": {k: round(agent[k], 1) for k in ("idle", "training", "round_data", "agent_while_training")}
                | {"serving": round(serving["rss"], 1)},
                "round_cpu_s": round(agent["round_cpu_s"], 2), "forecast_ms": forecast_ms,
-               **({"install_mb": sizes} if sizes else {}),
+               **({"install_mb": sizes} if sizes else {}), **committed_results(),
                "config": {**run_config(cfg, args.quick, started), "site": SITE, "features": list(FEATURES),
-                          "rows": ROWS, "model": "default head mode (dlinear, lookback 96, horizon 48, d_qap 128)",
+                          "rows": ROWS, "model": default_model(),
                           "serving_loaded": serving["loaded"], "serving_python": args.serve_python, "goals": GOALS,
-                          "rss": "idle and serving: steady VmRSS over 5 s; training: the highest VmHWM of the "
-                                 "training children (one per round); agent_while_training: the agent's own VmRSS, "
+                          "rss": "idle and serving: steady VmRSS over 5 s; training and round_data: the highest "
+                                 "VmHWM of the training children and of the data children that run before them "
+                                 "(one each per round, never at once); agent_while_training: the agent's own VmRSS, "
                                  "sampled every 50 ms"}}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "gateway.json").write_text(json.dumps(summary, indent=2))

@@ -326,8 +326,8 @@ class Agent:
         """The child saved the round's personal state and update: take both over and publish it."""
         self.learner = self._saved_learner()
         self.trained_round = result.round
-        log.info("round %d: trained in %.1f s (training process peak %.0f MB)", result.round, result.seconds,
-                 result.peak_rss_mb)
+        log.info("round %d: trained in %.1f s (training process peak %.0f MB, data process peak %.0f MB)",
+                 result.round, result.seconds, result.peak_rss_mb, result.data_peak_rss_mb)
         self.connection.publish(self.topics.agent(self.cfg.client_id, "update"), self.files.pending.read_bytes())
         self.on_event("sent", {"round": result.round, "loss": result.loss, "peak_rss_mb": result.peak_rss_mb})
 

@@ -254,6 +254,19 @@ def make_anchor(name: str, period: int) -> Anchor:
     return ANCHORS[registered(name, ANCHORS, "anchor")](period)
 
 
+def fitted_forecasts(name: str, period: int, history: np.ndarray, series: np.ndarray, origins: np.ndarray,
+                     horizon: int, fitted: dict) -> np.ndarray | None:
+    """Anchor ``name``'s forecasts (N, horizon, F) from every origin row of ``series``, fitted on
+    ``history`` (its first rows) once: the fitted anchor is kept in ``fitted`` under ``("fitted",
+    name)`` for the next split. None where the history is too short for the anchor."""
+    anchor = make_anchor(name, period)
+    if len(history) < anchor.min_history:
+        return None
+    if ("fitted", name) not in fitted:
+        fitted["fitted", name] = anchor.fit(history)
+    return fitted["fitted", name].forecast(series, origins, horizon)
+
+
 
 def partial_season_naive(series: np.ndarray, period: int, horizon: int) -> np.ndarray:
     """Seasonal naive from less than one season of history: each step repeats the latest row of its

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from edge_agent.anchors import lookback_rule, make_anchor
+from edge_agent.anchors import fitted_forecasts, lookback_rule
 from edge_agent.data import ClientData, WindowSet
 from edge_agent.metrics import pinball_terms
 from edge_agent.models import Forecaster
@@ -50,12 +50,8 @@ def anchor_forecasts(client: ClientData, name: str, split: str) -> np.ndarray | 
     key = (name, split)
     if key not in client.memo:
         windows = split_windows(client, split)
-        anchor = make_anchor(name, client.period)
-        if len(client.history) < anchor.min_history:
-            client.memo[key] = None
-        else:
-            fitted = client.memo.setdefault(("fitted", name), anchor.fit(client.history))
-            client.memo[key] = fitted.forecast(client.raw, windows.origins(), windows.horizon)
+        client.memo[key] = fitted_forecasts(name, client.period, client.history, client.raw, windows.origins(),
+                                            windows.horizon, client.memo)
     return client.memo[key]
 
 

@@ -188,7 +188,7 @@ def pretrain_command(
     from edge_agent.data.canonical import device_series
     from edge_agent.data.extra import EXTRA_VARIABLES, extra_series as load_extra
     from edge_agent.data.resample import mixed_fleet
-    from edge_agent.data.weather import WEATHER_VARIABLES
+    from edge_agent.data.variables import WEATHER_VARIABLES
     from edge_agent.models.foundation import FoundationConfig, save_foundation
 
     with reported(DataError, ValueError, flags=flags_of("rounds", "local_epochs", "participation", "window", "stride",

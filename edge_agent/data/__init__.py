@@ -2,7 +2,8 @@
 
 Names are loaded on first use (PEP 562): ``from edge_agent.data import DataError`` imports only
 ``edge_agent.data.errors``, so the serving-only process reads its sensors without pulling in torch
-(``windows``), pvlib (``weather``) or pandas (``table``)."""
+(``windows``), pvlib (``weather``) or pandas (``table``), and the training process builds its
+windows from prepared arrays (``arrays``) without pandas."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 _HOMES = {
+    "arrays": ("ClientArrays", "StandardScaler", "client_arrays", "min_training_rows", "split_bounds", "time_features"),
     "csv": ("load_csv",),
     "errors": ("DataError",),
     "fleet": ("feature_clients",),
@@ -17,14 +19,22 @@ _HOMES = {
     "pool": ("allocate_features", "build_pool", "client_tables", "feature_sites", "site_coordinates"),
     "synthetic": ("synthetic_clients", "synthetic_table"),
     "table": ("SeriesTable", "steps_per_day"),
-    "weather": ("SITES", "WEATHER_VARIABLES", "SiteSpec", "list_sites", "load_site", "load_sites"),
-    "windows": ("TIME_FEATURES", "ClientData", "StandardScaler", "WindowSet", "min_training_rows",
-                "prepare_client", "split_bounds", "time_features"),
+    "variables": ("WEATHER_VARIABLES",),
+    "weather": ("SITES", "SiteSpec", "list_sites", "load_site", "load_sites"),
+    "windows": ("TIME_FEATURES", "ClientData", "WindowSet", "client_data", "prepare_client"),
 }
 _MODULE_OF = {name: module for module, names in _HOMES.items() for name in names}
 __all__ = sorted(_MODULE_OF)
 
 if TYPE_CHECKING:
+    from edge_agent.data.arrays import (
+        ClientArrays,
+        StandardScaler,
+        client_arrays,
+        min_training_rows,
+        split_bounds,
+        time_features,
+    )
     from edge_agent.data.csv import load_csv
     from edge_agent.data.errors import DataError
     from edge_agent.data.fleet import feature_clients
@@ -32,17 +42,9 @@ if TYPE_CHECKING:
     from edge_agent.data.pool import allocate_features, build_pool, client_tables, feature_sites, site_coordinates
     from edge_agent.data.synthetic import synthetic_clients, synthetic_table
     from edge_agent.data.table import SeriesTable, steps_per_day
-    from edge_agent.data.weather import SITES, WEATHER_VARIABLES, SiteSpec, list_sites, load_site, load_sites
-    from edge_agent.data.windows import (
-        TIME_FEATURES,
-        ClientData,
-        StandardScaler,
-        WindowSet,
-        min_training_rows,
-        prepare_client,
-        split_bounds,
-        time_features,
-    )
+    from edge_agent.data.variables import WEATHER_VARIABLES
+    from edge_agent.data.weather import SITES, SiteSpec, list_sites, load_site, load_sites
+    from edge_agent.data.windows import TIME_FEATURES, ClientData, WindowSet, client_data, prepare_client
 
 
 def __getattr__(name: str) -> Any:

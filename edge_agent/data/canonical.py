@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
-from edge_agent.data.table import DataError, SeriesTable
-from edge_agent.data.windows import min_training_rows, prepare_client
+from edge_agent.data.errors import DataError
+from edge_agent.data.arrays import min_training_rows
+from edge_agent.data.windows import prepare_client
+
+if TYPE_CHECKING:
+    from edge_agent.data.table import SeriesTable
 
 DEVICE_HORIZON = 1  # device_series cuts whole windows; one step is split off only to reuse prepare_client
 

@@ -18,7 +18,8 @@ import pandas as pd
 from pvlib import iotools
 
 from edge_agent.data.table import DataError, SeriesTable
-from edge_agent.data.weather import DATA_DIR, SITES, WEATHER_VARIABLES
+from edge_agent.data.variables import WEATHER_VARIABLES
+from edge_agent.data.weather import DATA_DIR, SITES
 
 EXTRA_VARIABLES: tuple[str, ...] = ("precipitation", "pm2_5", "pm10")
 PARTICULATES_FILE = "soiling_hsu_example_inputs.csv"

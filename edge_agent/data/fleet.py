@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from edge_agent.data.pool import allocate_features, client_tables
 from edge_agent.data.table import DataError, SeriesTable
-from edge_agent.data.windows import ClientData, prepare_client, split_bounds
+from edge_agent.data.arrays import split_bounds
+from edge_agent.data.windows import ClientData, prepare_client
 
 
 def feature_clients(

@@ -19,10 +19,8 @@ import numpy as np
 import pandas as pd
 
 from edge_agent.data.table import DataError, SeriesTable
+from edge_agent.data.variables import WEATHER_VARIABLES
 
-WEATHER_VARIABLES: tuple[str, ...] = (
-    "ghi", "dni", "dhi", "temp_air", "temp_dew", "relative_humidity", "pressure", "wind_speed", "wind_direction",
-)
 HOURS_PER_YEAR = 8760
 CALENDAR = pd.date_range("2021-01-01", periods=HOURS_PER_YEAR, freq="h")
 _PVLIB = importlib.util.find_spec("pvlib")

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from edge_agent.config import AgentConfig, FleetModel
-from edge_agent.data import SeriesTable, min_training_rows, prepare_client
+from edge_agent.data.arrays import min_training_rows
 from edge_agent.data.canonical import device_rows_needed, device_series
+from edge_agent.data.windows import ClientData, prepare_client
 from edge_agent.learners.base import Learner
 from edge_agent.learners.fedal import FedalLearner, coreset_layout
 from edge_agent.learners.foundation import FoundationLearner, foundation_model, pretraining_signature
@@ -16,6 +18,9 @@ from edge_agent.learners.head import HeadLearner, head_signature, initial_shared
 from edge_agent.learners.prompt import PromptLearner, initial_prompt_state, prompt_signature
 from edge_agent.models.foundation import load_foundation
 from edge_agent.tensors import Layout, TensorDict, layout_of
+
+if TYPE_CHECKING:
+    from edge_agent.data.table import SeriesTable
 
 
 @dataclass(frozen=True)
@@ -35,7 +40,12 @@ class FleetTemplate:
 
 
 def _head_learner(cfg: AgentConfig, table: SeriesTable) -> Learner:
-    data = prepare_client(table, cfg.model.lookback, cfg.model.horizon, cfg.training.stride)
+    return head_learner(cfg, prepare_client(table, cfg.model.lookback, cfg.model.horizon, cfg.training.stride))
+
+
+def head_learner(cfg: AgentConfig, data: ClientData) -> HeadLearner:
+    """A head-mode learner on data prepared already (the training process gets it from
+    ``edge_agent.round_data``, prepared with ``cfg.model``'s lookback and horizon and ``cfg.training.stride``)."""
     return HeadLearner(cfg.model, data, cfg.training, cfg.seed, cfg.client_index)
 
 
@@ -99,4 +109,4 @@ def fleet_template(cfg: FleetModel, seed: int) -> FleetTemplate:
 
 
 __all__ = ["LEARNERS", "FedalLearner", "FleetTemplate", "FoundationLearner", "HeadLearner", "Learner", "PromptLearner",
-           "fleet_template", "make_learner", "training_rows_needed"]
+           "fleet_template", "head_learner", "make_learner", "training_rows_needed"]

@@ -17,7 +17,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from torch import nn
 
-from edge_agent.data.weather import WEATHER_VARIABLES
+from edge_agent.data.variables import WEATHER_VARIABLES
 from edge_agent.storage import read_tagged_tensors, write_tagged_tensors
 
 FORMAT = "edgefl-foundation/1"

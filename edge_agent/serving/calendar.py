@@ -1,5 +1,5 @@
 """The model's calendar inputs from epoch nanoseconds with numpy alone, so the serving path needs
-no pandas; ``edge_agent.data.windows.time_features`` is this function on a DatetimeIndex."""
+no pandas; ``edge_agent.data.arrays.time_features`` is this function on a DatetimeIndex."""
 
 from __future__ import annotations
 
