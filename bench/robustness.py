@@ -9,8 +9,9 @@ delta claimed for 10**12 samples in the update, or at hello too); the round engi
 aggregation are the real ones. Aggregators: FedAvg with the engine's bounds off (weights still
 bounded by the hello), FedAvg with the engine's bounds (weights at most 3x the fleet's median
 declared count, deltas rejected beyond 20x the round's median delta norm) and deltas clipped at 4x
-(``fedavg_clip``) or 1x (``fedavg_clip1``) that median, coordinate-wise median and trimmed mean
-(Yin et al. 2018) with the default bounds. ``final_loss`` is the mean test MSE of
+(``fedavg_clip``) or 1x (``fedavg_clip1``) that median, FedAvg clipped at 4x with updates
+against the round's coordinate-wise median delta rejected (``fedavg_cosine``), coordinate-wise
+median and trimmed mean (Yin et al. 2018) with the default bounds. ``final_loss`` is the mean test MSE of
 the honest clients after the last round, ``clean_loss`` the same clients' with the same
 aggregator and no attacker; means over seeds, null where a run diverged (non-finite loss). Fuzz (bench/fuzz.py) and faults (bench/faults.py) are the other
 sections of the same report. Usage:
@@ -41,6 +42,7 @@ AGGREGATORS = {
     "fedavg": {"strategy": "fedavg", "robust": {"clip_factor": None, "reject_factor": None, "weight_factor": None}},
     "fedavg_clip": {"strategy": "fedavg", "robust": {"clip_factor": 4.0}},
     "fedavg_clip1": {"strategy": "fedavg", "robust": {"clip_factor": 1.0}},
+    "fedavg_cosine": {"strategy": "fedavg", "robust": {"clip_factor": 4.0, "min_cosine": 0.0}},
     "median": {"strategy": "median"},
     "trimmed_mean": {"strategy": "trimmed_mean"},
 }
