@@ -7,11 +7,12 @@ weight x1000, every weight 1e30, the delta reversed and boosted x10, reversed at
 to stay under the clip bound, with or without 10**12 samples declared at hello, the reversed
 delta claimed for 10**12 samples in the update, or at hello too); the round engine and the
 aggregation are the real ones. Aggregators: FedAvg with the engine's bounds off (weights still
-bounded by the hello), FedAvg with the engine's bounds (weights at most 3x the fleet's median
-declared count, deltas rejected beyond 20x the round's median delta norm) and deltas clipped at 4x
-(``fedavg_clip``) or 1x (``fedavg_clip1``) that median, FedAvg clipped at 4x with updates
-against the round's coordinate-wise median delta rejected (``fedavg_cosine``), coordinate-wise
-median and trimmed mean (Yin et al. 2018) with the default bounds. ``final_loss`` is the mean test MSE of
+bounded by the hello), FedAvg with the norm bounds only (weights at most 3x the fleet's median
+declared count, deltas rejected beyond 20x the round's median delta norm and clipped at 4x,
+``fedavg_clip``, or 1x, ``fedavg_clip1``, that median: the bounds before issue 27), FedAvg with
+the default bounds (those and updates against the round's coordinate-wise median delta
+rejected, ``fedavg_cosine``), coordinate-wise median and trimmed mean (Yin et al. 2018) with the
+default bounds of the row's commit. ``final_loss`` is the mean test MSE of
 the honest clients after the last round, ``clean_loss`` the same clients' with the same
 aggregator and no attacker; means over seeds, null where a run diverged (non-finite loss). Fuzz (bench/fuzz.py) and faults (bench/faults.py) are the other
 sections of the same report. Usage:
@@ -39,9 +40,10 @@ QUICK = {
 }
 FULL = {**QUICK, "stride": 7, "val_stride": 4, "rounds": 20, "seeds": [1, 2, 3], "fuzz_inputs": 1_000_000}
 AGGREGATORS = {
-    "fedavg": {"strategy": "fedavg", "robust": {"clip_factor": None, "reject_factor": None, "weight_factor": None}},
-    "fedavg_clip": {"strategy": "fedavg", "robust": {"clip_factor": 4.0}},
-    "fedavg_clip1": {"strategy": "fedavg", "robust": {"clip_factor": 1.0}},
+    "fedavg": {"strategy": "fedavg",
+               "robust": {"clip_factor": None, "reject_factor": None, "weight_factor": None, "min_cosine": None}},
+    "fedavg_clip": {"strategy": "fedavg", "robust": {"clip_factor": 4.0, "min_cosine": None}},
+    "fedavg_clip1": {"strategy": "fedavg", "robust": {"clip_factor": 1.0, "min_cosine": None}},
     "fedavg_cosine": {"strategy": "fedavg", "robust": {"clip_factor": 4.0, "min_cosine": 0.0}},
     "median": {"strategy": "median"},
     "trimmed_mean": {"strategy": "trimmed_mean"},
@@ -253,14 +255,12 @@ def main() -> None:
     parser.add_argument("--aggregators", nargs="+", choices=AGGREGATORS, default=list(AGGREGATORS),
                         help="aggregators to run; the other aggregators' rows are kept from the last report")
     args, cfg, started = configure(parser, QUICK, FULL)
-    summary = previous(args.out)
     sections = [args.only] if args.only else list(SECTIONS)
-    if "attacks" in sections:
-        summary["attacks"] = merged(summary["attacks"], run_attacks(cfg, args.attacks, args.aggregators, args.workers))
-    if "fuzz" in sections:
-        summary["fuzz"] = run_fuzz_section(cfg)
-    if "faults" in sections:
-        summary["faults"] = run_faults_section(args.quick)
+    fresh = {"attacks": lambda: run_attacks(cfg, args.attacks, args.aggregators, args.workers),
+             "fuzz": lambda: run_fuzz_section(cfg), "faults": lambda: run_faults_section(args.quick)}
+    results = {section: fresh[section]() for section in sections}
+    summary = previous(args.out)  # read last, so a run that wrote other rows meanwhile is kept
+    summary.update({**results, "attacks": merged(summary["attacks"], results.get("attacks", []))})
     summary["config"] = {**summary["config"], **run_config(cfg, args.quick, started), "sections": sections}
     write_report(args.out, "robustness", summary, markdown, plot)
 

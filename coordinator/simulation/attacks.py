@@ -16,8 +16,8 @@ engine and the aggregation under test are the real ones.
   of it, so the upload lands at roughly 2-4.5x the median). The "a little is enough" idea of
   Baruch et al. 2019 ("A Little Is Enough: Circumventing Defenses For Distributed Learning"):
   stay inside what the screen accepts, every round.
-- ``below_screen_hello``: ``below_screen`` with 10**12 samples declared at hello, so FedAvg gives
-  it the largest weight the engine allows (3x the fleet's median declared count).
+- ``below_screen_hello``: ``below_screen`` claimed for 10**12 samples at hello and in the update,
+  so FedAvg gives it the largest weight the engine allows (3x the fleet's median declared count).
 - ``n_samples_inflation``: the reversed delta theta - (theta_i - theta), claimed for 10**12
   samples in the update: harmless unless the claimed count buys weight.
 - ``hello_inflation``: the same, with 10**12 samples declared at hello too.
@@ -52,6 +52,10 @@ def _flipped(boost: float) -> Callable[[ClientUpdate, TensorDict], ClientUpdate]
     return lambda update, current: replace(update, params=_reversed(update, current, boost))
 
 
+def _flipped_inflated(update: ClientUpdate, current: TensorDict) -> ClientUpdate:
+    return replace(_flipped(BELOW_SCREEN_BOOST)(update, current), n_samples=INFLATED_SAMPLES)
+
+
 def _absurd(name: str, tensor: torch.Tensor) -> torch.Tensor:
     return torch.full_like(tensor, 1e30)
 
@@ -74,7 +78,7 @@ ATTACKS: dict[str, Attack] = {
     "value_1e30": Attack(lambda u, current: replace(u, params=_floats(u.params, _absurd))),
     "sign_flip": Attack(_flipped(SIGN_FLIP_BOOST)),
     "below_screen": Attack(_flipped(BELOW_SCREEN_BOOST)),
-    "below_screen_hello": Attack(_flipped(BELOW_SCREEN_BOOST), INFLATED_SAMPLES),
+    "below_screen_hello": Attack(_flipped_inflated, INFLATED_SAMPLES),
     "n_samples_inflation": Attack(_inflated),
     "hello_inflation": Attack(_inflated, INFLATED_SAMPLES),
 }
