@@ -22,7 +22,8 @@ from tests.conftest import small_config
 
 CURRENT = {"w": torch.zeros(3), "steps": torch.tensor(4)}
 HONEST = [[1.0, 2.0, 3.0], [1.5, 2.5, 2.0], [0.5, 1.5, 2.5], [1.2, 1.8, 2.8], [0.8, 2.2, 3.2]]
-NO_BOUNDS = RobustSettings(clip_factor=None, reject_factor=None)
+NO_BOUNDS = RobustSettings(clip_factor=None, reject_factor=None, min_cosine=None)
+FORMER_BOUNDS = RobustSettings(min_cosine=None)  # before issue 27: norms only
 
 
 def update(client: str, values: list[float], n: int = 10) -> ClientUpdate:
@@ -73,12 +74,12 @@ def test_weight_is_bounded_by_the_hello_and_the_cap() -> None:
     liar = fleet_with(HONEST[0], n_samples=INFLATED_SAMPLES)
     weights = [u.n_samples for u in screen(CURRENT, liar, {c.client_id: c for c in roster(6)}, NO_BOUNDS).accepted]
     assert weights == [10] * 6
-    capped = RobustSettings(max_samples=4, clip_factor=None, reject_factor=None)
+    capped = RobustSettings(max_samples=4, clip_factor=None, reject_factor=None, min_cosine=None)
     assert {u.n_samples for u in screen(CURRENT, liar, {c.client_id: c for c in roster(6)}, capped).accepted} == {4}
     liar_roster = {**{c.client_id: c for c in roster(5)}, "c5": ClientInfo("c5", INFLATED_SAMPLES)}
     assert screen(CURRENT, liar, liar_roster, RobustSettings()).accepted[-1].n_samples == 30  # 3 x median 10
     poisoned = close("fedavg", fleet_with([-100.0, -100.0, -100.0], n_samples=INFLATED_SAMPLES),
-                     RobustSettings(reject_factor=None, clip_factor=None))
+                     NO_BOUNDS)
     assert poisoned.global_state["w"].tolist() == pytest.approx(
         ((torch.tensor(HONEST).sum(0) - 100) / 6).tolist(), rel=1e-6)
 
@@ -159,8 +160,7 @@ def test_the_below_screen_flip_is_reversed_at_3x_its_own_norm_and_passes_the_4x_
     assert flipped.params["w"].tolist() == pytest.approx([-3.0 * v for v in HONEST[0]])
     norm = delta_norm(CURRENT, flipped.params)
     assert norm == pytest.approx(3 * delta_norm(CURRENT, honest[0].params))
-    screened = screen(CURRENT, [flipped, *honest[1:]], {c.client_id: c for c in roster(5)},
-                      RobustSettings(clip_factor=4.0))
+    screened = screen(CURRENT, [flipped, *honest[1:]], {c.client_id: c for c in roster(5)}, FORMER_BOUNDS)
     assert not screened.clipped and not screened.rejected
     assert 2 < norm / screened.median_norm < 4
 
@@ -174,6 +174,15 @@ def honest_progress(strategy: str, robust: RobustSettings) -> float:
     updates = [ATTACKS["below_screen"].upload(honest[0], CURRENT), *honest[1:]]
     state = close(strategy, updates, robust).global_state["w"]
     return float(state @ step / (step @ step))
+
+
+def test_one_below_screen_flipper_of_7_moves_the_default_less_than_the_former_norm_bounds() -> None:
+    """The default aggregation keeps more of the honest step against one below-screen sign flipper
+    than FedAvg with the former default bounds (norms only: deltas clipped at 4x the round median),
+    which take the flipped delta whole: (6 - 3) / 7 of the step."""
+    default = StrategySettings()
+    assert honest_progress("fedavg", FORMER_BOUNDS) == pytest.approx(3 / 7, abs=0.1)
+    assert honest_progress(default.strategy, default.robust) > 0.8
 
 
 def test_an_update_against_the_median_delta_is_rejected_with_its_code() -> None:

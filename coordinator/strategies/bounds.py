@@ -58,9 +58,10 @@ class RobustSettings(BaseModel):
                                       "round's median delta norm; None: no clipping")
     reject_factor: float | None = Field(20.0, ge=1, description="reject an update whose delta norm exceeds "
                                         "this multiple of the round's median delta norm; None: no rejection")
-    min_cosine: float | None = Field(None, ge=-1, le=1, description="reject an update whose delta's cosine with "
+    min_cosine: float | None = Field(0.0, ge=-1, le=1, description="reject an update whose delta's cosine with "
                                      "the round's coordinate-wise median delta is below this (rounds of 3 or more "
-                                     "updates); None: no direction check")
+                                     "updates): 0 refuses a reversed update at any norm, which the clip bound "
+                                     "lets through below 4x (issue 27); None: no direction check")
     weight_factor: float | None = Field(3.0, ge=1, description="cap on an update's weight: this multiple "
                                         "of the median sample count the registered clients declared; None: no cap")
     trim_fraction: float = Field(0.2, gt=0, lt=0.5, description="trimmed_mean: share of the updates cut "
