@@ -31,8 +31,8 @@ class RoundResult:
     ``on_time`` clients sent updates before the close that entered aggregation; ``imputed`` ones
     entered as their twins' forecasts; ``dropped`` ones were missing with no (recent enough)
     history; ``rejected`` maps the clients whose update or forecast failed screening to a code
-    (``not_finite``, ``norm_outlier``, ``unregistered``); ``clipped`` ones entered with their delta
-    scaled back. ``loss`` is the sample-weighted training loss the accepted on-time clients
+    (``not_finite``, ``norm_outlier``, ``against_median``, ``unregistered``); ``clipped`` ones
+    entered with their delta scaled back. ``loss`` is the sample-weighted training loss the accepted on-time clients
     reported (NaN without any); ``weight`` is the sample count the aggregate stands for (the
     bounded counts of the on-time and imputed updates it combined: what a site reports upward)."""
 

@@ -15,14 +15,15 @@ from coordinator.simulation.attacks import ATTACKS, INFLATED_SAMPLES, tamper_for
 from coordinator.simulation.federation import FederationConfig, run_federation
 from coordinator.strategies import ClientInfo, ClientUpdate, NoiseSettings, RobustSettings, StrategySettings
 from coordinator.strategies import make_strategy
-from coordinator.strategies.bounds import screen
+from coordinator.strategies.bounds import delta_norm, screen
 from coordinator.twins import TwinSettings
 from edge_agent.data import build_pool, feature_clients, load_sites
 from tests.conftest import small_config
 
 CURRENT = {"w": torch.zeros(3), "steps": torch.tensor(4)}
 HONEST = [[1.0, 2.0, 3.0], [1.5, 2.5, 2.0], [0.5, 1.5, 2.5], [1.2, 1.8, 2.8], [0.8, 2.2, 3.2]]
-NO_BOUNDS = RobustSettings(clip_factor=None, reject_factor=None)
+NO_BOUNDS = RobustSettings(clip_factor=None, reject_factor=None, min_cosine=None)
+FORMER_BOUNDS = RobustSettings(min_cosine=None)  # before issue 27: norms only
 
 
 def update(client: str, values: list[float], n: int = 10) -> ClientUpdate:
@@ -73,12 +74,12 @@ def test_weight_is_bounded_by_the_hello_and_the_cap() -> None:
     liar = fleet_with(HONEST[0], n_samples=INFLATED_SAMPLES)
     weights = [u.n_samples for u in screen(CURRENT, liar, {c.client_id: c for c in roster(6)}, NO_BOUNDS).accepted]
     assert weights == [10] * 6
-    capped = RobustSettings(max_samples=4, clip_factor=None, reject_factor=None)
+    capped = RobustSettings(max_samples=4, clip_factor=None, reject_factor=None, min_cosine=None)
     assert {u.n_samples for u in screen(CURRENT, liar, {c.client_id: c for c in roster(6)}, capped).accepted} == {4}
     liar_roster = {**{c.client_id: c for c in roster(5)}, "c5": ClientInfo("c5", INFLATED_SAMPLES)}
     assert screen(CURRENT, liar, liar_roster, RobustSettings()).accepted[-1].n_samples == 30  # 3 x median 10
     poisoned = close("fedavg", fleet_with([-100.0, -100.0, -100.0], n_samples=INFLATED_SAMPLES),
-                     RobustSettings(reject_factor=None, clip_factor=None))
+                     NO_BOUNDS)
     assert poisoned.global_state["w"].tolist() == pytest.approx(
         ((torch.tensor(HONEST).sum(0) - 100) / 6).tolist(), rel=1e-6)
 
@@ -133,9 +134,11 @@ def stations():
     return feature_clients(build_pool(load_sites()), 4, 4, 42, lookback=24, horizon=12, stride=193, val_stride=97)
 
 
-def honest_mse(stations, strategy: str, robust: RobustSettings, attack: str | None) -> float:
+def honest_mse(stations, attack: str | None, **aggregation) -> float:
+    """The honest clients' mean test MSE after 2 rounds with the first station mounting ``attack``
+    (None: clean), under ``aggregation`` (FederationConfig's strategy fields; none: the defaults)."""
     fed = FederationConfig(rounds=2, batch_size=64, lr=3e-3, seed=1, test_every_round=False, tested_round="last",
-                           strategy=strategy, robust=robust)
+                           **aggregation)
     attacker = stations[0].name
     result = run_federation(stations, small_config("dlinear"), fed,
                             tamper=tamper_for(attack, {attacker}) if attack else None)
@@ -143,10 +146,50 @@ def honest_mse(stations, strategy: str, robust: RobustSettings, attack: str | No
 
 
 def test_one_attacker_ruins_fedavg_but_not_the_robust_path(stations) -> None:
-    clean = honest_mse(stations, "fedavg", RobustSettings(), None)
-    assert not honest_mse(stations, "fedavg", NO_BOUNDS, "scale_x1000") < 10 * clean  # NaN or far off
+    clean = honest_mse(stations, None, strategy="fedavg")
+    assert not honest_mse(stations, "scale_x1000", strategy="fedavg", robust=NO_BOUNDS) < 10 * clean  # NaN or far off
     for strategy in ("fedavg", "median"):
-        assert honest_mse(stations, strategy, RobustSettings(), "scale_x1000") < 1.1 * clean
+        assert honest_mse(stations, "scale_x1000", strategy=strategy) < 1.1 * clean
+
+
+def test_the_below_screen_flip_is_reversed_at_3x_its_own_norm_and_passes_the_4x_screen() -> None:
+    """The attack of issue 27: a reversed delta at 3x the attacker's own honest norm lands between
+    2x and 4x the round's median, so the 4x clip and the 20x reject let it through whole."""
+    honest = [update(f"c{i}", v) for i, v in enumerate(HONEST)]
+    flipped = ATTACKS["below_screen"].upload(honest[0], CURRENT)
+    assert flipped.params["w"].tolist() == pytest.approx([-3.0 * v for v in HONEST[0]])
+    norm = delta_norm(CURRENT, flipped.params)
+    assert norm == pytest.approx(3 * delta_norm(CURRENT, honest[0].params))
+    screened = screen(CURRENT, [flipped, *honest[1:]], {c.client_id: c for c in roster(5)}, FORMER_BOUNDS)
+    assert not screened.clipped and not screened.rejected
+    assert 2 < norm / screened.median_norm < 4
+
+
+def honest_progress(strategy: str, robust: RobustSettings) -> float:
+    """One round of 7 clients whose deltas share a direction (plus noise), the first mounting the
+    below-screen flip: the share of the honest mean step the aggregate keeps along that step."""
+    torch.manual_seed(0)
+    honest = [update(f"c{i}", (torch.tensor([1.0, 2.0, 3.0]) + 0.5 * torch.randn(3)).tolist()) for i in range(7)]
+    step = torch.stack([u.params["w"] for u in honest[1:]]).mean(0)
+    updates = [ATTACKS["below_screen"].upload(honest[0], CURRENT), *honest[1:]]
+    state = close(strategy, updates, robust).global_state["w"]
+    return float(state @ step / (step @ step))
+
+
+def test_one_below_screen_flipper_of_7_moves_the_default_less_than_the_former_norm_bounds() -> None:
+    """The default aggregation keeps more of the honest step against one below-screen sign flipper
+    than FedAvg with the former default bounds (norms only: deltas clipped at 4x the round median),
+    which take the flipped delta whole: (6 - 3) / 7 of the step."""
+    default = StrategySettings()
+    assert honest_progress("fedavg", FORMER_BOUNDS) == pytest.approx(3 / 7, abs=0.1)
+    assert honest_progress(default.strategy, default.robust) > 0.8
+
+
+def test_an_update_against_the_median_delta_is_rejected_with_its_code() -> None:
+    flipped = [update("c0", [-0.5 * v for v in HONEST[0]]), *[update(f"c{i}", v) for i, v in enumerate(HONEST[1:], 1)]]
+    result = close("fedavg", flipped, RobustSettings(min_cosine=0.0))
+    assert result.rejected == {"c0": "against_median"} and result.on_time == ("c1", "c2", "c3", "c4")
+    assert close("fedavg", flipped[:2], RobustSettings(min_cosine=0.0)).rejected == {}  # under 3: no check
 
 
 def test_attack_names_are_checked() -> None:

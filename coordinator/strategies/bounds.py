@@ -13,6 +13,13 @@ decides its weight and how far it may move the global state.
   median-based clipping), and updates beyond ``reject_factor`` times the median are rejected
   (code ``norm_outlier``). The median is a robust statistic as long as most updates are honest
   (Yin et al. 2018, "Byzantine-Robust Distributed Learning: Towards Optimal Statistical Rates").
+- Direction: with ``min_cosine`` set, an update whose delta has a cosine below it with the round's
+  coordinate-wise median delta is rejected (code ``against_median``), in rounds of at least 3
+  updates. The median delta is the direction fewer than half of the updates cannot turn (Yin et
+  al. 2018); scoring each update by its cosine with a trusted direction is FLTrust's (Cao et al.
+  2021, "FLTrust: Byzantine-robust Federated Learning via Trust Bootstrapping"), with the median
+  standing in for the server's root data. It catches a reversed delta of any length, so a device
+  that stays below the norm screen and claims a large count (issue 27) no longer moves FedAvg.
 
 The checks run in the round engine, so the simulation and the service screen alike.
 """
@@ -30,7 +37,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from coordinator.strategies.base import ClientInfo, ClientUpdate
 from edge_agent.tensors import TensorDict, first_non_finite, flat64
 
-NOT_FINITE, NORM_OUTLIER, UNREGISTERED = "not_finite", "norm_outlier", "unregistered"
+NOT_FINITE, NORM_OUTLIER, UNREGISTERED, AGAINST_MEDIAN = "not_finite", "norm_outlier", "unregistered", "against_median"
+MIN_DIRECTION_UPDATES = 3
 
 
 class RobustSettings(BaseModel):
@@ -50,6 +58,10 @@ class RobustSettings(BaseModel):
                                       "round's median delta norm; None: no clipping")
     reject_factor: float | None = Field(20.0, ge=1, description="reject an update whose delta norm exceeds "
                                         "this multiple of the round's median delta norm; None: no rejection")
+    min_cosine: float | None = Field(0.0, ge=-1, le=1, description="reject an update whose delta's cosine with "
+                                     "the round's coordinate-wise median delta is below this (rounds of 3 or more "
+                                     "updates): 0 refuses a reversed update at any norm, which the clip bound "
+                                     "lets through below 4x (issue 27); None: no direction check")
     weight_factor: float | None = Field(3.0, ge=1, description="cap on an update's weight: this multiple "
                                         "of the median sample count the registered clients declared; None: no cap")
     trim_fraction: float = Field(0.2, gt=0, lt=0.5, description="trimmed_mean: share of the updates cut "
@@ -100,16 +112,38 @@ def screen(current: TensorDict, updates: Sequence[ClientUpdate], roster: Mapping
     median = statistics.median(norms) if norms else 0.0
     if not math.isfinite(median) or median == 0.0:
         return Screened(finite, rejected, (), median)
+    check = settings.min_cosine is not None and len(finite) >= MIN_DIRECTION_UPDATES
+    cosines = cosines_to_median(current, finite, names, norms) if check else [1.0] * len(finite)
     accepted, clipped = [], []
-    for update, norm in zip(finite, norms):
+    for update, norm, cosine in zip(finite, norms, cosines):
         if settings.reject_factor is not None and norm > settings.reject_factor * median:
             rejected[update.client_id] = NORM_OUTLIER
+            continue
+        if check and cosine < settings.min_cosine:
+            rejected[update.client_id] = AGAINST_MEDIAN
             continue
         if settings.clip_factor is not None and norm > settings.clip_factor * median:
             update = replace(update, params=scale_delta(current, update.params, settings.clip_factor * median / norm))
             clipped.append(update.client_id)
         accepted.append(update)
     return Screened(accepted, rejected, tuple(clipped), median)
+
+
+def cosines_to_median(current: TensorDict, updates: Sequence[ClientUpdate], names: Sequence[str],
+                      norms: Sequence[float]) -> list[float]:
+    """Each update's cosine with the coordinate-wise median of the deltas (the mean of the two
+    middle values for an even count), one tensor at a time so memory stays one tensor per update;
+    1 for a zero delta or a zero median."""
+    dots, squared = torch.zeros(len(updates), dtype=torch.float64), 0.0
+    for name in names:
+        base = current[name].double().flatten()
+        deltas = torch.stack([u.params[name].double().flatten() - base for u in updates])
+        ordered = deltas.sort(dim=0).values
+        middle = (ordered[(len(updates) - 1) // 2] + ordered[len(updates) // 2]) / 2
+        dots += deltas @ middle
+        squared += float(middle @ middle)
+    scale = math.sqrt(squared)
+    return [float(dot) / (norm * scale) if norm > 0 and scale > 0 else 1.0 for dot, norm in zip(dots, norms)]
 
 
 def weight_cap(roster: Mapping[str, ClientInfo], settings: RobustSettings) -> float:
