@@ -69,10 +69,11 @@ def utc(timestamp: pd.Timestamp) -> pd.Timestamp:
     return timestamp.tz_localize("UTC") if timestamp.tzinfo is None else timestamp.tz_convert("UTC")
 
 
-def rebase_shift(last: pd.Timestamp, now: pd.Timestamp) -> timedelta:
-    """The whole number of days that moves ``last`` onto the latest time <= ``now`` with the same
-    time of day: daily cycles (sunshine) stay aligned with the clock and every reading is past."""
-    return (utc(now) - utc(last)) // timedelta(days=1) * timedelta(days=1)
+def rebase_shift(last_end: pd.Timestamp, now: pd.Timestamp) -> timedelta:
+    """The whole number of days that moves ``last_end`` (the end of the last row's interval) onto the
+    latest time <= ``now`` with the same time of day: daily cycles (sunshine) stay aligned with the
+    clock, and every row's interval has ended, so a gateway can use every row at once."""
+    return (utc(now) - utc(last_end)) // timedelta(days=1) * timedelta(days=1)
 
 
 def messages(style: Style | str, device: str, timestamp: pd.Timestamp, row: dict[str, float],
@@ -264,8 +265,8 @@ def replay_command(
     prefix: Annotated[str, typer.Option(help="plain: first topic levels")] = DEFAULT_PREFIX,
     sensor: Annotated[str, typer.Option(help="tasmota: the sensor's key in the JSON")] = DEFAULT_SENSOR,
     speedup: Annotated[float, typer.Option(help="data seconds per wall second (3600: an hourly row a second; 0: no waiting)")] = 3600.0,
-    rebase: Annotated[bool, typer.Option(help="shift timestamps by whole days so the last row is the latest past "
-                                         "time with its time of day (--no-rebase: original times)")] = True,
+    rebase: Annotated[bool, typer.Option(help="shift timestamps by whole days so the last row's interval ends at "
+                                         "the latest past time with its time of day (--no-rebase: original times)")] = True,
     host: str = "127.0.0.1",
     port: int = 1883,
     username: Optional[str] = None,
@@ -290,7 +291,10 @@ def replay_command(
     import pandas as pd  # a table is a pandas table: the sites and CSV files need the gateway extra anyway
     from rich.progress import MofNCompleteColumn, Progress
 
-    shift = rebase_shift(table.index[-1], pd.Timestamp.now(tz="UTC")) if rebase else timedelta(0)
+    from edge_agent.data.table import sampling_step
+
+    last_end = table.index[-1] + (sampling_step(table) if table.n_rows > 1 else timedelta(0))
+    shift = rebase_shift(last_end, pd.Timestamp.now(tz="UTC")) if rebase else timedelta(0)
     console.print(plan(table, kind, name, prefix, sensor, shift, broker, speedup))
     try:
         with Progress(*Progress.get_default_columns(), MofNCompleteColumn(), console=console.rich, transient=True,

@@ -93,7 +93,7 @@ def test_payload_numbers_parse_back_to_the_same_float32_and_times_are_utc() -> N
     ("2021-12-31 17:42:10", "2026-11-26 17:42:10+00:00"),
     ("2030-06-01 05:30+02:00", "2026-11-26 03:00+00:00"),
 ])
-def test_rebase_moves_the_last_row_by_whole_days_to_the_latest_past_time_of_that_time_of_day(last: str, now: str) -> None:
+def test_rebase_moves_the_last_rows_end_by_whole_days_to_the_latest_past_time_of_that_time_of_day(last: str, now: str) -> None:
     last_row, clock = pd.Timestamp(last), pd.Timestamp(now)
     shift = rebase_shift(last_row, clock)
     moved = last_row + shift

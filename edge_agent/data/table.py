@@ -11,7 +11,7 @@ import pandas as pd
 from edge_agent.data.errors import DataError
 from edge_agent.data.gaps import Cell, GapPolicy, GapReport, fill_gaps
 
-__all__ = ["DataError", "SeriesTable", "steps_per_day"]
+__all__ = ["DataError", "SeriesTable", "sampling_step", "steps_per_day"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -112,9 +112,13 @@ class SeriesTable:
         )
 
 
-def steps_per_day(table: SeriesTable) -> int:
-    """Rows per day at the table's most common sampling step (24 for hourly data)."""
+def sampling_step(table: SeriesTable) -> pd.Timedelta:
+    """The table's most common interval between rows."""
     if table.n_rows < 2:
         raise DataError(f"{table.name}: one row has no sampling step")
-    step = pd.Series(table.index).diff().mode().iloc[0]
-    return max(1, round(pd.Timedelta(days=1) / step))
+    return pd.Series(table.index).diff().mode().iloc[0]
+
+
+def steps_per_day(table: SeriesTable) -> int:
+    """Rows per day at the table's most common sampling step (24 for hourly data)."""
+    return max(1, round(pd.Timedelta(days=1) / sampling_step(table)))
