@@ -19,7 +19,7 @@ from coordinator.simulation.participation import recorded
 from coordinator.simulation.prompts import PromptFederationConfig, run_prompt_federation
 from coordinator.strategies import GraphSettings
 from coordinator.store import Store
-from coordinator.twins import TWIN_FORECASTERS, make_forecaster
+from coordinator.twins import make_forecaster
 from edge_agent.data import load_site
 from edge_agent.models import ModelConfig
 from edge_agent.models.prompts import PromptConfig
@@ -243,7 +243,7 @@ def test_round_one_waits_for_start_clients_before_it_is_announced(tmp_path: Path
     store.close()
 
 
-@pytest.mark.parametrize("twin", sorted(TWIN_FORECASTERS))
+@pytest.mark.parametrize("twin", ["drop", "wsf"])
 def test_every_round_with_a_frozen_agent_equals_the_simulation_of_what_happened(
     tmp_path: Path, mosquitto, twin: str
 ) -> None:
@@ -252,7 +252,8 @@ def test_every_round_with_a_frozen_agent_equals_the_simulation_of_what_happened(
     its twin (or dropped). Thawed, it sends that round's update late (twin history only). Whatever
     the timing on a loaded machine, every round's global state equals the in-process simulation
     of the participation the store recorded. (So a silent agent does not hold a round past its
-    deadline either.)"""
+    deadline either.) Every twin forecaster is checked against the simulation in-process
+    (tests/test_twins.py); here the service's two paths, dropped and imputed, at 80 s each."""
     rounds = 5
     coordinator, agents, db = start_fleet(
         tmp_path, mosquitto.port, 3, rounds, agent_broker={"keepalive_s": 60}, min_clients=2, round_timeout_s=6.0,
