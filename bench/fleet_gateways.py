@@ -120,10 +120,13 @@ class Driver:
             sock, selectors.EVENT_READ | selectors.EVENT_WRITE, c)
         client.on_socket_unregister_write = lambda c, _u, sock: self.selector.modify(sock, selectors.EVENT_READ, c)
 
-    def run(self, clients: list[mqtt.Client], until, deadline: float) -> None:
-        """Serve every socket until ``until()`` or the deadline."""
+    def run(self, clients: list[mqtt.Client], until, deadline: float, tick=None) -> None:
+        """Serve every socket until ``until()`` or the deadline, calling ``tick()`` (if given)
+        before each pass over the ready sockets (so at least every 0.2 s)."""
         misc = time.monotonic()
         while not until() and time.monotonic() < deadline:
+            if tick is not None:
+                tick()
             for key, events in self.selector.select(timeout=0.2):
                 if events & selectors.EVENT_READ:
                     key.data.loop_read()

@@ -92,15 +92,15 @@ def check_worker_envelopes(spec: FleetSpec, decode) -> None:
 
 
 def coordinator_toml(work: Path, port: int, agents: int, rounds: int, fleet_model: dict, fleet: str,
-                     fraction: float = 1.0) -> Path:
+                     fraction: float = 1.0, **overrides: object) -> Path:
     """Round 1 waits for every gateway; each round asks ``fraction`` of them (the round policy)
-    and needs all it asked."""
+    and needs all it asked (``overrides``: other settings, e.g. ``bench/soak.py``'s deployment)."""
     from edge_agent.config import dump_toml
 
     data = {"fleet": fleet, "state_dir": str(work / "state"), "rounds": rounds,
             "min_clients": math.ceil(fraction * agents), "start_clients": agents, "round_timeout_s": float(TIMEOUT_S),
             "linger_s": 10.0, "participation": {"fraction": fraction, "quorum": 1.0}, **fleet_model,
-            "broker": {"port": port}}
+            "broker": {"port": port}, **overrides}
     path = work / "coordinator.toml"
     path.write_text(dump_toml(data))
     return path

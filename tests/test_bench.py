@@ -108,3 +108,22 @@ def test_value_scores_a_newcomer_on_its_own_gateways_beside_their_local_model_an
     product = next(r for r in rows if r["method"] == value.SERVED)
     assert study["latest_14"]["all"]["mase"] == pytest.approx(product["mase"])
     assert study["latest_14"]["all"]["worst_client_vs_best_anchor"] == pytest.approx(product["worst_client_vs_best_anchor"])
+
+
+def test_soak_checks_hold_the_runs_to_issue_27s_done_means() -> None:
+    """Hostile round p99 at most 1.5x clean, no update lost, the store's last sample at most 1.25x
+    its sample at half time; rate-limit rows count the messages they report as dropped."""
+    soak = importlib.import_module("soak_measures")
+
+    def run(p99: float | None, lost: int, store: list[float]) -> dict:
+        return {"round_p99_s": p99, "updates_lost": lost, "store_mb": store}
+
+    passed = soak.checks({"clean": run(4.0, 0, [1, 5, 8, 9, 10]), "hostile": run(6.0, 0, [1, 6, 9, 10, 11.2])})
+    assert passed["all_ok"] and passed["round_p99"]["ratio"] == 1.5 and passed["store_flat_hostile"]["ratio"] == 1.244
+    failed = soak.checks({"clean": run(4.0, 0, [1, 5, 8, 9, 10.1]), "hostile": run(6.1, 1, [1, 2, 3])})
+    failing = [name for name, check in failed.items() if isinstance(check, dict) and not check["ok"]]
+    assert failing == ["round_p99", "store_flat_clean", "updates_lost_hostile", "store_flat_hostile"]
+    assert not failed["all_ok"] and not soak.checks({"clean": run(None, 0, [1]), "hostile": run(2, 0, [1])})["all_ok"]
+    assert soak.quantile([1.0, 2.0, 3.0, 4.0], 0.5) == 2.5 and soak.quantile([], 0.99) is None
+    assert soak.refused_by_code([{"code": "rate_limited", "reason": "120 hello messages over the rate limit"},
+                                 {"code": "duplicate", "reason": "seen"}]) == {"duplicate": 1, "rate_limited": 120}
