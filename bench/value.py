@@ -460,7 +460,8 @@ def markdown(summary: dict) -> str:
     v = summary["verdicts"]["summary"]
     lines += ["", f"served <= best anchor and no gateway > +2% over its own best anchor, in every cell: "
               f"{v['served_at_most_best_anchor_everywhere']}; federated beats Local and the best anchor by >= 5% "
-              f"at K = 14 or 30 on: {v['datasets_where_federated_pays_when_scarce'] or 'no dataset'}; a learned "
+              f"at K = 14 or 30 on: {v['datasets_where_federated_pays_when_scarce'] or 'no dataset'}, and for a "
+              f"newcomer on: {v.get('datasets_where_federated_pays_a_newcomer') or 'no dataset'}; a learned "
               f"model beats the best anchor by >= 10% with the full history on: "
               f"{v['datasets_where_learned_beats_anchors_by_10pct'] or 'no dataset'}."]
     return "\n".join(lines) + "\n"
