@@ -15,9 +15,12 @@ This module imports neither torch nor pandas: ``python -m edge_agent.round_data 
 
 from __future__ import annotations
 
+import hashlib
 import io
+import logging
 import resource
 import sys
+import zipfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -39,6 +42,9 @@ MODE = "head"  # the learner mode whose data is prepared here (``HeadLearner.kin
 DATA_JOB_FILE, ROUND_DATA = "data_job.json", "round_data.npz"
 ANCHOR_PREFIX, PEAK = "anchor.", "peak_rss_mb"
 ANCHOR_SPLIT = "val"  # the windows the serving selection scores every candidate on
+ANCHOR_CACHE, CACHE_KEY = "anchor_forecasts.npz", "key"  # in the state folder: the last round's anchors
+
+log = logging.getLogger("edgefl.agent")
 
 
 class DataJob(BaseModel):
@@ -66,12 +72,54 @@ class DataJob(BaseModel):
 
 def prepare(job: DataJob) -> dict[str, np.ndarray]:
     """The round's arrays (``ClientArrays.to_npz``) and each anchor's validation forecasts, fitted
-    on the training rows (none for an anchor whose history is too short)."""
+    on the training rows (none for an anchor whose history is too short). The forecasts are the
+    last round's (``ANCHOR_CACHE``) when the data they depend on has not changed since: ETS and
+    Theta cost seconds a round, and a gateway's table changes at most once a step."""
     arrays = client_arrays(gateway_table(job), job.lookback, job.horizon, job.stride)
-    fitted: dict = {}
-    forecasts = {name: fitted_forecasts(name, arrays.period, arrays.history, arrays.raw, arrays.origins(ANCHOR_SPLIT),
-                                        arrays.horizon, fitted) for name in job.anchors}
-    return arrays.to_npz() | {ANCHOR_PREFIX + name: values for name, values in forecasts.items() if values is not None}
+    origins = arrays.origins(ANCHOR_SPLIT)
+    key = anchor_key(job.anchors, arrays.period, arrays.history, arrays.raw, origins, arrays.horizon)
+    cache = job.state_dir / ANCHOR_CACHE
+    forecasts = cached_anchors(cache, key)
+    if forecasts is None:
+        fitted: dict = {}
+        made = {name: fitted_forecasts(name, arrays.period, arrays.history, arrays.raw, origins, arrays.horizon, fitted)
+                for name in job.anchors}
+        forecasts = {ANCHOR_PREFIX + name: values for name, values in made.items() if values is not None}
+        save_npz(cache, {**forecasts, CACHE_KEY: np.frombuffer(key, dtype=np.uint8)})
+    return arrays.to_npz() | forecasts
+
+
+def anchor_key(names: Sequence[str], period: int, history: np.ndarray, series: np.ndarray, origins: np.ndarray,
+               horizon: int) -> bytes:
+    """SHA-256 of everything an anchor's forecasts depend on (``fitted_forecasts``' arguments)."""
+    digest = hashlib.sha256(repr((tuple(names), int(period), int(horizon))).encode())
+    for values in (history, series, origins):
+        array = np.ascontiguousarray(values)
+        digest.update(repr((array.dtype.str, array.shape)).encode())
+        digest.update(array.tobytes())
+    return digest.digest()
+
+
+def cached_anchors(path: Path, key: bytes) -> dict[str, np.ndarray] | None:
+    """The forecasts saved at ``path`` when they were made for ``key``; None when there are none,
+    they are for other data or the file cannot be read (then they are made again)."""
+    try:
+        with np.load(path, allow_pickle=False) as saved:
+            if saved[CACHE_KEY].tobytes() != key:
+                return None
+            return {name: saved[name] for name in saved.files if name.startswith(ANCHOR_PREFIX)}
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, zipfile.BadZipFile) as err:
+        log.warning("%s: unreadable (%s); the anchors' forecasts are made again", path, err)
+        return None
+
+
+def save_npz(path: Path, arrays: Mapping[str, np.ndarray]) -> None:
+    """``arrays`` as an npz at ``path``, written atomically (no pickle)."""
+    buffer = io.BytesIO()
+    np.savez(buffer, **arrays)
+    write_bytes_atomically(path, buffer.getvalue())
 
 
 def anchor_memo(npz: Mapping[str, np.ndarray], names: Sequence[str]) -> dict[tuple[str, str], np.ndarray | None]:
@@ -93,9 +141,7 @@ def peak_rss_mb() -> float:
 def main(job_path: Path) -> None:
     """The process: prepare the job's round and write it, with this process's peak memory, next to the job."""
     prepared = prepare(DataJob.model_validate_json(job_path.read_bytes()))
-    buffer = io.BytesIO()
-    np.savez(buffer, **prepared, **{PEAK: np.array(round(peak_rss_mb(), 1))})
-    write_bytes_atomically(job_path.parent / ROUND_DATA, buffer.getvalue())
+    save_npz(job_path.parent / ROUND_DATA, {**prepared, PEAK: np.array(round(peak_rss_mb(), 1))})
 
 
 if __name__ == "__main__":

@@ -10,11 +10,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
+
 from edge_agent.candidates import validation_scores
 from edge_agent.config import AgentConfig, dump_toml, load_config
 from edge_agent.data import load_site
 from edge_agent.learners import make_learner
-from edge_agent.round_data import DATA_JOB_FILE, ROUND_DATA, DataJob
+from edge_agent.round_data import ANCHOR_CACHE, ANCHOR_PREFIX, DATA_JOB_FILE, ROUND_DATA, DataJob, prepare, save_npz
 from tests.test_zero_shot import COLUMNS, write_gateway_csv
 
 ROWS = 700  # the live gateway benchmark's history: 29 days
@@ -60,3 +62,29 @@ def test_the_training_process_holds_neither_pandas_nor_statsforecast_and_serves_
     assert {"ets", "theta"} <= validation_scores(metrics).keys()
     assert child["metrics"] == metrics
     assert child["loss"] == alone.train(1)
+
+
+def test_a_round_on_unchanged_data_reuses_the_last_rounds_anchor_forecasts_and_new_data_refits_them(
+        tmp_path: Path, caplog) -> None:
+    csv = write_gateway_csv(tmp_path / "gw.csv", load_site("amsterdam").select(COLUMNS), ROWS)
+    path = tmp_path / "agent.toml"
+    path.write_text(dump_toml({"fleet": "farm", "client_id": "agent01", "state_dir": str(tmp_path / "state"),
+                               "data": {"csv": str(csv)}, "training": {"anchors": ["seasonal_naive", "ets"]}}))
+    job = DataJob.of(load_config(path, AgentConfig))
+    job.state_dir.mkdir()
+    first = prepare(job)
+    cache = job.state_dir / ANCHOR_CACHE
+    with np.load(cache) as saved:
+        marked = {name: saved[name] + 1.0 if name.startswith(ANCHOR_PREFIX) else saved[name] for name in saved.files}
+    save_npz(cache, marked)  # the same key: a second round on the same data reads these, fits nothing
+    again = prepare(job)
+    assert set(again) == set(first)
+    for name in ("anchor.seasonal_naive", "anchor.ets"):
+        np.testing.assert_array_equal(again[name], first[name] + 1.0)
+
+    write_gateway_csv(csv, load_site("amsterdam").select(COLUMNS), ROWS + 24)  # a day more: fitted again
+    grown = prepare(job)
+    assert grown["anchor.ets"].shape[0] > first["anchor.ets"].shape[0]
+    cache.write_bytes(b"not an npz")  # a broken cache is made again, with a warning
+    np.testing.assert_array_equal(prepare(job)["anchor.ets"], grown["anchor.ets"])
+    assert "unreadable" in caplog.text
