@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import os
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Optional
@@ -61,6 +62,8 @@ def demo(
     """A real fleet on this machine: mosquitto, the coordinator and one agent per weather site;
     each start-up stage and round as it happens, then pictures of the rounds and forecasts."""
     import shutil
+    from concurrent.futures import ProcessPoolExecutor
+    from multiprocessing import get_context
 
     from edgefl.demo import configure, look_next, round_cells, round_table, run_demo
     from edgefl.demo_plots import plot_curve, plot_forecasts, station_days
@@ -79,9 +82,11 @@ def demo(
     plot_curve(rows, curve)
     note(f"forecasting each station's last test days with the model it serves (from {out / 'state'}) ...")
     drawn = []
-    for site in fleet.sites:
-        drawn.append(station_days(fleet.agent_config(site)))
-        note(f"  {site}: served by {drawn[-1].served}")
+    configs = [fleet.agent_config(site) for site in fleet.sites]
+    with ProcessPoolExecutor(min(len(configs), os.cpu_count() or 1), mp_context=get_context("spawn")) as pool:
+        for site, days in zip(fleet.sites, pool.map(station_days, configs)):  # each fits its anchors: seconds
+            drawn.append(days)
+            note(f"  {site}: served by {days.served}")
     plot_forecasts(drawn, forecasts)
     note("\n".join(look_next(fleet, curve, forecasts)))
 

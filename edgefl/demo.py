@@ -5,6 +5,7 @@ stage and closed round is reported as it happens (``edgefl.demo_plots`` draws th
 from __future__ import annotations
 
 import math
+import os
 import subprocess
 import sys
 import time
@@ -23,6 +24,9 @@ from edge_agent.data import list_sites
 
 DEMO_MODEL = {"backbone": "dlinear"}  # the recipe: ModelConfig's defaults
 DEMO_TRAINING = {"local_epochs": 1, "stride": 13}  # the recipe's batches, keep_local and anchors (AgentTraining)
+# Seven agents share this machine's cores, as agents on gateways never do: one math thread each, so
+# their training processes do not oversubscribe the cores (torch and BLAS spin-wait on idle threads).
+ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
 FEDERATED = "federated"  # the candidate that is the fleet's model (``edge_agent.selection``)
 
 
@@ -100,7 +104,8 @@ def run_demo(fleet: DemoFleet, rounds: int, on_stage: Callable[[str], None],
         fleet.logs.mkdir(exist_ok=True)
         processes.append(_spawn(fleet.logs / "coordinator.log", "coordinator", "serve", "-c", fleet.coordinator_config))
         for site in fleet.sites:
-            processes.append(_spawn(fleet.logs / f"{site}.log", "agent", "run", "-c", fleet.agent_config(site)))
+            processes.append(_spawn(fleet.logs / f"{site}.log", "agent", "run", "-c", fleet.agent_config(site),
+                                    env=ONE_THREAD))
         return _watch(fleet, rounds, processes[0], on_stage, on_round)
     finally:
         for process in processes:
@@ -111,11 +116,10 @@ def run_demo(fleet: DemoFleet, rounds: int, on_stage: Callable[[str], None],
         broker.wait(10)
 
 
-def _spawn(log: Path, *args: object) -> subprocess.Popen:
-    """One ``edgefl`` service process, its output into ``log``."""
-    return subprocess.Popen(
-        [sys.executable, "-m", "edgefl.cli", *map(str, args)], stdout=open(log, "w"), stderr=subprocess.STDOUT
-    )
+def _spawn(log: Path, *args: object, env: dict[str, str] | None = None) -> subprocess.Popen:
+    """One ``edgefl`` service process, its output into ``log``, with ``env`` added to this one's."""
+    return subprocess.Popen([sys.executable, "-m", "edgefl.cli", *map(str, args)], stdout=open(log, "w"),
+                            stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
 
 
 class _StartUp:
