@@ -4,7 +4,8 @@ and once hostile, in one invocation (issue 27, item 6).
 Each run gets a fresh loopback mosquitto and a fresh ``edgefl coordinator serve`` configured as a
 deployment would be (``deployment``: an open-ended campaign, every online gateway asked each
 round, quorum 80% + grace, a round deadline, silent clients excluded after 3 missed rounds, update
-bodies of the last 3 rounds kept, the default intake rate limits). The gateways
+bodies of the last 3 rounds and records of the last ``KEEP_RECORDS`` kept, the default intake
+rate limits). The gateways
 (``bench/soak_fleet.py``) train for up to ``train_s`` before answering, and 10% of them drop
 (Last Will) and reconnect on their persistent session every minute. The hostile run replaces three
 of them by one silent-online device, one storming device (reconnect + hello storm with its own
@@ -53,6 +54,9 @@ FULL = {"agents": 1000, "minutes": 30.0}
 RUNS = ("clean", "hostile")
 HOSTILE = {"hostile-silent": "silent", "hostile-storm": "storm", "hostile-flipper": "flipper"}
 SAMPLE_EVERY_S = 30.0
+# Records of the last 60 rounds: about 10 minutes at the soak's round rate, so that record
+# retention applies within a run (the default, 1,000 rounds, would apply after about 3 hours).
+KEEP_RECORDS = 60
 
 
 def deployment(agents: int) -> dict:
@@ -60,7 +64,7 @@ def deployment(agents: int) -> dict:
     from edge_agent.protocol import MAX_ROUND
 
     return {"rounds": MAX_ROUND, "min_clients": math.ceil(agents / 2), "start_clients": agents,
-            "round_timeout_s": 120.0, "linger_s": 0.0, "store": {"keep_rounds": 3},
+            "round_timeout_s": 120.0, "linger_s": 0.0, "store": {"keep_rounds": 3, "keep_records": KEEP_RECORDS},
             "participation": {"fraction": 1.0, "quorum": 0.8, "grace": 0.5, "exclude_after": 3}}
 
 

@@ -28,6 +28,18 @@ class StoreSettings(BaseModel):
                             description="postgresql://user[:password]@host[:port]/database (one database per fleet)")
     keep_rounds: int = Field(3, ge=1, le=MAX_ROUND, description="closed rounds whose bodies (updates as received, "
                              "personal messages, strategy state) are kept; older ones are deleted, their rows stay")
+    keep_records: int | None = Field(1000, ge=1, le=MAX_ROUND, description="closed rounds whose records (update "
+                                     "and event rows, the global state they were announced with) are kept; older "
+                                     "ones are deleted and their late updates refused (code forgotten_round), so a "
+                                     "long campaign's store stops growing; each round's own row and metrics stay; "
+                                     "None: kept for ever")
+
+    @model_validator(mode="after")
+    def _records_outlive_bodies(self) -> "StoreSettings":
+        if self.keep_records is not None and self.keep_records < self.keep_rounds:
+            raise ValueError(f"keep_records ({self.keep_records}) must be at least keep_rounds ({self.keep_rounds}): "
+                             "a body is kept only while its record is")
+        return self
 
     @field_validator("url")
     @classmethod

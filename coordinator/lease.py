@@ -37,7 +37,7 @@ def take_lead(cfg: CoordinatorConfig, stop: Callable[[], bool] = lambda: False,
     """The store of the coordinator that leads ``cfg.fleet``: at once on SQLite (one process per
     state_dir), on PostgreSQL once this process holds the lease; None if stopped while standing by."""
     if cfg.store.url is None:
-        return Store(cfg.state_dir, keep_rounds=cfg.store.keep_rounds)
+        return Store(cfg.state_dir, keep_rounds=cfg.store.keep_rounds, keep_records=cfg.store.keep_records)
     import psycopg
 
     from coordinator.store_postgres import connect, one_line, where
@@ -52,7 +52,7 @@ def take_lead(cfg: CoordinatorConfig, stop: Callable[[], bool] = lambda: False,
                             f"{one_line(err)}") from None
     log.info("leading fleet %s (lease on %s)", cfg.fleet, where(cfg.store.url))
     on_event("leading", {"fleet": cfg.fleet, "store": where(cfg.store.url)})
-    return Store(cfg.state_dir, cfg.store.url, connection, cfg.store.keep_rounds)
+    return Store(cfg.state_dir, cfg.store.url, connection, cfg.store.keep_rounds, cfg.store.keep_records)
 
 
 def stand_by(connection, fleet: str, stop: Callable[[], bool], on_event: Callable[[str, dict], None]) -> bool:

@@ -487,6 +487,9 @@ class Coordinator:
             raise ProtocolError("unknown_client", f"{client!r} has not registered (send hello first)")
         if header.round > current.round:
             raise ProtocolError("future_round", f"round {header.round} has not started; current is {current.round}")
+        if header.round <= self.store.forgotten_through():
+            raise ProtocolError("forgotten_round", f"round {header.round} is older than the rounds whose records are "
+                                f"kept (store.keep_records): too late even for the twins")
         if self.store.has_update(header.round, client):
             raise ProtocolError("duplicate", f"round {header.round} already has an update from {client!r}")
         check_tensors(tensors, self.update_layout)

@@ -60,14 +60,16 @@ class Store:
     in the same transaction as the rows naming it: a batch of updates is durable with one sync, and
     a standby on another host resumes from the database alone. ``connection``: the leader lease's
     session (``coordinator.lease``), which then carries every write. ``keep_rounds``: closing a
-    round deletes the per-round bodies of older rounds (``prune``); None keeps everything.
+    round deletes the per-round bodies of older rounds (``prune``); ``keep_records``: and the
+    records of rounds older still (``forget``); None keeps them.
 
     Raises ``StateDirError`` naming the path (or ``store.url``) when the state cannot be opened,
     or when its schema is newer than this code's (an older one is migrated: ``store_schema``)."""
 
-    def __init__(self, state_dir: Path, url: str | None = None, connection=None, keep_rounds: int | None = None):
+    def __init__(self, state_dir: Path, url: str | None = None, connection=None, keep_rounds: int | None = None,
+                 keep_records: int | None = None):
         self.dir = writable_folder(state_dir, "state_dir")
-        self.keep_rounds = keep_rounds
+        self.keep_rounds, self.keep_records = keep_rounds, keep_records
         self._reclaim_due = False  # rounds were pruned in the open transaction: reclaim after its commit
         self.db, self.tensors = open_backend(self.dir, url, connection)
         try:
@@ -84,7 +86,8 @@ class Store:
     def _check_tensors_present(self, url: str | None) -> None:
         """Rounds whose first global state is not in the database: a state folder of an edgefl
         that kept tensors as files (before 0.2). Say so instead of failing at the first read."""
-        if self.latest_round() is not None and not self.tensors.exists(self.round(1).global_file):
+        latest = self.latest_round()
+        if latest is not None and not self.tensors.exists(latest.global_file):
             self.db.close()
             where = "store.url" if url else f"state_dir {self.dir}"
             raise StateDirError(f"{where}: its rounds have no tensors in the database (a state written by an "
@@ -229,6 +232,8 @@ class Store:
         with self.batch():
             if self.keep_rounds is not None and number > self.keep_rounds:
                 self.prune(number - self.keep_rounds)
+            if self.keep_records is not None and number > self.keep_records:
+                self.forget(number - self.keep_records)
             self.tensors.write(name, result)
             self.db.execute(
                 "UPDATE rounds SET closed_at=?, metrics=?, result_file=? WHERE round=?",
@@ -265,6 +270,31 @@ class Store:
                 self.tensors.delete(name)
         self.set_meta("pruned_through", str(max(done, through)))
         self._reclaim_due = True
+
+    def forget(self, through: int) -> None:
+        """Delete the records of rounds up to ``through``: their update and event rows (and the
+        events without a round from before the first round kept) and the global states they were
+        announced with; each round's own row stays. Nothing reads them once later rounds closed: a
+        late update for such a round is refused (``forgotten_through``)."""
+        self.prune(through)
+        done = self.forgotten_through()
+        if through <= done:
+            return
+        self.db.execute("DELETE FROM updates WHERE round <= ?", (through,))
+        self.db.execute("DELETE FROM events WHERE round <= ?", (through,))
+        kept = self.find_round(through + 1)
+        if kept is not None:
+            self.db.execute("DELETE FROM events WHERE round IS NULL AND at < ?", (kept.opened_at,))
+        for number in range(done + 1, through + 1):
+            row = self.find_round(number)
+            if row is not None:
+                self.tensors.delete(row.global_file)
+        self.set_meta("forgotten_through", str(through))
+        self._reclaim_due = True
+
+    def forgotten_through(self) -> int:
+        """The newest round whose records ``forget`` deleted (0: none)."""
+        return int(self.meta("forgotten_through") or 0)
 
     def round(self, number: int) -> RoundRow:
         row = self.find_round(number)
