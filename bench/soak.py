@@ -29,6 +29,7 @@ done-means, computed and reported as measured.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import multiprocessing
@@ -38,6 +39,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import defaultdict
 from dataclasses import asdict, replace
 from pathlib import Path
 
@@ -59,12 +61,12 @@ SAMPLE_EVERY_S = 30.0
 KEEP_RECORDS = 60
 
 
-def deployment(agents: int) -> dict:
+def deployment(agents: int, keep_records: int = KEEP_RECORDS) -> dict:
     """The coordinator's settings besides fleet, model and broker, as a deployment would set them."""
     from edge_agent.protocol import MAX_ROUND
 
     return {"rounds": MAX_ROUND, "min_clients": math.ceil(agents / 2), "start_clients": agents,
-            "round_timeout_s": 120.0, "linger_s": 0.0, "store": {"keep_rounds": 3, "keep_records": KEEP_RECORDS},
+            "round_timeout_s": 120.0, "linger_s": 0.0, "store": {"keep_rounds": 3, "keep_records": keep_records},
             "participation": {"fraction": 1.0, "quorum": 0.8, "grace": 0.5, "exclude_after": 3}}
 
 
@@ -99,16 +101,32 @@ def start_gateways(spec: FleetSpec, plan: SoakPlan, agents: int, roles: dict[str
     return processes
 
 
-def sample(name: str, seconds: float, monitor: Monitor, probe: ProcessProbe, state: Path) -> list[float]:
-    """The store's size every ``SAMPLE_EVERY_S`` from now to ``seconds``, with a progress line each."""
+def sample(name: str, seconds: float, monitor: Monitor, probe: ProcessProbe, state: Path,
+           seen: dict[str, set[int]]) -> list[float]:
+    """The store's size every ``SAMPLE_EVERY_S`` from now to ``seconds``, with a progress line
+    each; the update rows it holds at each sample go into ``seen`` (``recorded``)."""
     started, store_mb = time.monotonic(), []
     for k in range(int(seconds // SAMPLE_EVERY_S) + 1 + (seconds % SAMPLE_EVERY_S > 0)):
         time.sleep(max(0.0, started + min(k * SAMPLE_EVERY_S, seconds) - time.monotonic()))
         store_mb.append(round(steady_bytes(state) / 1e6, 2))
+        recorded(state, seen)
         print(f"[{name}] {(time.monotonic() - started) / 60:4.1f}/{seconds / 60:.0f} min: "
               f"{len(monitor.announced)} rounds announced, store {store_mb[-1]} MB, coordinator RSS {probe.rss_mb} MB, "
               f"refusals {dict(monitor.rejected)}", flush=True)
     return store_mb
+
+
+def recorded(state: Path, seen: dict[str, set[int]]) -> None:
+    """Add the (client, round) of every update row the store holds now, read-only: the rows of
+    rounds that ``keep_records`` forgets later are counted while they are there."""
+    import sqlite3
+
+    path = state / "coordinator.sqlite3"
+    if not path.exists():
+        return
+    with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30)) as db:
+        for number, client in db.execute("SELECT round, client_id FROM updates"):
+            seen[client].add(number)
 
 
 def steady_bytes(folder: Path) -> int:
@@ -122,7 +140,7 @@ def steady_bytes(folder: Path) -> int:
 
 
 def run_soak(name: str, agents: int, seconds: float, plan: SoakPlan, fleet_model: dict, spec: FleetSpec,
-             work: Path) -> dict:
+             work: Path, keep_records: int = KEEP_RECORDS) -> dict:
     """One run: broker, coordinator, gateways; the soak, then the drain; its measures."""
     from coordinator.broker_setup import MIN_QUEUED, QUEUED_PER_AGENT
     from edge_agent.mqtt import COORDINATOR_RECEIVE_WINDOW
@@ -133,7 +151,7 @@ def run_soak(name: str, agents: int, seconds: float, plan: SoakPlan, fleet_model
     channels = (context.Queue(), context.Event())
     with loopback_broker(work, max(MIN_QUEUED, QUEUED_PER_AGENT * agents), COORDINATOR_RECEIVE_WINDOW) as (port, _):
         spec = replace(spec, port=port)
-        settings = deployment(agents)
+        settings = deployment(agents, keep_records)
         toml = coordinator_toml(work, port, agents, settings.pop("rounds"), fleet_model, spec.fleet, **settings)
         monitor, log = Monitor(port, spec.fleet), open(work / "coordinator.log", "w")
         coordinator = subprocess.Popen([sys.executable, "-m", "edgefl.cli", "coordinator", "serve", "--config", str(toml)],
@@ -143,7 +161,8 @@ def run_soak(name: str, agents: int, seconds: float, plan: SoakPlan, fleet_model
             monitor.wait_online(120)
             processes = start_gateways(spec, plan, agents, roles, flipped, channels, work)
             first = wait_first_round(monitor, coordinator)
-            store_mb = sample(name, seconds, monitor, probe, work / "state")
+            seen: dict[str, set[int]] = defaultdict(set)
+            store_mb = sample(name, seconds, monitor, probe, work / "state", seen)
             until = time.time()
             channels[1].set()
             gateways = collect(channels[0], processes, plan.drain_s + 60)
@@ -154,7 +173,7 @@ def run_soak(name: str, agents: int, seconds: float, plan: SoakPlan, fleet_model
             monitor.stop()
             probe.stop()
     ended = {} if survived else {"coordinator_log_end": (work / "coordinator.log").read_text()[-1500:]}
-    return {**measures(work, first, until, roles), "store_mb": store_mb, "store_every_s": SAMPLE_EVERY_S,
+    return {**measures(work, first, until, roles, seen), "store_mb": store_mb, "store_every_s": SAMPLE_EVERY_S,
             "rss_mb_max": probe.hwm_mb, "rss_mb_end": probe.rss_mb, "coordinator_survived": survived, **ended,
             **gateways}
 
@@ -224,17 +243,18 @@ def main() -> None:
     parser.add_argument("--minutes", type=float, help="soak per run (default 30; 3 with --quick)")
     parser.add_argument("--only", choices=RUNS, help="one run instead of both")
     parser.add_argument("--train-s", type=float, default=SoakPlan.train_s, help="longest training time of a gateway")
+    parser.add_argument("--keep-records", type=int, default=KEEP_RECORDS, help="rounds of records the store keeps")
     args, cfg, started = configure(parser, QUICK, FULL)
     agents, seconds = args.agents or cfg["agents"], 60 * (args.minutes or cfg["minutes"])
     plan = SoakPlan(train_s=args.train_s)
     cfg = {"agents": agents, "duration_s": seconds, "plan": asdict(plan), "hostile_roles": HOSTILE,
-           "coordinator": deployment(agents), "intake": intake_defaults(), "sample_every_s": SAMPLE_EVERY_S, "model": MODEL,
+           "coordinator": deployment(agents, args.keep_records), "intake": intake_defaults(), "sample_every_s": SAMPLE_EVERY_S, "model": MODEL,
            "fd_limit": raise_fd_limit(), "load_average_before": os.getloadavg()}
     runs = {}
     for name in [args.only] if args.only else RUNS:
         with tempfile.TemporaryDirectory() as tmp:
             fleet_model, spec = templates(f"soak{name}")
-            runs[name] = run_soak(name, agents, seconds, plan, fleet_model, spec, Path(tmp))
+            runs[name] = run_soak(name, agents, seconds, plan, fleet_model, spec, Path(tmp), args.keep_records)
         print(f"[{name}] done: " + json.dumps({k: runs[name][k] for k in ("rounds", "round_p50_s", "round_p99_s",
                                                                          "updates_lost", "rss_mb_max")}), flush=True)
     summary = {"config": run_config({**cfg, "load_average_after": os.getloadavg()}, args.quick, started), **runs,

@@ -11,10 +11,11 @@ from pathlib import Path
 P99_LIMIT, FLAT_LIMIT = 1.5, 1.25  # hostile round p99 / clean; store's last sample / its sample at half time
 
 
-def measures(work: Path, first: float, until: float, roles: dict[str, str]) -> dict:
+def measures(work: Path, first: float, until: float, roles: dict[str, str], seen: dict[str, set[int]]) -> dict:
     """Rounds closed by ``until`` (wall clock; their times from round 1's announcement at
     ``first``), refusals by code, what became of the hostile devices ``roles`` and the updates
-    lost, from the stopped coordinator's store and the gateways' ledgers."""
+    lost, from the stopped coordinator's store, the update rows ``seen`` while it ran (retention
+    deletes old rounds' rows) and the gateways' ledgers."""
     from coordinator.store import Store
 
     store = Store(work / "state")
@@ -24,7 +25,7 @@ def measures(work: Path, first: float, until: float, roles: dict[str, str]) -> d
     finally:
         store.close()
     took = sorted(r.closed_at - r.opened_at for r in rows)
-    stored = defaultdict(set)
+    stored = defaultdict(set, {client: set(rounds) for client, rounds in seen.items()})
     for number, client, _, _ in arrivals:
         stored[client].add(number)
     return {"rounds": len(rows), "round_p50_s": quantile(took, 0.5), "round_p99_s": quantile(took, 0.99),
