@@ -8,7 +8,7 @@ default depends on two distributions, both read from the cosines the engine's sc
 - **honest**: FedAvg on the value benchmark's real fleets (``bench/value.py``'s stations, homes and
   pedestrians, K days of history, the product's recipe), once without the check and once with
   ``min_cosine = 0``: every honest update's cosine, how many the check rejects, and the fleet's
-  test MASE with and without it;
+  test MASE with and without it, beside each anchor's on the same clients and windows;
 - **attacker**: ``bench/robustness.py``'s below-screen cells (1 of 7, 2 of 7), the attackers'
   cosines under ``below_screen`` and ``below_screen_hello`` with the check on.
 
@@ -51,7 +51,7 @@ def recorded_cosines() -> Iterator[list[tuple[str, float]]]:
 def honest_job(dataset: str, days: int, seed: int, threads: int) -> dict:
     """FedAvg on one value fleet without and with the check: test MASE of each, and the cosines."""
     import torch
-    from value import QUICK as VALUE, clients, model_config, scored
+    from value import QUICK as VALUE, anchored, clients, model_config, scored
 
     from coordinator.simulation.federation import FederationConfig, run_federation
     from edge_agent.config import AgentTraining
@@ -59,7 +59,10 @@ def honest_job(dataset: str, days: int, seed: int, threads: int) -> dict:
 
     torch.set_num_threads(threads)
     fleet = clients(dataset, days, tuple(sorted((k, v) for k, v in VALUE.items() if not isinstance(v, list))))
-    recipe, out = AgentTraining(), {"kind": "honest", "dataset": dataset, "seed": seed}
+    recipe = AgentTraining()
+    out = {"kind": "honest", "dataset": dataset, "seed": seed,
+           "anchors": {name: statistics.fmean(c["mase"] for c in anchored(fleet, name).values())
+                       for name in VALUE["anchors"]}}
     for label, min_cosine in (("off", None), ("on", 0.0)):
         fed = FederationConfig(rounds=VALUE["rounds"], local_epochs=VALUE["local_epochs"], batch_size=recipe.batch_size,
                                lr=recipe.lr, min_steps=recipe.min_steps, seed=seed, test_every_round=False,
@@ -103,6 +106,7 @@ def summarize(runs: list[dict], cfg: dict) -> dict:
         honest.append({"dataset": dataset, "updates_scored": len(cosines), "cosines": cosines, "min": cosines[0],
                        "p05": cosines[len(cosines) // 20], "median": statistics.median(cosines),
                        "rejected_share": {str(t): below(cosines, t) for t in cfg["thresholds"]},
+                       "anchors": group[0]["anchors"], "best_anchor": min(group[0]["anchors"], key=group[0]["anchors"].get),
                        "mase_off": statistics.fmean(r["mase_off"] for r in group),
                        "mase_on": statistics.fmean(r["mase_on"] for r in group)})
     for attack in cfg["attacks"]:
@@ -120,13 +124,15 @@ def markdown(summary: dict) -> str:
     heads = " | ".join(f"< {t:g}" for t in thresholds)
     lines = [f"Honest updates on the value fleets (K = {summary['config']['history_days']} days, FedAvg, the recipe): "
              "their cosine with the round's median delta, the share each threshold would reject, and the fleet's "
-             "test MASE without and with `min_cosine = 0`.", "",
-             f"| dataset | updates | min | p5 | median | {heads} | MASE off | MASE on |",
-             "|---|---|---|---|---|" + "---|" * len(thresholds) + "---|---|"]
+             "test MASE without and with `min_cosine = 0`, beside the best anchor's on the same clients and "
+             "windows (each anchor fitted on its client's own history).", "",
+             f"| dataset | updates | min | p5 | median | {heads} | MASE off | MASE on | best anchor |",
+             "|---|---|---|---|---|" + "---|" * len(thresholds) + "---|---|---|"]
     for h in summary["honest"]:
         shares = " | ".join(f"{h['rejected_share'][str(t)]:.1%}" for t in thresholds)
         lines.append(f"| {h['dataset']} | {h['updates_scored']} | {h['min']:.3f} | {h['p05']:.3f} | {h['median']:.3f} | "
-                     f"{shares} | {h['mase_off']:.4f} | {h['mase_on']:.4f} |")
+                     f"{shares} | {h['mase_off']:.4f} | {h['mase_on']:.4f} | "
+                     f"{h['best_anchor']} {h['anchors'][h['best_anchor']]:.4f} |")
     lines += ["", "Attackers' updates (bench/robustness.py's cells, the check on): the share each threshold catches.",
               "", f"| attack | attackers | updates | median cosine | {heads} |",
               "|---|---|---|---|" + "---|" * len(thresholds)]
