@@ -71,6 +71,7 @@ class Store:
         self.dir = writable_folder(state_dir, "state_dir")
         self.keep_rounds, self.keep_records = keep_rounds, keep_records
         self._reclaim_due = False  # rounds were pruned in the open transaction: reclaim after its commit
+        self._forgotten: int | None = None  # ``forgotten_through``, read once per ``forget``: every update asks
         self.db, self.tensors = open_backend(self.dir, url, connection)
         try:
             migrate(self.db)
@@ -290,11 +291,14 @@ class Store:
             if row is not None:
                 self.tensors.delete(row.global_file)
         self.set_meta("forgotten_through", str(through))
+        self._forgotten = None  # read again: the batch this runs in may still roll back
         self._reclaim_due = True
 
     def forgotten_through(self) -> int:
         """The newest round whose records ``forget`` deleted (0: none)."""
-        return int(self.meta("forgotten_through") or 0)
+        if self._forgotten is None:
+            self._forgotten = int(self.meta("forgotten_through") or 0)
+        return self._forgotten
 
     def round(self, number: int) -> RoundRow:
         row = self.find_round(number)
