@@ -184,6 +184,34 @@ def test_one_below_screen_flipper_of_7_moves_the_direction_check_less_than_the_n
     assert honest_progress("fedavg", RobustSettings(min_cosine=0.0)) > 0.8
 
 
+def test_a_large_count_and_a_large_delta_do_not_multiply() -> None:
+    """Issue 27: the below-screen flip from a client that declared 10**12 samples at hello gets
+    the weight cap (3x the median count) and passes the norm clip at 3x the median norm; its
+    weight is then cut so that weight x norm is at most 4x the round's median pull."""
+    honest = [update(f"c{i}", v) for i, v in enumerate(HONEST)]
+    flipped = ATTACKS["below_screen"].upload(honest[0], CURRENT)
+    liar_roster = {**{c.client_id: c for c in roster(5)}, "c0": ClientInfo("c0", INFLATED_SAMPLES)}
+    flipped = ClientUpdate("c0", flipped.params, INFLATED_SAMPLES, flipped.metrics)
+    screened = screen(CURRENT, [flipped, *honest[1:]], liar_roster, RobustSettings())
+    norms = [delta_norm(CURRENT, u.params) for u in screened.accepted]
+    pulls = sorted(10 * n for n in norms[1:]) + [30 * norms[0]]
+    limit = 4 * sorted(pulls)[len(pulls) // 2]
+    assert screened.clipped == ("c0",) and not screened.rejected
+    assert screened.accepted[0].n_samples == int(limit / norms[0]) < 30
+    assert [u.n_samples for u in screened.accepted[1:]] == [10] * 4
+    equal = screen(CURRENT, [ATTACKS["below_screen"].upload(honest[0], CURRENT), *honest[1:]],
+                   {c.client_id: c for c in roster(5)}, RobustSettings())
+    assert not equal.clipped and [u.n_samples for u in equal.accepted] == [10] * 5  # equal counts: the norm clip alone
+
+
+def test_site_aggregators_pull_with_their_gateways_weight() -> None:
+    updates = [update(f"c{i}", v) for i, v in enumerate(HONEST)]
+    updates[0] = update("c0", HONEST[0], n=500)
+    sites = {**{c.client_id: c for c in roster(5)}, "c0": ClientInfo("c0", 500)}
+    screened = screen(CURRENT, updates, sites, RobustSettings(site_clients=["c0"]))
+    assert screened.accepted[0].n_samples == 500 and not screened.clipped
+
+
 def test_an_update_against_the_median_delta_is_rejected_with_its_code() -> None:
     flipped = [update("c0", [-0.5 * v for v in HONEST[0]]), *[update(f"c{i}", v) for i, v in enumerate(HONEST[1:], 1)]]
     result = close("fedavg", flipped, RobustSettings(min_cosine=0.0))

@@ -11,7 +11,9 @@ decides its weight and how far it may move the global state.
   scaled back to that norm (norm clipping as in McMahan et al. 2018, "Learning Differentially
   Private Recurrent Language Models", section 2, with an adaptive bound in the spirit of its
   median-based clipping), and updates beyond ``reject_factor`` times the median are rejected
-  (code ``norm_outlier``). The median is a robust statistic as long as most updates are honest
+  (code ``norm_outlier``). A client's pull on the weighted average, its weight times its delta
+  norm, is bounded at ``clip_factor`` times the round's median pull by cutting its weight, so
+  the weight cap and the norm clip cannot be stacked (``bound_pulls``). The median is a robust statistic as long as most updates are honest
   (Yin et al. 2018, "Byzantine-Robust Distributed Learning: Towards Optimal Statistical Rates").
 - Direction: with ``min_cosine`` set, an update whose delta has a cosine below it with the round's
   coordinate-wise median delta is rejected (code ``against_median``), in rounds of at least 3
@@ -57,7 +59,9 @@ class RobustSettings(BaseModel):
     max_samples: int | None = Field(None, ge=1, description="cap on an update's weight (sample count); "
                                     "the count declared at hello always bounds it; None: no further cap")
     clip_factor: float | None = Field(4.0, ge=1, description="clip each delta to this multiple of the "
-                                      "round's median delta norm; None: no clipping")
+                                      "round's median delta norm, and cut the weight of an update whose weight "
+                                      "times delta norm exceeds this multiple of the round's median; None: no "
+                                      "clipping")
     reject_factor: float | None = Field(20.0, ge=1, description="reject an update whose delta norm exceeds "
                                         "this multiple of the round's median delta norm; None: no rejection")
     min_cosine: float | None = Field(None, ge=-1, le=1, description="reject an update whose delta's cosine with "
@@ -118,7 +122,7 @@ def screen(current: TensorDict, updates: Sequence[ClientUpdate], roster: Mapping
         return Screened(finite, rejected, (), median)
     check = settings.min_cosine is not None and len(finite) >= MIN_DIRECTION_UPDATES
     cosines = cosines_to_median(current, finite, names, norms) if check else [1.0] * len(finite)
-    accepted, clipped = [], []
+    accepted, kept_norms, clipped = [], [], []
     for update, norm, cosine in zip(finite, norms, cosines):
         if settings.reject_factor is not None and norm > settings.reject_factor * median:
             rejected[update.client_id] = NORM_OUTLIER
@@ -129,8 +133,33 @@ def screen(current: TensorDict, updates: Sequence[ClientUpdate], roster: Mapping
         if settings.clip_factor is not None and norm > settings.clip_factor * median:
             update = replace(update, params=scale_delta(current, update.params, settings.clip_factor * median / norm))
             clipped.append(update.client_id)
+            norm = settings.clip_factor * median
         accepted.append(update)
+        kept_norms.append(norm)
+    if settings.clip_factor is not None:
+        accepted, cut = bound_pulls(accepted, kept_norms, settings.clip_factor, frozenset(settings.site_clients))
+        clipped += [client for client in cut if client not in clipped]
     return Screened(accepted, rejected, tuple(clipped), median)
+
+
+def bound_pulls(updates: Sequence[ClientUpdate], norms: Sequence[float], factor: float,
+                sites: frozenset[str]) -> tuple[list[ClientUpdate], list[str]]:
+    """Cut the weight of an update whose pull on the weighted average (sample count times delta
+    norm) exceeds ``factor`` times the median pull of the round's gateways, so that a large
+    declared count and a large delta, each under its own bound, cannot multiply (issue 27's
+    below-screen flip with an inflated hello: 3x weight at 3x norm). With equal counts this is
+    the norm clip itself; site aggregators, whose weight is their gateways' sum, are exempt."""
+    pulls = [u.n_samples * norm for u, norm in zip(updates, norms) if u.client_id not in sites]
+    limit = factor * statistics.median(pulls) if pulls else 0.0
+    if not math.isfinite(limit) or limit <= 0.0:
+        return list(updates), []
+    bounded, cut = [], []
+    for update, norm in zip(updates, norms):
+        if update.client_id not in sites and update.n_samples * norm > limit:
+            update = replace(update, n_samples=max(1, int(limit / norm)))
+            cut.append(update.client_id)
+        bounded.append(update)
+    return bounded, cut
 
 
 def cosines_to_median(current: TensorDict, updates: Sequence[ClientUpdate], names: Sequence[str],
