@@ -150,9 +150,10 @@ def simulate(
                   f"served: {served_counts({c: s.which for c, s in zip(result.client_test, result.served)})}")
     rates = fleet_firing_rates(result.models, fleet)
     if rates:
-        silent = [name for name, rate in rates.items() if rate == 0]
+        short = {name.removeprefix("shared.backbone."): rate for name, rate in rates.items()}
+        silent = [name for name, rate in short.items() if rate == 0]
         console.print("firing rates (test windows, mean over clients): "
-                      + ", ".join(f"{name.removeprefix('shared.backbone.')} {rate:.3f}" for name, rate in rates.items())
+                      + ", ".join(f"{name} {rate:.3f}" for name, rate in short.items())
                       + (f"; silent: {', '.join(silent)}" if silent else ""), soft_wrap=True)
     summary = {
         "config": {"model": cfg.model_dump(), "federation": fed.model_dump(), "clients": clients, "f_max": f_max,
