@@ -34,7 +34,7 @@ from edge_agent.protocol import (
     MAX_FEATURES, MAX_SAMPLES, HelloHeader, PersonalHeader, ProtocolError, ReplyHeader, RoundHeader, Topics,
     UpdateHeader, check_tensors, decode, encode,
 )
-from edge_agent.session import Session
+from edge_agent.session import RETRY, Session, settled
 from edge_agent.tensors import TensorDict, layout_of
 
 log = logging.getLogger("edgefl.site")
@@ -227,11 +227,13 @@ class SiteAggregator(Coordinator):
         after repeated terminal ones, raised once the batch is stored)."""
         answer = [self.session.accepted if reply.accepted else
                   partial(self.session.refused, reply.code, reply.about, reply.reason)]
-        if reply.code == "unknown_client":
+        if reply.code in RETRY:
             return answer
-        if reply.about == "update" and (reply.accepted or reply.code == "duplicate"):
+        if reply.about == "update" and settled(reply.accepted, reply.code):  # taken, or refused for good
             self.store.set_meta("delivered", str(max(reply.round, int(self.store.meta("delivered") or 0))))
-            return [*answer, partial(self.on_event, "delivered", {"round": reply.round, "code": reply.code})]
+            answer.append(partial(self.on_event, "delivered", {"round": reply.round, "code": reply.code}))
+            if reply.accepted or reply.code == "duplicate":
+                return answer
         if not reply.accepted:
             log.error("the central coordinator refused our %s of round %d: %s", reply.about, reply.round, reply.reason)
             return [*answer, partial(self.on_event, "refused", {"about": reply.about, "code": reply.code})]

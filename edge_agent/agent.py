@@ -40,7 +40,7 @@ from edge_agent.protocol import (
     encode,
 )
 from edge_agent.serving.renewal import BundleRenewal, BundleWriter
-from edge_agent.session import Refused, Session
+from edge_agent.session import RETRY, Refused, Session, settled
 from edge_agent.state import AgentState
 from edge_agent.storage import writable_folder
 from edge_agent.tensors import TensorDict, first_non_finite, l2_norm, layout_of
@@ -365,9 +365,9 @@ class Agent:
             self.session.accepted()
         else:
             self.session.refused(reply.code, reply.about, reply.reason)
-        if reply.about != "update" or reply.code == "unknown_client":
+        if reply.about != "update" or reply.code in RETRY:
             return
-        if reply.accepted or reply.code == "duplicate":
+        if settled(reply.accepted, reply.code):
             self.files.pending.unlink(missing_ok=True)
         if not reply.accepted:
             log.warning("update refused: %s", reply.reason)

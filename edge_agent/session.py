@@ -23,6 +23,11 @@ import time
 log = logging.getLogger("edgefl.session")
 RETRY = frozenset({"unknown_client"})
 TERMINAL = frozenset({"not_allowed", "bad_signature", "wrong_fleet", "wrong_sender", "bad_version", "too_large"})
+RESEND_MAY_HELP = RETRY | TERMINAL | frozenset({"future_round", "internal"})
+"""Refusals of an update after which the same bytes may still be taken: once we are registered,
+once an operator has acted, once the round starts, once the coordinator has recovered. Any other
+refusal (a duplicate, a round forgotten or never announced, a replay, a client not asked, a
+malformed body) is final for that update: sent again, it would only be refused again."""
 REFUSED_EXIT_CODE = 3  # what `edgefl agent run` / `aggregator serve` exit with when the coordinator keeps refusing
 
 
@@ -83,3 +88,8 @@ class Session:
             return False
         self._due_at = None
         return True
+
+
+def settled(accepted: bool, code: str) -> bool:
+    """Whether an answer to an update ends its resending: it was taken, or refused for good."""
+    return accepted or code not in RESEND_MAY_HELP
