@@ -182,12 +182,13 @@ def _seasonal_base(ops: LayerOps, module: SeasonalBase, args: tuple, out: torch.
 
 
 def _spiking_attention(ops: LayerOps, module: SpikingSelfAttention, args: tuple, out: torch.Tensor) -> None:
-    """Only the spike-spike matmuls and the scaling between them: the q/k/v/out projections and
-    LIFs are counted as their own layers. QK^T costs one AC per pair of co-active query and key
-    bits; ``* scale`` one MAC (a multiply) per score, N x N per head, as the model and its ONNX
-    graph perform it; attn x V one AC per (query row, spiking value) pair, the value being binary."""
+    """Only the spike-spike matmuls and the normalization between them: the q/k/v/out projections
+    and LIFs are counted as their own layers. QK^T costs one AC per pair of co-active query and key
+    bits; attn x V one AC per (query row, spiking value) pair, the value being binary; the
+    BatchNorm of the N x D result one MAC (its multiply-add) per value: no weight layer precedes
+    it, so it cannot be folded."""
     q, k, v = module.last_qkv
-    ops.macs += q.shape[:-1].numel() * k.shape[-2]
+    ops.macs += v.numel()
     ops.acs += float((q @ k.transpose(-2, -1)).sum()) + float(v.sum()) * q.shape[-2]
     ops.dense_macs += 2 * q.numel() * k.shape[-2]
     for x in (q, k, v):

@@ -88,7 +88,8 @@ def test_one_spiking_attention_block_matches_a_loop_count() -> None:
     layers = {name.removeprefix("1."): layer for name, layer in by_name(measure(net, lambda: net(2 * x))).items()}
     with torch.no_grad():
         q, k, v = (block.split(proj(x)) for proj in (block.q, block.k, block.v))
-        attn_spikes = block.attn_lif(((q @ k.transpose(-2, -1)) * block.scale @ v).transpose(-3, -2).flatten(-2))
+        mixed = (q @ k.transpose(-2, -1) @ v).transpose(-3, -2).flatten(-2)
+        attn_spikes = block.attn_lif(block.norm(mixed.flatten(0, -2)).reshape(mixed.shape))
     qk = av = 0
     for t in range(3):
         for b in range(2):
@@ -99,7 +100,7 @@ def test_one_spiking_attention_block_matches_a_loop_count() -> None:
                         av += int(sum(v[t, b, h, j, e] for e in range(4)))
     assert qk > 0 and av > 0
     assert layers["1"].acs == qk + av
-    assert layers["1"].macs == 3 * 2 * 2 * 5 * 5  # the scores' `* scale`: one multiply per (T, B, head, i, j)
+    assert layers["1"].macs == 3 * 2 * 5 * 8  # the BatchNorm of Q K^T V: one multiply-add per (T, B, i, d)
     for name in ("q.linear", "k.linear", "v.linear"):
         assert layers[name].acs == x.sum() * 8 and layers[name].macs == 0
     assert layers["out.linear"].acs == attn_spikes.sum() * 8
@@ -138,7 +139,7 @@ def test_every_backbone_is_counted_on_real_windows(backbone: str, site) -> None:
     if BACKBONES[backbone].kind == "snn":
         assert sum(layer.acs for layer in backbone_layers) > 0
         attention = [f"shared.backbone.blocks.{i}.attn" for i in range(2)] if "spikformer" in backbone else []
-        # real-valued work: the encoder's conv, and the scaling of each spiking attention's scores
+        # real-valued work: the encoder's conv, and the normalization of each spiking attention's Q K^T V
         assert [layer.name for layer in backbone_layers if layer.macs] == ["shared.backbone.encoder.conv", *attention]
         rates = [layer.firing_rate for layer in layers if layer.firing_rate is not None]
         assert rates and all(0.0 <= rate <= 1.0 for rate in rates)

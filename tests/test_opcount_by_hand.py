@@ -54,15 +54,16 @@ def spikernn(backbone, z) -> tuple[float, float]:
 
 def spiking_blocks(blocks, x: torch.Tensor) -> tuple[float, float]:
     """Spikformer blocks on spike counts x (T, B, N, D): q/k/v read x (3 x spikes x D); QK^T one AC
-    per co-active query/key bit, the scaling one multiply per score (N x N per head), attention x V
-    each value spike once per query row (N); the out projection reads the attention LIF's spikes;
-    the MLP reads x + attn (D -> F -> D)."""
+    per co-active query/key bit, attention x V each value spike once per query row (N), the
+    BatchNorm of the result one multiply-add per value (N x D); the out projection reads the
+    attention LIF's spikes; the MLP reads x + attn (D -> F -> D)."""
     macs, acs = 0.0, 0.0
     for block in blocks:
         attn, tokens = block.attn, x.shape[-2]
         q, k, v = (attn.split(proj(x)) for proj in (attn.q, attn.k, attn.v))
-        mixed = attn.attn_lif(((q @ k.transpose(-2, -1)) * attn.scale @ v).transpose(-3, -2).flatten(-2))
-        macs += x.shape[0] * x.shape[1] * attn.heads * tokens * tokens
+        scores = (q @ k.transpose(-2, -1) @ v).transpose(-3, -2).flatten(-2)
+        mixed = attn.attn_lif(attn.norm(scores.flatten(0, -2)).reshape(scores.shape))
+        macs += x.shape[0] * x.shape[1] * tokens * D
         acs += 3 * float(x.sum()) * D + float((q @ k.transpose(-2, -1)).sum()) + float(v.sum()) * tokens
         acs += float(mixed.sum()) * D
         x = x + attn.out(mixed)
