@@ -10,7 +10,7 @@ import torch
 
 from edge_agent.data import TIME_FEATURES, load_site, prepare_client, synthetic_table
 from edge_agent.models import BACKBONES, ModelConfig, build_forecaster
-from edge_agent.models.backbones.spiking import LIF
+from edge_agent.models.backbones.spiking import LIF, SpikingSelfAttention
 from edge_agent.seeds import derive_seed
 from edge_agent.train import calibrate_batchnorm, make_optimizer, train_epochs
 from tests.conftest import small_config
@@ -225,3 +225,23 @@ def test_batchnorm_calibration_wakes_a_briefly_trained_spiking_model() -> None:
     calibrate_batchnorm(model, data.train)
     assert not model.training and rate() > max(before, 0.01)
     assert all(torch.equal(v, model.state_dict()[k]) for k, v in weights.items())  # only statistics changed
+
+
+@pytest.mark.parametrize("tokens", [4, 128])
+@pytest.mark.parametrize("rate", [0.05, 0.3])
+def test_the_attention_lif_fires_whatever_the_token_count_and_input_rate(tokens: int, rate: float) -> None:
+    """Q K^T V grows with N and with the cube of the Q/K/V rates; normalized before the attention
+    LIF, the LIF fires at a similar rate for 4 channel tokens at 5% and for 128 tokens at 30%
+    (Spikformer's fixed 0.125 scale left 4 sparse tokens silent: bench/firing.py at 5abc4cb)."""
+    torch.manual_seed(5)
+    attention = SpikingSelfAttention(dim=32, heads=4)
+    rates = []
+    attention.attn_lif.register_forward_hook(lambda _m, _a, out: rates.append(float(out.mean())))
+    x = (torch.rand(4, 16, tokens, 32) < rate).float()  # (T, B, N, D) spikes
+    with torch.no_grad():
+        attention(x)
+        q, k, v = (attention.split(proj(x)) for proj in (attention.q, attention.k, attention.v))
+        scaled = (q @ k.transpose(-2, -1) * 0.125 @ v).transpose(-3, -2).flatten(-2)
+    assert 0.05 < rates[0] < 0.5, rates
+    if tokens == 4 and rate == 0.05:
+        assert float(attention.attn_lif(scaled).mean()) < 0.01  # the fixed scale: silent
