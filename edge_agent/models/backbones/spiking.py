@@ -198,7 +198,7 @@ class SpikingSelfAttention(nn.Module):
     def currents(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """Split Q, K, V spikes (..., heads, N, D / heads) -> the attention LIF's input (..., N, D)."""
         mixed = (q @ k.transpose(-2, -1) @ v).transpose(-3, -2).flatten(-2)
-        return self.norm(mixed.flatten(0, -2)).reshape(mixed.shape)
+        return self.norm(mixed.flatten(0, -2)).view_as(mixed)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         q, k, v = (self.split(proj(x)) for proj in (self.q, self.k, self.v))
