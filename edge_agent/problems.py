@@ -5,7 +5,6 @@ mean" for an unknown key. Torch-free: every config and every command uses it."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from difflib import get_close_matches
 from typing import Any, get_args
 
 from pydantic import BaseModel, ValidationError
@@ -32,6 +31,8 @@ def reason(error: dict[str, Any], model: type[BaseModel] | None) -> str:
     """What is wrong with one error, in words a user acts on."""
     kind, loc = error["type"], tuple(error["loc"])
     if kind == "extra_forbidden":
+        from difflib import get_close_matches  # only here: a serving process never loads it
+
         known = field_names(model, loc[:-1])
         close = get_close_matches(str(loc[-1]), known, n=1)
         return "unknown key; " + (f"did you mean {close[0]!r}?" if close else f"the keys here are {', '.join(known)}")

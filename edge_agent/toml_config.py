@@ -10,7 +10,6 @@ import tomllib
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, TypeVar
 
-import tomli_w
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from edge_agent.data import DataError, GapPolicy
@@ -106,7 +105,10 @@ def load_config(path: Path, model: type[Config]) -> Config:
 
 
 def dump_toml(data: dict) -> str:
-    """Plain config data as TOML; ``None`` values (unset options) are left out."""
+    """Plain config data as TOML; ``None`` values (unset options) are left out. tomli-w is loaded
+    here: a serving process reads its config and never writes one."""
+    import tomli_w
+
     return tomli_w.dumps(_without_none(data))
 
 

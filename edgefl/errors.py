@@ -1,17 +1,15 @@
 """How every ``edgefl`` command reports bad input: one line per problem on stderr, ``error: WHERE:
 WHAT``, naming the flag or config key and what to do (pydantic's errors translated by
-``edge_agent.problems``, click's usage errors flattened by ``OneLineErrors``)."""
+``edge_agent.problems``, click's usage errors flattened by ``edgefl.root.OneLineErrors``). Typer-free,
+so that ``edgefl agent serve`` reports its errors without loading typer (``edgefl.cli``)."""
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, NoReturn
 
-import typer
 from pydantic import ValidationError
-from typer.core import TyperGroup
 
 from edge_agent.problems import dotted, problem_lines
 
@@ -56,10 +54,11 @@ def say(message: str) -> None:
 
 
 def fail(message: str, status: int = 2) -> NoReturn:
-    """End the command with ``status``, one ``error:`` line on stderr per line of ``message``."""
+    """End the command with ``status``, one ``error:`` line on stderr per line of ``message``
+    (``SystemExit``: click lets it through, and a command run without typer needs nothing more)."""
     for line in message.splitlines() or [""]:
         stderr.print(f"[bold red]error:[/] {escape(line)}")
-    raise typer.Exit(status)
+    raise SystemExit(status)
 
 
 @contextmanager
@@ -86,23 +85,3 @@ def _flag(loc: tuple[int | str, ...], flags: Mapping[str, str]) -> str:
 def flags_of(*names: str) -> dict[str, str]:
     """Parameter names -> their flags (``f_max`` -> ``--f-max``)."""
     return {name: "--" + name.replace("_", "-") for name in names}
-
-
-class OneLineErrors(TyperGroup):
-    """The root command group: a usage error (unknown option, value of the wrong type) is one
-    line too, instead of click's usage block and box."""
-
-    def main(self, *args: Any, standalone_mode: bool = True, **kwargs: Any) -> Any:
-        try:
-            status = super().main(*args, standalone_mode=False, **kwargs)
-        except typer.Abort:
-            stderr.print("aborted")
-            sys.exit(1)
-        except typer.TyperException as err:
-            message = err.format_message()
-            if "\n" in message:  # a group called without a command: its help (rich printed it already: no message)
-                err.show()
-            elif message:
-                stderr.print(f"[bold red]error:[/] {escape(message.replace('Value error, ', ''))}")
-            sys.exit(getattr(err, "exit_code", 1))
-        sys.exit(status if isinstance(status, int) else 0)

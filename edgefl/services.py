@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import logging
-import signal
 import time
 from pathlib import Path
 from typing import Annotated, Optional
@@ -17,33 +15,13 @@ from edge_agent.session import REFUSED_EXIT_CODE, Refused
 from edge_agent.storage import StateDirError
 from edgefl.errors import LazyConsole, escape, fail, say
 from edgefl.extras import needs
+from edgefl.service_run import CONFIG_FLAGS, Stopper, serve_agent, setup_logging
 
 console = LazyConsole(stderr=True)  # rich is loaded by the commands that print
 coordinator_app = typer.Typer(help="The coordinator service.", no_args_is_help=True)
 aggregator_app = typer.Typer(help="A site aggregator next to a site broker.", no_args_is_help=True)
 agent_app = typer.Typer(help="The edge agent on a gateway.", no_args_is_help=True)
-ConfigPath = Annotated[Path, typer.Option("--config", "-c", help="TOML configuration file")]
-
-
-def _setup(verbose: bool) -> None:
-    logging.basicConfig(
-        level=logging.DEBUG if verbose else logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s"
-    )
-
-
-class _Stopper:
-    """Turns SIGTERM/SIGINT into a clean stop of the service loop."""
-
-    def __init__(self) -> None:
-        self.stopped = False
-        signal.signal(signal.SIGTERM, self._stop)
-        signal.signal(signal.SIGINT, self._stop)
-
-    def _stop(self, *_: object) -> None:
-        self.stopped = True
-
-    def __call__(self) -> bool:
-        return self.stopped
+ConfigPath = Annotated[Path, typer.Option(*CONFIG_FLAGS, help="TOML configuration file")]
 
 
 def _print_event(kind: str, data: dict) -> None:
@@ -85,14 +63,14 @@ def _serve(config: Path, verbose: bool, http: str | None, settings: type, servic
     from coordinator.observe.settings import HttpSettings
     from coordinator.store_backends import LeaseLost
 
-    _setup(verbose)
+    setup_logging(verbose)
     cfg = _load(config, settings)
     if http is not None:
         try:
             cfg = cfg.model_copy(update={"http": HttpSettings.parse_address(http, cfg.http)})
         except ValueError as err:
             fail(str(err))
-    stop = _Stopper()
+    stop = Stopper()
     try:
         store = take_lead(cfg, stop, _print_event)
         if store is not None:
@@ -225,7 +203,7 @@ def agent_run(config: ConfigPath, verbose: bool = False) -> None:
     from edge_agent.agent import Agent
     from export.bundle import write_bundle
 
-    _setup(verbose)
+    setup_logging(verbose)
     cfg = _agent_config(config)
     try:
         agent = Agent(cfg, on_event=_print_agent_event, write_bundle=write_bundle)
@@ -234,27 +212,18 @@ def agent_run(config: ConfigPath, verbose: bool = False) -> None:
     for note in agent.table.notes if agent.table is not None else []:
         say(note)
     try:
-        agent.run(stop=_Stopper())
+        agent.run(stop=Stopper())
     except Refused as err:
         fail(str(err), REFUSED_EXIT_CODE)
 
 
 @agent_app.command("serve")
-@needs("serve")
 def agent_serve(config: ConfigPath, verbose: bool = False) -> None:
     """Serving only: ingest the sensors and publish forecasts from the latest ONNX bundle in
     state_dir/serving on the serving table's schedule, reloading it when the training agent writes
     a new one. Reads only client_id, state_dir and the data, sensors and serving tables; never
     loads torch."""
-    from edge_agent.serving.daemon import ServeDaemon
-    from edge_agent.toml_config import LiveGatewayConfig
-
-    _setup(verbose)
-    try:
-        daemon = ServeDaemon(load_config(config, LiveGatewayConfig))
-    except (ConfigError, ValueError, StateDirError) as err:
-        fail(str(err))
-    daemon.run(stop=_Stopper())
+    serve_agent(config, verbose)
 
 
 @agent_app.command("forecast")

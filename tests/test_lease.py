@@ -21,7 +21,7 @@ from coordinator.store_backends import LeaseLost
 from edge_agent.mqtt import Incoming
 from edge_agent.storage import StateDirError
 from edge_agent.toml_config import load_config
-from edgefl.cli import app
+from edgefl.commands import app
 from tests.fleet import coordinator_config
 from tests.test_hostile import hello_of, update_of
 

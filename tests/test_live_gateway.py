@@ -182,11 +182,12 @@ def test_the_serving_only_process_publishes_forecasts_of_each_new_bundle_without
     """``edgefl agent serve`` ingests the replayed station, publishes the forecast of the first
     bundle the (here in-process) training side writes, then of the next one, without torch and pandas
     installed (as with ``pip install 'edgefl[serve]'``: importing either fails in that process) and
-    without loading rich, which it does not need either (2 MB resident; bench/gateway.py)."""
+    without loading rich or typer, which it does not need either (2 MB and 2.7 MB resident;
+    bench/gateway.py, edgefl.cli)."""
     port, config = mosquitto.port, live_config(tmp_path, mosquitto.port, False)
     watch = Watch(port, "edgefl/client00-serve-sensors/status")
     try:
-        server = start(tmp_path, "serve", "agent", "serve", "-c", str(config), missing=("torch", "pandas", "rich"))
+        server = start(tmp_path, "serve", "agent", "serve", "-c", str(config), missing=("torch", "pandas", "rich", "typer"))
         wait_for(lambda: b"online" in watch.seen, 180, "the serving process's sensor client")
     finally:
         watch.close()

@@ -237,7 +237,7 @@ def test_a_spike_check_that_compared_nothing_fails_the_export_command(model, dat
 
     from typer.testing import CliRunner
 
-    from edgefl.cli import app
+    from edgefl.commands import app
     from edge_agent.models import save_checkpoint
 
     silent = copy.deepcopy(model)

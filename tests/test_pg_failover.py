@@ -14,7 +14,7 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from coordinator.store import Store
-from edgefl.cli import app
+from edgefl.commands import app
 from tests.fleet import agent_config, coordinator_config, start, wait_for, write_client_csvs
 from tests.test_service import assert_rounds_equal, finish, replay, served_rounds, state
 

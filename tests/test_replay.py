@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 
 from edge_agent.data import load_site
 from edge_agent.mqtt import BrokerConfig
-from edgefl.cli import app
+from edgefl.commands import app
 from edgefl.replay import BrokerError, messages, pick_rows, rebase_shift, replay
 from tests.broker import Mosquitto, free_port
 

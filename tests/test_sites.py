@@ -174,7 +174,7 @@ def test_uplink_is_host_and_optional_port() -> None:
 def test_broker_config_writes_a_central_setup_with_sites_and_a_bridged_site(tmp_path: Path) -> None:
     from typer.testing import CliRunner
 
-    from edgefl.cli import app
+    from edgefl.commands import app
 
     cli = CliRunner()
     central = cli.invoke(app, ["broker-config", "--fleet", "farm", "--agents", "0", "--sites", "north,south",

@@ -1,4 +1,4 @@
-"""The command-line reference, generated from the typer app (``edgefl.cli.app``) with typer's own
+"""The command-line reference, generated from the typer app (``edgefl.commands.app``) with typer's own
 markdown renderer, so every command and option on the page is the one the program accepts."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typer.core import TyperCommand, TyperGroup
 def command_tree() -> TyperGroup:
     """The command tree behind ``edgefl`` (imported here: the CLI pulls in torch), the commands
     it builds only when used (``edgefl.root.LAZY``) built and added."""
-    from edgefl.cli import app
+    from edgefl.commands import app
 
     tree = typer.main.get_command(app)
     with typer.Context(tree, info_name="edgefl") as context:

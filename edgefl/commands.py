@@ -1,0 +1,219 @@
+"""The ``edgefl`` command line as a typer app: every command (``edgefl.cli`` runs it, and runs
+``agent serve`` without it)."""
+
+from __future__ import annotations
+
+import functools
+import os
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from edge_agent.data import DataError
+from edge_agent.mqtt import DEFAULT_MAX_PAYLOAD_BYTES
+from edgefl.errors import LazyConsole, fail, flags_of, reported, say
+from edgefl.export_cli import energy_command, export_app
+from edgefl.extras import needs
+from edgefl.replay import replay_command
+from edgefl.root import RootGroup
+from edgefl.services import agent_app, aggregator_app, coordinator_app
+
+app = typer.Typer(
+    help="edgefl: federated time-series forecasting on edge devices.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    cls=RootGroup,
+)
+console = LazyConsole()  # rich is loaded by the commands that print tables
+app.add_typer(coordinator_app, name="coordinator")
+app.add_typer(aggregator_app, name="aggregator")
+app.add_typer(agent_app, name="agent")
+app.add_typer(export_app, name="export")
+app.command("energy")(needs("export")(energy_command))
+app.command("replay")(needs("gateway")(replay_command))
+
+
+@app.command()
+@needs("sites")
+def sites() -> None:
+    """List the real weather sites bundled with pvlib (one device each)."""
+    from rich.table import Table
+
+    from edge_agent.data import list_sites, load_site
+
+    table = Table("site", "latitude", "longitude", "rows", "variables")
+    for name in list_sites():
+        site = load_site(name)
+        table.add_row(
+            name, f"{site.latitude:.3f}", f"{site.longitude:.3f}", str(site.n_rows), " ".join(site.columns)
+        )
+    console.print(table)
+
+
+@app.command()
+@needs("all")
+def demo(
+    rounds: Annotated[int, typer.Option(help="rounds to run")] = 5,
+    out: Annotated[Path, typer.Option(help="working folder (configs, state, logs, pictures)")] = Path("runs/demo"),
+    stations: Annotated[Optional[int], typer.Option(min=1, help="how many bundled weather stations join "
+                                                    "(default: all 7)")] = None,
+) -> None:
+    """A real fleet on this machine: mosquitto, the coordinator and one agent per weather site;
+    each start-up stage and round as it happens, then pictures of the rounds and forecasts."""
+    import shutil
+    from concurrent.futures import ProcessPoolExecutor
+    from multiprocessing import get_context
+
+    from edgefl.demo import configure, look_next, round_cells, round_table, run_demo
+    from edgefl.demo_plots import plot_curve, plot_forecasts, station_days
+    from edgefl.progress import live_rounds
+
+    shutil.rmtree(out, ignore_errors=True)
+    note = functools.partial(console.print, soft_wrap=True, markup=False, highlight=False)
+    try:
+        fleet = configure(out, rounds, stations)
+        note(f"starting mosquitto, the coordinator and {len(fleet.sites)} agents (logs in {fleet.logs}) ...")
+        with live_rounds(console.rich, round_table(len(fleet.sites))) as show:
+            rows = run_demo(fleet, rounds, note, lambda r: show(round_cells(r)))
+    except (FileNotFoundError, RuntimeError, TimeoutError) as exc:
+        fail(str(exc))
+    curve, forecasts = out / "training_curve.png", out / "forecasts.png"
+    plot_curve(rows, curve)
+    note(f"forecasting each station's last test days with the model it serves (from {out / 'state'}) ...")
+    drawn = []
+    configs = [fleet.agent_config(site) for site in fleet.sites]
+    with ProcessPoolExecutor(min(len(configs), os.cpu_count() or 1), mp_context=get_context("spawn")) as pool:
+        for site, days in zip(fleet.sites, pool.map(station_days, configs)):  # each fits its anchors: seconds
+            drawn.append(days)
+            note(f"  {site}: served by {days.served}")
+    plot_forecasts(drawn, forecasts)
+    note("\n".join(look_next(fleet, curve, forecasts)))
+
+
+@app.command("init")
+def init_command(
+    folder: Annotated[Path, typer.Argument(help="the fleet folder to create (new or empty)")],
+    fleet: Annotated[str, typer.Option(help="fleet name (topic prefix edgefl/<fleet>/)")] = "farm",
+    agents: Annotated[int, typer.Option(min=1, max=999, help="number of agents (agent01, agent02, ...)")] = 3,
+    rounds: Annotated[int, typer.Option(min=1, help="rounds of the campaign")] = 10,
+    round_timeout_s: Annotated[float, typer.Option(min=1, help="deadline of a round after its announcement")] = 300.0,
+    host: Annotated[str, typer.Option(help="address the broker listens on and the services connect to")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(min=1, max=65535, help="the broker's port")] = 1883,
+) -> None:
+    """Create a fleet folder that runs as it is: broker config, coordinator.toml, one agent.toml
+    per gateway (with [model]), systemd units; prints the commands that start it."""
+    from edgefl.init_fleet import closed_parents, init_fleet, instructions
+
+    with reported(ValueError, OSError, flags=flags_of("fleet")):
+        written = init_fleet(folder, fleet, agents, rounds, host, port, round_timeout_s)
+    for parent in closed_parents(written.folder):
+        say(f"warning: {parent} is closed to other users: the broker (user mosquitto) cannot reach its files; "
+            f"chmod o+x {parent} or choose a folder it can enter")
+    console.print("\n".join(instructions(written)), soft_wrap=True, markup=False, highlight=False)
+
+
+@app.command("broker-config")
+@needs("coordinator")
+def broker_config(
+    fleet: Annotated[str, typer.Option(help="fleet name (topic prefix edgefl/<fleet>/)")],
+    out: Annotated[Path, typer.Option(help="folder to write the setup into")],
+    agents: Annotated[int, typer.Option(help="number of agents (named agent01, agent02, ...)")] = 3,
+    names: Annotated[Optional[str], typer.Option(help="comma-separated agent ids instead of agent01..")] = None,
+    host: str = "127.0.0.1",
+    port: int = 1883,
+    tls: Annotated[bool, typer.Option(help="create a CA and a server certificate and listen with TLS")] = False,
+    max_payload_bytes: Annotated[int, typer.Option(
+        min=1024, help="largest message the broker accepts (message_size_limit) and the services expect",
+    )] = DEFAULT_MAX_PAYLOAD_BYTES,
+    sites: Annotated[Optional[str], typer.Option(
+        help="central setup: comma-separated site ids whose aggregators bridge in (credentials in OUT/sites/)")] = None,
+    site: Annotated[Optional[str], typer.Option(help="write a site broker and aggregator for this site id")] = None,
+    uplink: Annotated[Optional[str], typer.Option(help="with --site: the central broker as HOST[:PORT]")] = None,
+    central: Annotated[Optional[Path], typer.Option(help="with --site: the central setup folder (its sites/)")] = None,
+) -> None:
+    """Write a mosquitto config, password file and ACL for a fleet, plus every service's config;
+    with --site, a site broker bridged to the central one and its aggregator's config."""
+    from coordinator.broker_setup import write_fleet_setup
+    from coordinator.site_setup import write_site_setup
+
+    ids = [n.strip() for n in names.split(",")] if names else [f"agent{i:02d}" for i in range(1, agents + 1)]
+    site_ids = [n.strip() for n in sites.split(",")] if sites else []
+    if site is not None and (uplink is None or central is None):
+        fail("--site needs --uplink HOST[:PORT] and --central FOLDER (the central setup written with --sites)")
+    try:
+        written = (write_site_setup(fleet, site, ids, out, uplink, central, host, port, tls, max_payload_bytes)
+                   if site is not None else
+                   write_fleet_setup(fleet, ids, out, host, port, tls, max_payload_bytes=max_payload_bytes,
+                                     sites=site_ids))
+    except ValueError as exc:
+        fail(str(exc))
+    for name, path in written.items():
+        console.print(f"wrote {path}")
+    service = (f"start the aggregator:  edgefl aggregator serve --config {written['aggregator.toml']}" if site
+               else f"start the coordinator: edgefl coordinator serve --config {written['coordinator.toml']}")
+    console.print(f"\nstart the broker:     mosquitto -c {written['mosquitto.conf']}\n{service}")
+    if ids:
+        console.print(f"start an agent:        edgefl agent run --config {written[ids[0] + '.toml']}")
+
+
+class PretrainStrategy(str, Enum):
+    """How ``edgefl pretrain`` aggregates (the strategies of ``coordinator.simulation.pretrain``)."""
+
+    fedavg = "fedavg"
+    fedal = "fedal"
+
+
+@app.command("pretrain")
+@needs("coordinator")
+def pretrain_command(
+    out: Annotated[Path, typer.Option(help="foundation checkpoint to write")] = Path("runs/foundation.safetensors"),
+    strategy: Annotated[PretrainStrategy, typer.Option(help="fedavg: FedPoD's masked pretraining (appendix B.1); fedal: FeDaL's "
+                                          "bias elimination, core-sets and server correction")] = PretrainStrategy.fedavg,
+    rounds: Annotated[int, typer.Option(help="federated rounds (paper: 20)")] = 5,
+    local_epochs: Annotated[int, typer.Option(help="local epochs per round (paper: 20)")] = 1,
+    participation: Annotated[float, typer.Option(help="share C of devices per round (paper: 0.5)")] = 0.5,
+    window: Annotated[int, typer.Option(help="hours the model sees: past + forecast horizon")] = 24,
+    stride: Annotated[int, typer.Option(help="step between training windows")] = 3,
+    paper_sizes: Annotated[bool, typer.Option(help="d_model 256, 4 layers, 8 heads (Table 9)")] = False,
+    steps: Annotated[str, typer.Option(help="resolutions of every site in the fleet, e.g. 1h,3h,6h "
+                                       "(mean per interval)")] = "1h",
+    per_variable: Annotated[bool, typer.Option(help="also one client per measured variable of every site")] = False,
+    extra_series: Annotated[bool, typer.Option(help="also pvlib's other real series: Craig CO every 30 min and "
+                                               "hourly rain + particulates (adds their quantities to the model)")] = False,
+    seed: int = 42,
+) -> None:
+    """Pretrain the foundation model by masked reconstruction, federated over the weather sites
+    (with --steps, --per-variable and --extra-series: a fleet that mixes resolutions and quantities)."""
+    from rich.live import Live
+    from rich.table import Table
+
+    from coordinator.simulation.pretrain import PretrainConfig, pretrain
+    from edge_agent.data import load_sites
+    from edge_agent.data.canonical import device_series
+    from edge_agent.data.extra import EXTRA_VARIABLES, extra_series as load_extra
+    from edge_agent.data.resample import mixed_fleet
+    from edge_agent.data.variables import WEATHER_VARIABLES
+    from edge_agent.models.foundation import FoundationConfig, save_foundation
+
+    with reported(DataError, ValueError, flags=flags_of("rounds", "local_epochs", "participation", "window", "stride",
+                                                         "steps", "seed")):
+        variables = WEATHER_VARIABLES + (EXTRA_VARIABLES if extra_series else ())
+        fm = (FoundationConfig.paper if paper_sizes else FoundationConfig)(window=window, variables=variables)
+        cfg = PretrainConfig(strategy=strategy.value, rounds=rounds, local_epochs=local_epochs, participation=participation,
+                             stride=stride, seed=seed)
+        fleet = mixed_fleet(load_sites(), [s.strip() for s in steps.split(",")], per_variable)
+        fleet += load_extra() if extra_series else []
+        devices = [device_series(table, fm.variables, fm.window, stride) for table in fleet]
+    table = Table("round", "devices", "train loss", "val masked MSE", "seconds", title=f"foundation pretraining ({strategy.value})")
+    with Live(table, console=console.rich, refresh_per_second=4):
+        model, _ = pretrain(devices, fm, cfg, lambda r: table.add_row(
+            str(r.round), _devices(r.devices, len(devices)), f"{r.train_loss:.4f}", f"{r.val_loss:.4f}", f"{r.seconds:.1f}"))
+    digest = save_foundation(model, out)
+    console.print(f"\nwrote {out} (sha256 {digest})", soft_wrap=True)
+
+
+def _devices(names: tuple[str, ...], fleet: int, shown: int = 6) -> str:
+    """The devices of a round by name, or how many of the fleet where names would not fit."""
+    return ", ".join(names) if len(names) <= shown else f"{len(names)} of {fleet}"
