@@ -13,8 +13,9 @@ decides its weight and how far it may move the global state.
   median-based clipping), and updates beyond ``reject_factor`` times the median are rejected
   (code ``norm_outlier``). A client's pull on the weighted average, its weight times its delta
   norm, is bounded at ``clip_factor`` times the round's median pull by cutting its weight, so
-  the weight cap and the norm clip cannot be stacked (``bound_pulls``). The median is a robust statistic as long as most updates are honest
-  (Yin et al. 2018, "Byzantine-Robust Distributed Learning: Towards Optimal Statistical Rates").
+  the weight cap and the norm clip cannot be stacked (``bound_pulls``). The median is a robust
+  statistic as long as most updates are honest (Yin et al. 2018, "Byzantine-Robust Distributed
+  Learning: Towards Optimal Statistical Rates").
 - Direction: with ``min_cosine`` set, an update whose delta has a cosine below it with the round's
   coordinate-wise median delta is rejected (code ``against_median``), in rounds of at least 3
   updates. The median delta is the direction fewer than half of the updates cannot turn (Yin et
