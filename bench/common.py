@@ -12,6 +12,14 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+# The same numbers on every x86-64 machine with AVX2: MKL, oneDNN and ATen pick their kernels by
+# the CPU, and an AVX-512 kernel sums in another order than an AVX2 one; over a training run the
+# last bits grow into per-client MASE differences of up to 0.07 (bench/value.py, same commit and
+# seeds, two machines). Pinned to the AVX2 paths before torch is imported, here and in the job
+# workers (spawned: they inherit the environment). A run keeps any value set by hand.
+PORTABLE_MATH = {"MKL_CBWR": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"}
+for _name, _value in PORTABLE_MATH.items():
+    os.environ.setdefault(_name, _value)
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 

@@ -73,6 +73,16 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def memory_parts(pid: int) -> dict[str, float]:
+    """A process's resident memory split in two (MB, ``/proc/<pid>/smaps_rollup``): ``anonymous``,
+    what it allocated itself (heap, arenas, stacks), and ``file``, the pages of the files it maps
+    (its libraries' code and read-only data: shared with every process that maps them, and given
+    back to the kernel under pressure without swap)."""
+    fields = {line.split(":")[0]: int(line.split()[1]) for line in
+              Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines()[1:]}
+    return {"anonymous": fields["Anonymous"] / 1024, "file": (fields["Rss"] - fields["Anonymous"]) / 1024}
+
+
 def steady_rss(pid: int, seconds: float) -> float:
     """The highest VmRSS over ``seconds`` of samples (MB)."""
     deadline, highest = time.monotonic() + seconds, 0.0
@@ -184,11 +194,11 @@ def serving_footprint(work: Path, agent_toml: Path, python: str) -> dict:
     log = work / "serve.log"
     wait_for(lambda: "(loaded: " in log.read_text(), 120, "the serving process's bundle")
     time.sleep(2.0)  # a couple of forecasts out
-    rss = steady_rss(server.pid, 5.0)
+    rss, parts = steady_rss(server.pid, 5.0), memory_parts(server.pid)
     server.send_signal(signal.SIGTERM)
     server.wait(60)
     loaded = next(line for line in log.read_text().splitlines() if "(loaded: " in line)
-    return {"rss": rss, "loaded": loaded.rpartition("(loaded: ")[2].rstrip(")")}
+    return {"rss": rss, "parts": parts, "loaded": loaded.rpartition("(loaded: ")[2].rstrip(")")}
 
 
 def latency(agent_toml: Path, calls: int, warmup: int) -> dict:
@@ -283,6 +293,7 @@ def table(summary: dict) -> str:
              f"| RSS data child before it (peak) | {rss['round_data']:.0f} MB | <= {GOALS['training_rss_mb']} MB |",
              f"| RSS agent while its child trains (peak) | {rss['agent_while_training']:.0f} MB | |",
              f"| RSS serving-only (`agent serve`) | {rss['serving']:.0f} MB | <= {GOALS['serving_rss_mb']} MB |",
+             f"| of which anonymous / mapped from files | {rss['serving_anonymous']:.0f} / {rss['serving_file']:.0f} MB | |",
              f"| CPU per round (train + ONNX export) | {summary['round_cpu_s']:.2f} s | |",
              f"| forecast torch eager p50 / p99 | {ms['torch_p50']:.3f} / {ms['torch_p99']:.3f} ms | |",
              f"| forecast ONNX Runtime p50 / p99 | {ms['ort_p50']:.3f} / {ms['ort_p99']:.3f} ms | |",
@@ -317,7 +328,8 @@ def main() -> None:
         sizes = {extra: install_mb(extra, work) for extra in filter(None, args.install_mb.split(","))}
     forecast_ms["ort_speedup"] = round(forecast_ms["torch_p50"] / forecast_ms["ort_p50"], 1)
     summary = {"rss_mb": {k: round(agent[k], 1) for k in ("idle", "training", "round_data", "agent_while_training")}
-               | {"serving": round(serving["rss"], 1)},
+               | {"serving": round(serving["rss"], 1)}
+               | {f"serving_{part}": round(mb, 1) for part, mb in serving["parts"].items()},
                "round_cpu_s": round(agent["round_cpu_s"], 2), "forecast_ms": forecast_ms,
                **({"install_mb": sizes} if sizes else {}), **committed_results(),
                "config": {**run_config(cfg, args.quick, started), "site": SITE, "features": list(FEATURES),
@@ -326,7 +338,8 @@ def main() -> None:
                           "rss": "idle and serving: steady VmRSS over 5 s; training and round_data: the highest "
                                  "VmHWM of the training children and of the data children that run before them "
                                  "(one each per round, never at once); agent_while_training: the agent's own VmRSS, "
-                                 "sampled every 50 ms"}}
+                                 "sampled every 50 ms; serving_anonymous and serving_file: the serving process's resident "
+                                 "memory after those 5 s, allocated by itself and mapped from files (smaps_rollup)"}}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "gateway.json").write_text(json.dumps(summary, indent=2))
     print(table(summary))
