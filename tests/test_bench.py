@@ -78,16 +78,20 @@ def test_a_benchmark_process_computes_on_the_avx2_kernels_whatever_the_cpu() -> 
     """bench/common.py pins MKL, oneDNN and ATen to their AVX2 paths before torch loads, so a
     results file re-run on an AVX-512 machine gives the same bits as on the machine that wrote it
     (checked once under ``qemu-x86_64 -cpu Haswell``: docs/tutorials/benchmarks.md)."""
-    probe = "import common, torch; print(torch.backends.cpu.get_cpu_capability())"
-    env = {k: v for k, v in os.environ.items() if k not in ("MKL_CBWR", "ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY")}
+    from common import PORTABLE_MATH
+
+    env = {k: v for k, v in os.environ.items() if k not in PORTABLE_MATH}
     bench = Path(__file__).resolve().parent.parent / "bench"
-    native = subprocess.run([sys.executable, "-c", "import torch; print(torch.backends.cpu.get_cpu_capability())"],
-                            capture_output=True, text=True, env=env, check=True).stdout.strip()
+
+    def kernels(*imports: str) -> str:
+        code = f"import {', '.join([*imports, 'torch'])}; print(torch.backends.cpu.get_cpu_capability())"
+        return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=bench,
+                              check=True).stdout.strip()
+
+    native = kernels()
     if native not in ("AVX2", "AVX512"):
         pytest.skip(f"this CPU's kernels are {native}, below AVX2")
-    pinned = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, cwd=bench,
-                            check=True).stdout.strip()
-    assert pinned == "AVX2"
+    assert kernels("common") == "AVX2"
 
 
 def test_value_scores_a_newcomer_on_its_own_gateways_beside_their_local_model_and_anchors(tmp_path: Path) -> None:
