@@ -82,6 +82,7 @@ def test_the_dashboard_shows_clients_rounds_a_frozen_agent_imputed_and_a_rejecti
               for i, site in enumerate(SITES)]
     page = browser_page
     wait_for(lambda: listening(http_port) or coordinator.poll() is not None, 120, "the dashboard to listen")
+    assert coordinator.poll() is None, (tmp_path / "coordinator.log").read_text()
     page.goto(f"http://127.0.0.1:{http_port}/")
     expect(page.locator("#clients tbody tr")).to_have_count(3, timeout=WAIT_MS)
     assert page.locator("#clients tbody tr").all_inner_texts()[0].startswith("client00")
