@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from common import ROOT, commit
-from value import NEWCOMER, SERVED, SERVED_FEDERATED, load_windows
+from value import NEWCOMER, SERVED_BY, SERVED_FEDERATED, load_windows
 
 from edge_agent.selection import choose, recent_score
 
@@ -176,7 +176,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     args = parser.parse_args()
     runs, value_config = load_windows(args.windows)
-    runs = [r for r in runs if r["method"] not in (SERVED, NEWCOMER)]
+    runs = [r for r in runs if r["method"] not in (NEWCOMER, *SERVED_BY.values())]
     rows = study(runs)
     table = markdown(rows)
     result = {"rows": rows, "config": {"rules": list(RULES), "commit": commit(),

@@ -118,15 +118,22 @@ def test_value_scores_a_newcomer_on_its_own_gateways_beside_their_local_model_an
     assert same["best_anchor"] in cfg["anchors"]
     verdict = value.verdicts(rows, cfg)["federated_pays_a_newcomer"][0]
     assert verdict["vs_local"] == pytest.approx(1 - row["mase"] / same["local"])
+    served_newcomer = next(r for r in runs if r["method"] == value.SERVED_BY[value.NEWCOMER])
+    assert list(served_newcomer["clients"]) == list(newcomer["clients"])
+    for client, scores in served_newcomer["clients"].items():  # its own candidates only, every test window served
+        assert set(scores["served"]) <= {"federated", "local", *cfg["anchors"]}
+        assert sum(scores["served"].values()) == len(newcomer["clients"][client]["windows"]["test"]["mase"])
+    assert verdict["served_newcomer"] == pytest.approx(np.mean([s["mase"] for s in served_newcomer["clients"].values()]))
     assert "A newcomer" in value.markdown({**{"rows": rows, "config": cfg}, "verdicts": value.verdicts(rows, cfg)})
     saved = tmp_path / "windows.npz"
     value.save_windows(runs, {"commit": "abc"}, saved)
     again, config = value.load_windows(saved)
     assert config == {"commit": "abc"} and len(again) == len(runs)
-    replayed = value.served_runs([r for r in again if r["method"] != value.SERVED], cfg)
-    assert [r["clients"] for r in replayed] == [r["clients"] for r in runs if r["method"] == value.SERVED]
+    served = set(value.SERVED_BY.values())
+    replayed = value.served_runs([r for r in again if r["method"] not in served], cfg)
+    assert [r["clients"] for r in replayed] == [r["clients"] for r in runs if r["method"] in served]
     selection = importlib.import_module("selection")
-    study = {r["rule"]: r for r in selection.study([r for r in again if r["method"] not in (value.SERVED, value.NEWCOMER)])}
+    study = {r["rule"]: r for r in selection.study([r for r in again if r["method"] not in (*served, value.NEWCOMER)])}
     product = next(r for r in rows if r["method"] == value.SERVED)
     assert study["latest_14"]["all"]["mase"] == pytest.approx(product["mase"])
     assert study["latest_14"]["all"]["worst_client_vs_best_anchor"] == pytest.approx(product["worst_client_vs_best_anchor"])
