@@ -7,7 +7,9 @@ bench/datasets.py says where each comes from). Each client keeps only the last K
 history (K in 14, 30, 90 and the full training split); validation and test stay fixed, every
 training window is used. Methods: the anchors (seasonal naive a day and a week back, the
 seasonal window average, statsforecast's ETS and Theta, MSTL in full mode), Local-only (early
-stopping), FedAvg and FedRep-style FedPer (``personal_epochs``), Centralized in full mode, the
+stopping), FedAvg and FedRep-style FedPer (``personal_epochs``, full mode), Centralized (one
+model trained on every gateway's windows pooled: what no federation of the same data can beat,
+not a candidate a gateway serves), the
 median of FedAvg, Local-only and the anchors (``edge_agent.models.combination``), and
 ``served``: what the product serves, each gateway re-choosing once a day, among the federated
 model, its local-only model, the anchors and the median, the one with the lowest MASE over its
@@ -21,7 +23,7 @@ seeds' half-range, client runs better than their own Local-only model and than t
 anchor, and the largest excess of one gateway over its own best anchor. Usage:
 
     python bench/value.py --quick     # DLinear recipe, 3 datasets x 4 histories x 3 seeds (17-46 min, 2 cores)
-    python bench/value.py             # + a spiking backbone, MSTL, Centralized, 20 station clients
+    python bench/value.py             # + a spiking backbone, MSTL, FedRep, 20 station clients
     python bench/value.py --quick --report-only   # value.md and value.png again from value.json
     python bench/value.py --quick --newcomers 14,30   # + K-day gateways joining a fleet that holds the whole split
     python bench/value.py --quick --windows /tmp/w.npz   # also keep every run's per-window errors there
@@ -46,11 +48,12 @@ QUICK = {
     "seeds": [1, 2, 3], "clients": 10, "f_max": 20, "rounds": 10, "local_epochs": 1, "personal_epochs": 1,
     "max_windows": None, "val_stride": 1,
     "anchors": ["seasonal_naive", "seasonal_naive_week", "window_average", "ets", "theta"],
-    "learned": ["local", "fedavg"], "newcomers": [],
+    "learned": ["local", "fedavg", "centralized"], "newcomers": [],
 }
 FULL = {**QUICK, "backbones": ["dlinear", "spikernn"], "clients": 20, "rounds": 20, "newcomers": [14, 30],
-        "anchors": QUICK["anchors"] + ["mstl"], "learned": QUICK["learned"] + ["fedrep", "centralized"]}
+        "anchors": QUICK["anchors"] + ["mstl"], "learned": QUICK["learned"] + ["fedrep"]}
 FEDERATED = ("fedavg", "fedrep")  # fedrep: personal_epochs from the config fit the personal part first
+POOLED = "centralized"  # every gateway's data in one place: the most a federation of them could learn
 SERVED, SERVED_FEDERATED = "served", "fedavg"  # what the product serves, and its federated candidate
 NEWCOMER = "fedavg_newcomer"  # FedAvg for a K-day gateway in a fleet whose other half holds the whole split
 SERVED_BY = {SERVED_FEDERATED: SERVED, NEWCOMER: "served_newcomer"}  # federated candidate -> what is served with it
@@ -392,7 +395,7 @@ def verdicts(rows: list[dict], cfg: dict) -> dict:
                     out["federated_pays_when_scarce"].append({
                         "dataset": dataset, "history_days": days, "backbone": backbone, "federated": fed["method"],
                         "vs_local": gain_local, "vs_best_anchor": gain_anchor,
-                        "met": gain_local >= 0.05 and gain_anchor >= 0.05})
+                        "met": gain_local >= 0.05 and gain_anchor >= 0.05, **pooling_bound(by, anchor)})
                 if NEWCOMER in by:
                     new, same = by[NEWCOMER], by[NEWCOMER]["same_gateways"]
                     gain_local, gain_anchor = 1 - new["mase"] / same["local"], 1 - new["mase"] / same["best_anchor_mase"]
@@ -406,7 +409,7 @@ def verdicts(rows: list[dict], cfg: dict) -> dict:
                         "best_anchor_mase": same["best_anchor_mase"], "vs_local": gain_local,
                         "vs_best_anchor": gain_anchor, "met": gain_local >= 0.05 and gain_anchor >= 0.05})
                 if days == 0:
-                    best = min((by[m] for m in cfg["learned"] if m in by), key=lambda r: r["mase"])
+                    best = min((by[m] for m in cfg["learned"] if m in by and m != POOLED), key=lambda r: r["mase"])
                     out["learned_beats_anchors_full"].append({
                         "dataset": dataset, "backbone": backbone, "method": best["method"],
                         "vs_best_anchor": 1 - best["mase"] / anchor["mase"], "met": best["mase"] <= 0.9 * anchor["mase"]})
@@ -414,6 +417,7 @@ def verdicts(rows: list[dict], cfg: dict) -> dict:
     out["summary"] = {
         "served_at_most_best_anchor_everywhere": all(v["met"] for v in out["served_at_most_best_anchor"]),
         "datasets_where_federated_pays_when_scarce": sorted({v["dataset"] for v in scarce if v["met"]}),
+        "datasets_where_pooling_pays_when_scarce": sorted({v["dataset"] for v in scarce if v.get("pooled_met")}),
         "datasets_where_federated_pays_a_newcomer": sorted(
             {v["dataset"] for v in out["federated_pays_a_newcomer"] if v["met"]}),
         "datasets_where_learned_beats_anchors_by_10pct": sorted(
@@ -421,6 +425,18 @@ def verdicts(rows: list[dict], cfg: dict) -> dict:
         "cells": int(np.prod([len(cfg["datasets"]), len(cfg["history_days"])])),
     }
     return out
+
+
+def pooling_bound(by: dict[str, dict], anchor: dict) -> dict:
+    """Where Centralized was run: its gains over Local-only and the best anchor, and whether it
+    clears the 5% a federated method is asked for (if pooling every gateway's data cannot, no
+    federation of them can)."""
+    if POOLED not in by:
+        return {}
+    pooled = by[POOLED]["mase"]
+    vs_local, vs_anchor = 1 - pooled / by["local"]["mase"], 1 - pooled / anchor["mase"]
+    return {"pooled": pooled, "pooled_vs_local": vs_local, "pooled_vs_best_anchor": vs_anchor,
+            "pooled_met": vs_local >= 0.05 and vs_anchor >= 0.05}
 
 
 def headline(summary: dict) -> list[str]:
@@ -466,7 +482,9 @@ def markdown(summary: dict) -> str:
     v = summary["verdicts"]["summary"]
     lines += ["", f"served <= best anchor and no gateway > +2% over its own best anchor, in every cell: "
               f"{v['served_at_most_best_anchor_everywhere']}; federated beats Local and the best anchor by >= 5% "
-              f"at K = 14 or 30 on: {v['datasets_where_federated_pays_when_scarce'] or 'no dataset'}, and for a "
+              f"at K = 14 or 30 on: {v['datasets_where_federated_pays_when_scarce'] or 'no dataset'} (Centralized, "
+              f"every gateway's data pooled, on: {v.get('datasets_where_pooling_pays_when_scarce') or 'no dataset'}), "
+              f"and for a "
               f"newcomer on: {v.get('datasets_where_federated_pays_a_newcomer') or 'no dataset'}; a learned "
               f"model beats the best anchor by >= 10% with the full history on: "
               f"{v['datasets_where_learned_beats_anchors_by_10pct'] or 'no dataset'}."]

@@ -102,7 +102,7 @@ def test_value_scores_a_newcomer_on_its_own_gateways_beside_their_local_model_an
     threads = torch.get_num_threads()
     try:
         cfg = {**VALUE, "datasets": ["stations"], "history_days": [14], "backbones": ["dlinear"], "seeds": [1],
-               "newcomers": [14]}
+               "newcomers": [14], "learned": [*VALUE["learned"], value.POOLED]}
         runs = [run for job in value.jobs(cfg) for run in value.run_job(*job, 1)["runs"]]
     finally:
         torch.set_num_threads(threads)
@@ -116,6 +116,10 @@ def test_value_scores_a_newcomer_on_its_own_gateways_beside_their_local_model_an
     same = row["same_gateways"]
     assert same["local"] == pytest.approx(np.mean([local["clients"][c]["mase"] for c in newcomer["clients"]]))
     assert same["best_anchor"] in cfg["anchors"]
+    by = {r["method"]: r["mase"] for r in rows}
+    scarce = value.verdicts(rows, cfg)["federated_pays_when_scarce"][0]  # beside what pooling the data would buy
+    assert scarce["pooled_vs_local"] == pytest.approx(1 - by[value.POOLED] / by["local"])
+    assert scarce["pooled_met"] == (scarce["pooled_vs_local"] >= 0.05 and scarce["pooled_vs_best_anchor"] >= 0.05)
     verdict = value.verdicts(rows, cfg)["federated_pays_a_newcomer"][0]
     assert verdict["vs_local"] == pytest.approx(1 - row["mase"] / same["local"])
     served_newcomer = next(r for r in runs if r["method"] == value.SERVED_BY[value.NEWCOMER])
