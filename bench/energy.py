@@ -20,10 +20,12 @@ every count by hand, and for the spiking backbones NeuroBench's counts sit besid
 
 from __future__ import annotations
 
+import argparse
+import json
 import time
 from pathlib import Path
 
-from common import bench_parser, configure, run_config, run_parallel, save_figure, write_report
+from common import bench_parser, configure, native_environment, run_config, run_parallel, save_figure, write_report
 
 QUICK = {"site": "greensboro", "lookback": 96, "horizon": 48, "stride": 12, "epochs": 1, "batch_size": 64,
          "lr": 1e-3, "test_windows": 128, "seed": 7}
@@ -78,14 +80,51 @@ def run_job(backbone: str, cfg: dict, threads: int) -> dict:
             "firing_rate": report.firing_rate, "not_priced": report.unpriced,
         })
     with tempfile.TemporaryDirectory() as folder:
-        onnx = export_onnx(model, Path(folder), data.test, n_windows=cfg["test_windows"])
-    timing = onnx.timings_ms
+        onnx = export_onnx(model, Path(folder), data.test, n_windows=cfg["test_windows"], timed=False)
+        timing = timed_natively(model, Path(folder), data.test, {"backbone": backbone, "n_features": data.n_features,
+                                                                 "threads": threads, **cfg})
     for row in rows:
         row.update(onnx_speedup=timing["torch_ms"] / timing["onnx_ms"], torch_ms=timing["torch_ms"],
                    onnx_ms=timing["onnx_ms"], onnx_max_abs_error=onnx.max_abs_error)
     neurobench = crosscheck(model, test) if REGISTRY[backbone].kind == "snn" else None
     return {"backbone": backbone, "rows": rows, "layers": per_layer, "neurobench": neurobench,
             "test": {"mase": error.mase, "mse": error.mse, "mae": error.mae}, "seconds": time.perf_counter() - started}
+
+
+def timed_natively(model, folder: Path, windows, spec: dict) -> dict[str, float]:
+    """torch eager against ONNX Runtime on the exported windows (``folder/model.onnx``), timed in a
+    child process on the CPU's own kernels (``common.native_environment``): the counts above come
+    from the pinned kernels, a speed ratio must not."""
+    import subprocess
+    import sys
+
+    import torch
+
+    from export.onnx import sample_windows
+
+    x, marks = sample_windows(windows, spec["test_windows"])
+    torch.save(model.state_dict(), folder / "state.pt")
+    torch.save({"x": x, "marks": marks}, folder / "windows.pt")
+    (folder / "spec.json").write_text(json.dumps(spec))
+    done = subprocess.run([sys.executable, __file__, "--time-exported", str(folder)], env=native_environment(),
+                          capture_output=True, text=True, check=True, timeout=1800)
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+def time_exported(folder: Path) -> dict[str, float]:
+    """The child's side of ``timed_natively``: the same model rebuilt from its saved weights."""
+    import torch
+
+    from edge_agent.models import ModelConfig, build_forecaster
+    from export.onnx import time_inference
+
+    spec = json.loads((folder / "spec.json").read_text())
+    torch.set_num_threads(spec["threads"])
+    model = build_forecaster(ModelConfig.paper(backbone=spec["backbone"], lookback=spec["lookback"],
+                                               horizon=spec["horizon"]), spec["n_features"], 4, spec["seed"])
+    model.load_state_dict(torch.load(folder / "state.pt", weights_only=True))
+    windows = torch.load(folder / "windows.pt", weights_only=True)
+    return time_inference(model.eval(), folder / "model.onnx", windows["x"], windows["marks"])
 
 
 def layer_row(layer, windows: int, pj: float) -> dict:
@@ -216,7 +255,12 @@ def site_anchors(cfg: dict) -> dict[str, dict | None]:
 
 
 def main() -> None:
-    args, cfg, started = configure(bench_parser(__doc__, "one short epoch of training per backbone"), QUICK, FULL)
+    parser = bench_parser(__doc__, "one short epoch of training per backbone")
+    parser.add_argument("--time-exported", type=Path, help=argparse.SUPPRESS)  # timed_natively's child
+    args, cfg, started = configure(parser, QUICK, FULL)
+    if args.time_exported:
+        print(json.dumps(time_exported(args.time_exported)))
+        return
     jobs = run_parallel(run_job, [(b, cfg) for b in BACKBONES], args.workers,
                         lambda r: f"{r['backbone']:>12}: {r['rows'][0]['backbone_pj']:.3g} pJ backbone on "
                         f"{PROFILES[0]} ({r['seconds']:.0f} s)")

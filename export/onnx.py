@@ -113,7 +113,7 @@ class Readout(nn.Module):
 
 
 def export_onnx(model: Forecaster, out: Path, windows: WindowSet, n_windows: int = 64, *,
-                tolerance: float = TOLERANCE, max_flipped: float = MAX_FLIPPED_SHARE) -> ExportReport:
+                tolerance: float = TOLERANCE, max_flipped: float = MAX_FLIPPED_SHARE, timed: bool = True) -> ExportReport:
     """Write the unrolled graph (and the streaming graphs for spiking backbones) to folder ``out`` and verify them.
 
     A spike is a threshold test: a membrane within float32 rounding of its threshold may fire in
@@ -125,6 +125,7 @@ def export_onnx(model: Forecaster, out: Path, windows: WindowSet, n_windows: int
     the forecast must be within ``tolerance`` (the forecast depends on the output spikes only).
     ANN forecasts must be within ``tolerance`` everywhere. Spiking details: ``spikes_checked``,
     ``flipped_windows`` (windows left out of the forecast check) and ``stream_max_abs_error``.
+    ``timed``: also time torch against ONNX Runtime on the checked windows (``timings_ms``).
     """
     folder = Path(out)
     folder.mkdir(parents=True, exist_ok=True)
@@ -143,7 +144,8 @@ def export_onnx(model: Forecaster, out: Path, windows: WindowSet, n_windows: int
     if spiking:
         stream_error = _export_streaming(model, folder, x, marks, expected, tolerance, max_flipped)
         _add_streaming(report, folder, expected[1], flipped, stream_error)
-    report.timings_ms = time_inference(model, folder / "model.onnx", x, marks)
+    if timed:
+        report.timings_ms = time_inference(model, folder / "model.onnx", x, marks)
     if model.levels:
         report.notes.append(f"forecast: every quantile level {model.levels} on the last axis, (batch, H, F, "
                             f"{len(model.levels)}); the median is index {model.cfg.median_index}")

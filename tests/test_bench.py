@@ -78,12 +78,12 @@ def test_a_benchmark_process_computes_on_the_avx2_kernels_whatever_the_cpu() -> 
     """bench/common.py pins MKL, oneDNN and ATen to their AVX2 paths before torch loads, so a
     results file re-run on an AVX-512 machine gives the same bits as on the machine that wrote it
     (checked once under ``qemu-x86_64 -cpu Haswell``: docs/tutorials/benchmarks.md)."""
-    from common import PORTABLE_MATH
+    from common import PORTABLE_MATH, native_environment
 
-    env = {k: v for k, v in os.environ.items() if k not in PORTABLE_MATH}
+    unpinned = {k: v for k, v in os.environ.items() if k not in PORTABLE_MATH}
     bench = Path(__file__).resolve().parent.parent / "bench"
 
-    def kernels(*imports: str) -> str:
+    def kernels(*imports: str, env: dict[str, str] = unpinned) -> str:
         code = f"import {', '.join([*imports, 'torch'])}; print(torch.backends.cpu.get_cpu_capability())"
         return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=bench,
                               check=True).stdout.strip()
@@ -92,6 +92,8 @@ def test_a_benchmark_process_computes_on_the_avx2_kernels_whatever_the_cpu() -> 
     if native not in ("AVX2", "AVX512"):
         pytest.skip(f"this CPU's kernels are {native}, below AVX2")
     assert kernels("common") == "AVX2"
+    # a child that times torch against ONNX Runtime (bench/energy.py) runs on the CPU's own kernels
+    assert kernels("common", env=native_environment()) == native
 
 
 def test_value_scores_a_newcomer_on_its_own_gateways_beside_their_local_model_and_anchors(tmp_path: Path) -> None:
