@@ -508,9 +508,16 @@ def newcomer_table(cells: list[dict]) -> list[str]:
         lines.append(f"| {v['dataset']} | {v['history_days']} | {v['backbone']} | {v['gateways']} | "
                      f"{v['best_anchor']} {v['best_anchor_mase']:.3f} | {v['local']:.3f} | "
                      f"{v.get('fedavg_everyone_short', float('nan')):.3f} | **{v['fedavg_newcomer']:.3f}** | "
-                     f"{-v['vs_local']:+.1%} | {-v['vs_best_anchor']:+.1%} | {v['served_newcomer']:.3f} | "
-                     f"{v['served_newcomer_worst_vs_best_anchor']:+.1%} |")
+                     f"{-v['vs_local']:+.1%} | {-v['vs_best_anchor']:+.1%} | {served_newcomer(v)} |")
     return lines
+
+
+def served_newcomer(cell: dict) -> str:
+    """The newcomer table's last two cells: what the newcomers serve and their worst excess ("-"
+    in a results file written before newcomers were served, 2406378)."""
+    if "served_newcomer" not in cell:
+        return "- | -"
+    return f"{cell['served_newcomer']:.3f} | {cell['served_newcomer_worst_vs_best_anchor']:+.1%}"
 
 
 def plot(summary: dict, path: Path) -> None:
