@@ -36,6 +36,14 @@ HOST = "cmos45nm"
 PAPER = {"ispikformer": 8.51e8, "itransformer": 9.64e10}
 
 
+def paper_model(backbone: str, n_features: int, cfg: dict):
+    """The backbone at the paper's sizes with the run's lookback, horizon and seed, untrained."""
+    from edge_agent.models import ModelConfig, build_forecaster
+
+    return build_forecaster(ModelConfig.paper(backbone=backbone, lookback=cfg["lookback"], horizon=cfg["horizon"]),
+                            n_features, 4, cfg["seed"])
+
+
 def run_job(backbone: str, cfg: dict, threads: int) -> dict:
     """Train one paper-size backbone briefly, count its ops, price them, time ONNX vs torch."""
     import dataclasses
@@ -45,7 +53,6 @@ def run_job(backbone: str, cfg: dict, threads: int) -> dict:
 
     from edge_agent.data import load_site, prepare_client
     from edge_agent.models import BACKBONES as REGISTRY
-    from edge_agent.models import ModelConfig, build_forecaster
     from edge_agent.train import calibrate_batchnorm, evaluate, make_optimizer, train_epochs
     from export.energy import chip_layers, energy_report
     from export.onnx import export_onnx
@@ -55,8 +62,7 @@ def run_job(backbone: str, cfg: dict, threads: int) -> dict:
     torch.set_num_threads(threads)
     started = time.perf_counter()
     data = prepare_client(load_site(cfg["site"]), cfg["lookback"], cfg["horizon"], cfg["stride"])
-    model = build_forecaster(ModelConfig.paper(backbone=backbone, lookback=cfg["lookback"], horizon=cfg["horizon"]),
-                             data.n_features, 4, cfg["seed"])
+    model = paper_model(backbone, data.n_features, cfg)
     train_epochs(model, data.train, cfg["epochs"], cfg["batch_size"], make_optimizer(model, cfg["lr"]), cfg["seed"])
     calibrate_batchnorm(model, data.train)  # after a short training the running stats are still at init
     error = evaluate(model, data.test)  # every test window: the forecast the counted firing rates buy
@@ -115,13 +121,11 @@ def time_exported(folder: Path) -> dict[str, float]:
     """The child's side of ``timed_natively``: the same model rebuilt from its saved weights."""
     import torch
 
-    from edge_agent.models import ModelConfig, build_forecaster
     from export.onnx import time_inference
 
     spec = json.loads((folder / "spec.json").read_text())
     torch.set_num_threads(spec["threads"])
-    model = build_forecaster(ModelConfig.paper(backbone=spec["backbone"], lookback=spec["lookback"],
-                                               horizon=spec["horizon"]), spec["n_features"], 4, spec["seed"])
+    model = paper_model(spec["backbone"], spec["n_features"], spec)
     model.load_state_dict(torch.load(folder / "state.pt", weights_only=True))
     windows = torch.load(folder / "windows.pt", weights_only=True)
     return time_inference(model.eval(), folder / "model.onnx", windows["x"], windows["marks"])
