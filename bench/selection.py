@@ -32,7 +32,8 @@ from pathlib import Path
 import numpy as np
 
 from common import ROOT, commit
-from value import NEWCOMER, SERVED_BY, SERVED_FEDERATED, load_windows
+from value import load_windows
+from value_report import NEWCOMER, SERVED_BY, SERVED_FEDERATED
 
 from edge_agent.selection import choose, recent_score
 

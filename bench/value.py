@@ -9,7 +9,7 @@ training window is used. Methods: the anchors (seasonal naive a day and a week b
 seasonal window average, statsforecast's ETS and Theta, MSTL in full mode), Local-only (early
 stopping), FedAvg and FedRep-style FedPer (``personal_epochs``, full mode), Centralized (one
 model trained on every gateway's windows pooled: what no federation of the same data can beat,
-not a candidate a gateway serves), the
+not a candidate a gateway serves; at 14 and 30 days in quick mode, where it bounds a verdict), the
 median of FedAvg, Local-only and the anchors (``edge_agent.models.combination``), and
 ``served``: what the product serves, each gateway re-choosing once a day, among the federated
 model, its local-only model, the anchors and the median, the one with the lowest MASE over its
@@ -38,8 +38,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import bench_parser, commit, configure, panel_row, run_config, run_parallel, save_figure, write_report
+from common import bench_parser, commit, configure, run_config, run_parallel, write_report
 from datasets import bench_fleet
+from value_report import (FEDERATED, NEWCOMER, POOLED, SERVED, SERVED_BY, SERVED_FEDERATED, markdown, plot, summarize,
+                          verdicts)
 
 from edge_agent.recipe import TRAINING
 
@@ -49,14 +51,10 @@ QUICK = {
     "max_windows": None, "val_stride": 1,
     "anchors": ["seasonal_naive", "seasonal_naive_week", "window_average", "ets", "theta"],
     "learned": ["local", "fedavg", "centralized"], "newcomers": [],
+    "pooled_days": [14, 30],  # Centralized where its bound decides a verdict (the scarce cells)
 }
 FULL = {**QUICK, "backbones": ["dlinear", "spikernn"], "clients": 20, "rounds": 20, "newcomers": [14, 30],
-        "anchors": QUICK["anchors"] + ["mstl"], "learned": QUICK["learned"] + ["fedrep"]}
-FEDERATED = ("fedavg", "fedrep")  # fedrep: personal_epochs from the config fit the personal part first
-POOLED = "centralized"  # every gateway's data in one place: the most a federation of them could learn
-SERVED, SERVED_FEDERATED = "served", "fedavg"  # what the product serves, and its federated candidate
-NEWCOMER = "fedavg_newcomer"  # FedAvg for a K-day gateway in a fleet whose other half holds the whole split
-SERVED_BY = {SERVED_FEDERATED: SERVED, NEWCOMER: "served_newcomer"}  # federated candidate -> what is served with it
+        "anchors": QUICK["anchors"] + ["mstl"], "learned": QUICK["learned"] + ["fedrep"], "pooled_days": [14, 30, 90, 0]}
 SELECTION_DAYS = TRAINING["selection_days"]  # the recipe's: a gateway re-chooses on its last two weeks
 
 
@@ -100,13 +98,19 @@ def run_job(dataset: str, days: int, backbone: str | None, method: str | None, s
     else:
         cached_anchors(fleet, dataset, days, cfg["anchors"], save=False)
         per_method, models = {}, {}
-        for name in cfg["learned"]:
+        for name in learned_methods(cfg, days):
             per_method[name], models[name] = trained(fleet, model_config(backbone), name, seed, cfg)
         if all(name in models for name in MEDIAN_MEMBERS):
             per_method["median"] = median_of(fleet, [models[name] for name in MEDIAN_MEMBERS], cfg["anchors"])
     seconds = time.perf_counter() - started
     return {"runs": [{"dataset": dataset, "history_days": days, "backbone": backbone, "method": name, "seed": seed,
                       "clients": per_client, "seconds": seconds} for name, per_client in per_method.items()]}
+
+
+def learned_methods(cfg: dict, days: int) -> list[str]:
+    """The learned methods one job trains: Centralized only at the histories of ``pooled_days``
+    (every history where the config names none)."""
+    return [name for name in cfg["learned"] if name != POOLED or days in cfg.get("pooled_days", [days])]
 
 
 def scored(client, val_batches, test_batches) -> dict:
@@ -303,243 +307,6 @@ def public(runs: list[dict]) -> list[dict]:
     """The runs as value.json keeps them: without the per-window errors."""
     return [{**r, "clients": {c: {k: v for k, v in s.items() if k != "windows"} for c, s in r["clients"].items()}}
             for r in runs]
-
-
-def summarize(runs: list[dict], cfg: dict) -> list[dict]:
-    """One row per (dataset, K, backbone, method): means over seeds and per-client comparisons."""
-    import numpy as np
-
-    anchor_names = set(cfg["anchors"])
-    best_anchor = {}
-    for r in runs:
-        if r["method"] in anchor_names:
-            for client, s in r["clients"].items():
-                key = (r["dataset"], r["history_days"], client)
-                best_anchor[key] = min(best_anchor.get(key, np.inf), s["mase"])
-    local = {(r["dataset"], r["history_days"], r["backbone"], r["seed"]): r["clients"] for r in runs
-             if r["method"] == "local"}
-    groups: dict[tuple, list[dict]] = {}
-    for r in runs:
-        groups.setdefault((r["dataset"], r["history_days"], r["backbone"], r["method"]), []).append(r)
-    rows = []
-    for (dataset, days, backbone, method), group in groups.items():
-        fleet_means = {m: [float(np.mean([c[m] for c in r["clients"].values()])) for r in group]
-                       for m in ("mase", "mse", "mae")}
-        excess = [s["mase"] / best_anchor[dataset, days, c] - 1 for r in group for c, s in r["clients"].items()]
-        row = {"dataset": dataset, "history_days": days, "backbone": backbone, "method": method,
-               "mase": float(np.mean(fleet_means["mase"])), "mse": float(np.mean(fleet_means["mse"])),
-               "mae": float(np.mean(fleet_means["mae"])),
-               "mase_spread": (max(fleet_means["mase"]) - min(fleet_means["mase"])) / 2,
-               "seeds": [r["seed"] for r in group if r["seed"] is not None],
-               "client_runs": sum(len(r["clients"]) for r in group),
-               "clients_better_than_best_anchor": sum(e < 0 for e in excess),
-               "worst_client_vs_best_anchor": max(excess)}
-        if backbone is not None:
-            row["clients_better_than_local"] = sum(
-                s["mase"] < local[dataset, days, backbone, r["seed"]][c]["mase"]
-                for r in group for c, s in r["clients"].items())
-        if method == NEWCOMER:
-            row["same_gateways"] = same_gateways(runs, group, anchor_names)
-        if method in SERVED_BY.values():
-            counts: dict[str, int] = {}
-            for r in group:
-                for s in r["clients"].values():
-                    for name, n in s["served"].items():
-                        counts[name] = counts.get(name, 0) + n
-            row["served_share"] = {name: n / sum(counts.values()) for name, n in sorted(counts.items())}
-        rows.append(row)
-    return rows
-
-
-def same_gateways(runs: list[dict], group: list[dict], anchor_names: set[str]) -> dict:
-    """Local-only (same seeds) and every anchor on exactly the gateways of the newcomer runs
-    ``group``: means over those gateways (and seeds), and the best anchor among them."""
-    import numpy as np
-
-    first = group[0]
-    gateways = list(first["clients"])
-    cell = [r for r in runs if (r["dataset"], r["history_days"]) == (first["dataset"], first["history_days"])]
-    seeds = {r["seed"] for r in group}
-    local = [np.mean([r["clients"][c]["mase"] for c in gateways]) for r in cell
-             if r["method"] == "local" and r["backbone"] == first["backbone"] and r["seed"] in seeds]
-    everyone_short = [np.mean([r["clients"][c]["mase"] for c in gateways]) for r in cell
-                      if r["method"] == "fedavg" and r["backbone"] == first["backbone"] and r["seed"] in seeds]
-    anchors = {r["method"]: float(np.mean([r["clients"][c]["mase"] for c in gateways])) for r in cell
-               if r["method"] in anchor_names and all(c in r["clients"] for c in gateways)}
-    best = min(anchors, key=anchors.__getitem__)
-    return {"gateways": len(gateways), "local": float(np.mean(local)), "fedavg_everyone_short": float(np.mean(everyone_short)),
-            "best_anchor": best, "best_anchor_mase": anchors[best]}
-
-
-def verdicts(rows: list[dict], cfg: dict) -> dict:
-    """The issue's goals, each with the numbers that decide it."""
-    import numpy as np
-
-    out: dict = {"served_at_most_best_anchor": [], "federated_pays_when_scarce": [], "learned_beats_anchors_full": [],
-                 "federated_pays_a_newcomer": []}
-    for dataset in cfg["datasets"]:
-        for days in cfg["history_days"]:
-            cell = [r for r in rows if (r["dataset"], r["history_days"]) == (dataset, days)]
-            anchor = min((r for r in cell if r["backbone"] is None), key=lambda r: r["mase"])
-            for backbone in cfg["backbones"]:
-                by = {r["method"]: r for r in cell if r["backbone"] == backbone}
-                served = by[SERVED]
-                out["served_at_most_best_anchor"].append({
-                    "dataset": dataset, "history_days": days, "backbone": backbone, "served": served["mase"],
-                    "best_anchor": anchor["method"], "best_anchor_mase": anchor["mase"],
-                    "met": served["mase"] <= anchor["mase"] and served["worst_client_vs_best_anchor"] <= 0.02,
-                    "worst_client_vs_best_anchor": served["worst_client_vs_best_anchor"]})
-                fed = min((by[m] for m in FEDERATED if m in by), key=lambda r: r["mase"])
-                gain_local, gain_anchor = 1 - fed["mase"] / by["local"]["mase"], 1 - fed["mase"] / anchor["mase"]
-                if days in (14, 30):
-                    out["federated_pays_when_scarce"].append({
-                        "dataset": dataset, "history_days": days, "backbone": backbone, "federated": fed["method"],
-                        "vs_local": gain_local, "vs_best_anchor": gain_anchor,
-                        "met": gain_local >= 0.05 and gain_anchor >= 0.05, **pooling_bound(by, anchor)})
-                if NEWCOMER in by:
-                    new, same = by[NEWCOMER], by[NEWCOMER]["same_gateways"]
-                    gain_local, gain_anchor = 1 - new["mase"] / same["local"], 1 - new["mase"] / same["best_anchor_mase"]
-                    served_new = by[SERVED_BY[NEWCOMER]]
-                    out["federated_pays_a_newcomer"].append({
-                        "dataset": dataset, "history_days": days, "backbone": backbone, "gateways": same["gateways"],
-                        "fedavg_newcomer": new["mase"], "served_newcomer": served_new["mase"],
-                        "served_newcomer_worst_vs_best_anchor": served_new["worst_client_vs_best_anchor"],
-                        "local": same["local"],
-                        "fedavg_everyone_short": same["fedavg_everyone_short"], "best_anchor": same["best_anchor"],
-                        "best_anchor_mase": same["best_anchor_mase"], "vs_local": gain_local,
-                        "vs_best_anchor": gain_anchor, "met": gain_local >= 0.05 and gain_anchor >= 0.05})
-                if days == 0:
-                    best = min((by[m] for m in cfg["learned"] if m in by and m != POOLED), key=lambda r: r["mase"])
-                    out["learned_beats_anchors_full"].append({
-                        "dataset": dataset, "backbone": backbone, "method": best["method"],
-                        "vs_best_anchor": 1 - best["mase"] / anchor["mase"], "met": best["mase"] <= 0.9 * anchor["mase"]})
-    scarce = out["federated_pays_when_scarce"]
-    out["summary"] = {
-        "served_at_most_best_anchor_everywhere": all(v["met"] for v in out["served_at_most_best_anchor"]),
-        "datasets_where_federated_pays_when_scarce": sorted({v["dataset"] for v in scarce if v["met"]}),
-        "datasets_where_pooling_pays_when_scarce": sorted({v["dataset"] for v in scarce if v.get("pooled_met")}),
-        "datasets_where_federated_pays_a_newcomer": sorted(
-            {v["dataset"] for v in out["federated_pays_a_newcomer"] if v["met"]}),
-        "datasets_where_learned_beats_anchors_by_10pct": sorted(
-            {v["dataset"] for v in out["learned_beats_anchors_full"] if v["met"]}),
-        "cells": int(np.prod([len(cfg["datasets"]), len(cfg["history_days"])])),
-    }
-    return out
-
-
-def pooling_bound(by: dict[str, dict], anchor: dict) -> dict:
-    """Where Centralized was run: its gains over Local-only and the best anchor, and whether it
-    clears the 5% a federated method is asked for (if pooling every gateway's data cannot, no
-    federation of them can)."""
-    if POOLED not in by:
-        return {}
-    pooled = by[POOLED]["mase"]
-    vs_local, vs_anchor = 1 - pooled / by["local"]["mase"], 1 - pooled / anchor["mase"]
-    return {"pooled": pooled, "pooled_vs_local": vs_local, "pooled_vs_best_anchor": vs_anchor,
-            "pooled_met": vs_local >= 0.05 and vs_anchor >= 0.05}
-
-
-def headline(summary: dict) -> list[str]:
-    """One line per (dataset, K, backbone): the best anchor, Local-only, the federated methods and
-    what the product serves, with the served forecast's gain over the best anchor and its worst gateway."""
-    cfg = summary["config"]
-    learned = cfg["learned"] + (["median"] if any(r["method"] == "median" for r in summary["rows"]) else [])
-    lines = ["| dataset | K days | backbone | best anchor | " + " | ".join(learned) + " | served | served vs anchor "
-             "| worst gateway vs its anchor | served (share of forecasts) |",
-             "|---|---|---|---|" + "---|" * len(learned) + "---|---|---|---|"]
-    for dataset in cfg["datasets"]:
-        for days in cfg["history_days"]:
-            cell = [r for r in summary["rows"] if (r["dataset"], r["history_days"]) == (dataset, days)]
-            anchor = min((r for r in cell if r["backbone"] is None), key=lambda r: r["mase"])
-            for backbone in cfg["backbones"]:
-                by = {r["method"]: r for r in cell if r["backbone"] == backbone}
-                served = by[SERVED]
-                counts = ", ".join(f"{name} {share:.0%}" for name, share in served["served_share"].items())
-                lines.append(f"| {dataset} | {days or 'full'} | {backbone} | {anchor['method']} {anchor['mase']:.3f} | "
-                             + " | ".join(f"{by[m]['mase']:.3f}" for m in learned)
-                             + f" | **{served['mase']:.3f}** | {served['mase'] / anchor['mase'] - 1:+.1%} | "
-                             f"{served['worst_client_vs_best_anchor']:+.1%} | {counts} |")
-    return lines
-
-
-def markdown(summary: dict) -> str:
-    lines = ["Per cell: the best anchor (chosen on test, in hindsight), each learned method and what the product "
-             "serves (test MASE, means over seeds); 'worst gateway' = the largest excess of one gateway's served "
-             "MASE over its own best anchor's.", "", *headline(summary), "",
-             "MASE (headline), MSE and MAE on the whole training split's scale per feature, means over seeds ± "
-             "half-range of the fleet MASE; 'beat local' / 'beat anchor' = client runs better than their own "
-             "Local-only model / their own best anchor (on test); 'worst vs anchor' = the largest excess of one "
-             "gateway's MASE over its own best anchor's, over clients and seeds.", "",
-             "| dataset | K days | backbone | method | MASE | MSE | MAE | beat local | beat anchor | worst vs anchor |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
-    for s in summary["rows"]:
-        days = s["history_days"] or "full"
-        local = f"{s['clients_better_than_local']}/{s['client_runs']}" if "clients_better_than_local" in s else "-"
-        lines.append(f"| {s['dataset']} | {days} | {s['backbone'] or '-'} | {s['method']} | {s['mase']:.4f} ± "
-                     f"{s['mase_spread']:.4f} | {s['mse']:.4f} | {s['mae']:.4f} | {local} | "
-                     f"{s['clients_better_than_best_anchor']}/{s['client_runs']} | {s['worst_client_vs_best_anchor']:+.1%} |")
-    lines += newcomer_table(summary["verdicts"]["federated_pays_a_newcomer"])
-    v = summary["verdicts"]["summary"]
-    lines += ["", f"served <= best anchor and no gateway > +2% over its own best anchor, in every cell: "
-              f"{v['served_at_most_best_anchor_everywhere']}; federated beats Local and the best anchor by >= 5% "
-              f"at K = 14 or 30 on: {v['datasets_where_federated_pays_when_scarce'] or 'no dataset'} (Centralized, "
-              f"every gateway's data pooled, on: {v.get('datasets_where_pooling_pays_when_scarce') or 'no dataset'}), "
-              f"and for a "
-              f"newcomer on: {v.get('datasets_where_federated_pays_a_newcomer') or 'no dataset'}; a learned "
-              f"model beats the best anchor by >= 10% with the full history on: "
-              f"{v['datasets_where_learned_beats_anchors_by_10pct'] or 'no dataset'}."]
-    return "\n".join(lines) + "\n"
-
-
-def newcomer_table(cells: list[dict]) -> list[str]:
-    """A gateway with K days joining a fleet whose other half holds the whole training split: its
-    FedAvg model and what it serves beside its own Local-only model and best anchor (the same
-    gateways and windows)."""
-    if not cells:
-        return []
-    lines = ["", "A newcomer: every second gateway keeps K days, the others the whole training split; scored on "
-             "the newcomers (test MASE, means over seeds; 'served' chooses daily among its FedAvg model, its "
-             "Local-only model and the anchors; 'worst' = the largest excess of one newcomer's served MASE over "
-             "its own best anchor's):", "",
-             "| dataset | K days | backbone | newcomers | best anchor | local | fedavg (everyone K days) | "
-             "fedavg (newcomer) | vs local | vs anchor | served (newcomer) | worst |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    for v in cells:
-        lines.append(f"| {v['dataset']} | {v['history_days']} | {v['backbone']} | {v['gateways']} | "
-                     f"{v['best_anchor']} {v['best_anchor_mase']:.3f} | {v['local']:.3f} | "
-                     f"{v.get('fedavg_everyone_short', float('nan')):.3f} | **{v['fedavg_newcomer']:.3f}** | "
-                     f"{-v['vs_local']:+.1%} | {-v['vs_best_anchor']:+.1%} | {served_newcomer(v)} |")
-    return lines
-
-
-def served_newcomer(cell: dict) -> str:
-    """The newcomer table's last two cells: what the newcomers serve and their worst excess ("-"
-    in a results file written before newcomers were served, 2406378)."""
-    if "served_newcomer" not in cell:
-        return "- | -"
-    return f"{cell['served_newcomer']:.3f} | {cell['served_newcomer_worst_vs_best_anchor']:+.1%}"
-
-
-def plot(summary: dict, path: Path) -> None:
-    """MASE vs history days per method, one panel per (dataset, backbone); anchors dashed."""
-    cfg = summary["config"]
-    panels = [(d, b) for d in cfg["datasets"] for b in cfg["backbones"]]
-    fig, axes = panel_row(len(panels), 3.8)
-    days = cfg["history_days"]
-    ticks = [d or max(days) * 3 for d in days]
-    for ax, (dataset, backbone) in zip(axes, panels):
-        methods = [(m, None) for m in cfg["anchors"]] + [(m, backbone) for m in cfg["learned"] + ["median", SERVED]]
-        for method, bb in methods:
-            by = {r["history_days"]: r["mase"] for r in summary["rows"]
-                  if (r["dataset"], r["backbone"], r["method"]) == (dataset, bb, method)}
-            if len(by) == len(days):
-                ax.plot(ticks, [by[d] for d in days], marker="o" if bb else ".", linestyle="-" if bb else "--",
-                        linewidth=2.2 if method == SERVED else 1.0, label=method)
-        ax.set(xscale="log", title=f"{dataset}, {backbone}", xlabel="training history (days)", ylabel="test MASE")
-        ax.minorticks_off()
-        ax.set_xticks(ticks, [str(d or "full") for d in days])
-        ax.legend(fontsize=6)
-    save_figure(fig, path)
 
 
 def describe(result: dict) -> str:
