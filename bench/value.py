@@ -22,7 +22,7 @@ and M5) is the headline. Reported per (dataset, K, backbone, method): means over
 seeds' half-range, client runs better than their own Local-only model and than their own best
 anchor, and the largest excess of one gateway over its own best anchor. Usage:
 
-    python bench/value.py --quick     # DLinear recipe, 3 datasets x 4 histories x 3 seeds (about 28 min, 2 cores)
+    python bench/value.py --quick     # DLinear recipe, 3 datasets x 4 histories x 3 seeds (30 min, 2 cores)
     python bench/value.py             # + a spiking backbone, MSTL, FedRep, 20 station clients
     python bench/value.py --quick --report-only   # value.md and value.png again from value.json
     python bench/value.py --quick --newcomers 14,30   # + K-day gateways joining a fleet that holds the whole split
@@ -319,7 +319,7 @@ def describe(result: dict) -> str:
 
 
 def main() -> None:
-    parser = bench_parser(__doc__, "DLinear recipe, 10 rounds (about 28 min on 2 cores)")
+    parser = bench_parser(__doc__, "DLinear recipe, 10 rounds (30 min on 2 cores)")
     parser.add_argument("--report-only", action="store_true", help="re-render value.md and value.png from "
                         "--out/value.json, or with --windows re-choose what is served from the saved runs")
     parser.add_argument("--windows", type=Path, help="an .npz of every run's per-window errors: written after "
