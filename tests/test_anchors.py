@@ -74,8 +74,10 @@ def test_seasonal_rules_by_their_definition() -> None:
     average = WindowAverage(period).fit(series[:28]).forecast(series, origins, 5)
     expected = [np.mean([series[40 - 4 * k + h % 4, 0] for k in range(1, 8)]) for h in range(5)]
     assert average[2, :, 0] == pytest.approx(expected)
-    with pytest.raises(ValueError, match="window_average needs 28 rows"):
-        WindowAverage(period).fit(series[:27])
+    with pytest.raises(ValueError, match=r"window_average: origins must lie in \[28, 40\]"):
+        WindowAverage(period).fit(series[:3]).forecast(series, np.array([27]), 5)
+    with pytest.raises(ValueError, match="ets needs 7 rows of history"):
+        ETS(period).fit(series[:6])
 
 
 def test_missing_values_are_carried_forward() -> None:
@@ -90,47 +92,113 @@ def periodic(days: int, seed: int = 1) -> np.ndarray:
     return (10 + 4 * np.sin(2 * np.pi * t / 24) + np.sin(2 * np.pi * t / 168) + rng.normal(0, 0.3, len(t)))[:, None]
 
 
-def test_statsforecast_anchors_equal_the_librarys_own_forward_pass() -> None:
-    """ETS filters its state over every row before each origin (one pass, then a forecast per
-    origin): identical to statsforecast's forward on the series up to that origin. Theta and MSTL
-    are statsforecast's forward on the four weeks before the first row of the origin's season."""
+def weather(site: str, columns: tuple[str, ...], rows: int) -> np.ndarray:
+    """The first ``rows`` hours of ``columns`` at a bundled pvlib weather site (float64, no gaps)."""
+    from edge_agent.data.weather import load_site
+
+    table = load_site(site)
+    return filled(table.values[:rows, [table.columns.index(c) for c in columns]])
+
+
+def test_ets_chooses_its_season_as_autoets_does_and_fits_no_season_on_less_than_two() -> None:
+    """Two weeks of Amsterdam's hourly weather: diffuse irradiance (dhi) has a daily season, sea-level
+    pressure has none; the lower AICc of "ZZN" and "ZZA" picks an additive season for the first
+    (ANAN) and none for the second (AAdN), by 276 and 1562 AICc units, and that is the very model
+    statsforecast's AutoETS "ZZZ" picks (no multiplicative season here: dhi has zeros at night,
+    and pressure's AICc ranks the additive-error forms first). With 40 hours (under two days) only
+    the non-seasonal form is fitted, and it forecasts."""
+    from statsforecast.models import AutoETS
+
+    history = weather("amsterdam", ("dhi", "pressure"), 24 * 14)
+    ets = ETS(24).fit(history)
+    assert [model["components"] for model in ets.models] == ["ANAN", "AAND"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        library = [AutoETS(season_length=24, model="ZZZ").fit(history[:, f]).model_ for f in range(2)]
+    assert [model["components"] for model in library] == ["ANAN", "AAND"]
+    assert [model["aicc"] for model in ets.models] == pytest.approx([model["aicc"] for model in library], rel=1e-12)
+    short = ETS(24).fit(history[:40])
+    assert ETS(24).forms(40) == ("ZZN",) and all(model["components"][2] == "N" for model in short.models)
+    assert np.isfinite(short.forecast(history, np.array([40, 100]), 24)).all()
+
+
+def cross_validation(series: np.ndarray, model, cutoff: int, windows: int, h: int, step: int, **options) -> np.ndarray:
+    """statsforecast's own ``StatsForecast.cross_validation`` of ``model`` on one column of ``series``
+    (rows 0.. ``cutoff + (windows - 1) * step + h``): its forecasts (windows, h) from the cutoffs
+    ``cutoff``, ``cutoff + step``, ... (the rows each window forecasts from)."""
+    from statsforecast import StatsForecast
+
+    end = cutoff + (windows - 1) * step + h
+    frame = pd.DataFrame({"unique_id": "x", "ds": np.arange(end), "y": series[:end]})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        result = StatsForecast([model], freq=1).cross_validation(
+            df=frame, h=h, test_size=end - cutoff, step_size=step, **options)
+    assert sorted(set(result["cutoff"] + 1)) == list(range(cutoff, cutoff + windows * step, step))
+    return result[repr(model)].to_numpy().reshape(windows, h)
+
+
+def test_ets_forecasts_equal_statsforecasts_cross_validation_with_fixed_parameters() -> None:
+    """ETS fits its parameters on the last 56 days of the history and filters its state from there
+    through every later row: statsforecast's ``cross_validation`` with ``refit=False`` (fitted on
+    the first window's training rows, then ``forward`` over each window's rows) on the series from
+    that row. A history of 60 days and 5 hours, so its filtering starts 4 days and 5 hours in,
+    mid-day, where a state started at row 0 would be 5 hours out of phase. Each feature equals the
+    library's AutoETS of the form it chose and differs from the other form's."""
+    from statsforecast.models import AutoETS
+
+    series = weather("amsterdam", ("dhi", "pressure"), 24 * 80)
+    history = 24 * 60 + 5
+    ets = ETS(24).fit(series[:history])
+    start = history - 56 * 24
+    assert ets.start == start
+    windows, step, h = 12, 7, 24
+    ours = ets.forecast(series, history + step * np.arange(windows), h)
+    for f, model in enumerate(ets.models):
+        library = {form: cross_validation(series[start:, f], AutoETS(24, form, alias=form), history - start,
+                                          windows, h, step, refit=False) for form in ("ZZN", "ZZA")}
+        chosen = "ZZA" if model["components"][2] == "A" else "ZZN"
+        other = "ZZN" if chosen == "ZZA" else "ZZA"
+        assert ours[:, :, f] == pytest.approx(library[chosen], rel=1e-9, abs=1e-9)
+        assert np.abs(ours[:, :, f] - library[other]).max() > 1e-3
+
+
+def test_theta_and_mstl_equal_statsforecasts_cross_validation_from_each_day() -> None:
+    """Both forecast from each day's first row on the four weeks before it, the origin ``day + k``
+    taking steps ``k .. k + 23`` of that day's 47-step path: ``cross_validation`` with a day's step,
+    47 steps ahead and ``input_size`` = four weeks. Theta with the parameters it fitted on the last
+    four weeks of its 30-day history (``refit=False``: fitted on the first window's rows, then
+    ``forward``), MSTL refitted every day (``refit=True``). Amsterdam's air temperature."""
     from statsforecast.models import MSTL as SfMSTL
-    from statsforecast.models import AutoETS, AutoTheta
+    from statsforecast.models import AutoTheta
 
-    series = periodic(40)
-    origins = np.array([24 * 20, 24 * 20 + 5, 24 * 33 + 23])
-    ets = ETS(24).fit(series[: 24 * 20])
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        reference = AutoETS(season_length=24).fit(series[: 24 * 20, 0])
-        expected = [reference.forward(series[:o, 0], h=12)["mean"] for o in origins]
-    assert ets.forecast(series, origins, 12)[:, :, 0] == pytest.approx(np.stack(expected), abs=1e-9)
-    theta = Theta(24).fit(series[: 24 * 20])
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        fitted = AutoTheta(season_length=24).fit(series[: 24 * 20, 0])
-        days = origins - origins % 24
-        expected = [fitted.forward(series[max(0, d - 28 * 24):d, 0], h=23 + 12)["mean"][o - d: o - d + 12]
-                    for o, d in zip(origins, days)]
-    assert theta.forecast(series, origins, 12)[:, :, 0] == pytest.approx(np.stack(expected), abs=1e-9)
-    mstl = MSTL(24).fit(series[: 24 * 20])
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        fitted = SfMSTL(season_length=[24, 168]).fit(series[: 24 * 20, 0])
-        day = origins[1] - origins[1] % 24
-        path = fitted.forward(series[max(0, day - 28 * 24):day, 0], h=23 + 12)["mean"]
-    assert mstl.forecast(series, origins[1:2], 12)[0, :, 0] == pytest.approx(path[5:17], abs=1e-9)
+    series = weather("amsterdam", ("temp_air",), 24 * 40)
+    day, h = 24 * 30, 24
+    origins = np.array([day, day + 5, day + 24 + 23])
+    for ours, library, refit in ((Theta(24).fit(series[:day]), AutoTheta(season_length=24), False),
+                                 (MSTL(24), SfMSTL(season_length=[24, 168]), True)):
+        paths = cross_validation(series[:, 0], library, day, 2, 23 + h, 24, refit=refit, input_size=28 * 24)
+        expected = np.stack([paths[0, :h], paths[0, 5:5 + h], paths[1, 23:23 + h]])
+        assert ours.forecast(series, origins, h)[:, :, 0] == pytest.approx(expected, rel=1e-9, abs=1e-9), ours.name
 
 
-def test_every_anchor_beats_nothing_on_a_seasonal_series_and_short_histories_are_skipped() -> None:
+def test_anchors_that_look_back_from_each_origin_forecast_past_a_short_training_split() -> None:
+    """A client that kept 14 days of training history (of 60 days: 6 validate, 6 test). Every
+    anchor beats MASE 1.5 on its test windows, MSTL included although it needs 15 days before an
+    origin: it refits on the rows before each test day, which have 20 days or more. Its validation
+    windows start at day 14, too early: none. A client that kept 3 days: ETS, which learns from
+    the history, needs a day of it; weekly naive needs a week before each origin, which the
+    validation windows (from day 3) lack and the test windows (from day 9) have."""
     client = prepare_client(hourly_table(periodic(60)[:, 0]), 48, 24, history=24 * 14)
     for name in ANCHORS:
         metrics = anchor_metrics(client, name, "test")
-        if name == "mstl":  # needs 15 days of history, the client kept 14
-            assert metrics is None and anchor_forecasts(client, name, "val") is None
-            continue
         assert metrics.mase < 1.5, name
         assert anchor_forecasts(client, name, "test").shape == (len(client.test), 24, 1)
+    assert anchor_forecasts(client, "mstl", "val") is None
+    short = prepare_client(hourly_table(periodic(60)[:, 0]), 48, 24, history=24 * 3)
+    assert anchor_forecasts(short, "ets", "val") is not None
+    assert anchor_forecasts(short, "seasonal_naive_week", "val") is None
+    assert anchor_forecasts(short, "seasonal_naive_week", "test") is not None
 
 
 def test_the_gateway_serves_the_candidate_that_validates_best() -> None:
