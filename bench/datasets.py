@@ -99,17 +99,36 @@ def citylearn_homes() -> list[SeriesTable]:
                         *FONTANA) for i, frame in frames.items()]
 
 
+@functools.lru_cache(maxsize=4)
+def dataset_tables(dataset: str) -> tuple[SeriesTable, ...]:
+    """The per-site tables of ``dataset``: the development homes and pedestrians, or a sealed one
+    (``sealed.SEALED``); loaded once per worker process."""
+    from sealed import SEALED
+
+    return tuple({"homes": citylearn_homes, "pedestrians": auckland_pedestrians, **SEALED}[dataset]())
+
+
+def dataset_interval(dataset: str) -> str:
+    """The sampling interval of ``dataset``'s rows as a setting reads it ('1h', '10min')."""
+    from edge_agent.data.table import sampling_step
+    from edge_agent.times import interval_text
+
+    return "1h" if dataset == "stations" else interval_text(int(sampling_step(dataset_tables(dataset)[0]).value))
+
+
 @functools.lru_cache(maxsize=8)
 def bench_fleet(dataset: str, days: int, lookback: int, horizon: int, stride: int, val_stride: int,
                 clients: int = 10, f_max: int = 20) -> list:
-    """A benchmark's clients of ``dataset`` (stations, homes or pedestrians) with the last ``days``
-    days of training history (0: all), windowed once per worker process, so anchors fitted on a
-    client are reused by every job of that worker (``ClientData.memo``)."""
-    from edge_agent.data import build_pool, feature_clients, load_sites, prepare_client
+    """A benchmark's clients of ``dataset`` (stations, homes, pedestrians or a sealed one) with the
+    last ``days`` days of training history (0: all), windowed once per worker process, so anchors
+    fitted on a client are reused by every job of that worker (``ClientData.memo``)."""
+    from edge_agent.data import build_pool, feature_clients, load_sites, prepare_client, steps_per_day
 
-    common = dict(lookback=lookback, horizon=horizon, stride=stride, val_stride=val_stride,
-                  history=days * 24 if days else None)
     if dataset == "stations":
-        return feature_clients(build_pool(load_sites()), clients, f_max, 42, **common)
-    tables = {"homes": citylearn_homes, "pedestrians": auckland_pedestrians}[dataset]()
-    return [prepare_client(t, **common) for t in tables]
+        pool = build_pool(load_sites())
+        return feature_clients(pool, clients, f_max, 42, lookback=lookback, horizon=horizon, stride=stride,
+                               val_stride=val_stride, history=days * steps_per_day(pool) if days else None)
+    tables = dataset_tables(dataset)
+    history = days * steps_per_day(tables[0]) if days else None
+    return [prepare_client(t, lookback=lookback, horizon=horizon, stride=stride, val_stride=val_stride,
+                           history=history) for t in tables]

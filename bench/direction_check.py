@@ -68,7 +68,7 @@ def honest_job(dataset: str, days: int, seed: int, threads: int) -> dict:
                                lr=recipe.lr, min_steps=recipe.min_steps, seed=seed, test_every_round=False,
                                robust={"min_cosine": min_cosine})
         with recorded_cosines() as seen:
-            result = run_federation(fleet, model_config("dlinear"), fed)
+            result = run_federation(fleet, model_config("dlinear", dataset), fed)
         mase = [scored(c, forecasts(m, c.val), forecasts(m, c.test))["mase"] for c, m in zip(fleet, result.models)]
         out[f"mase_{label}"] = statistics.fmean(mase)
         if label == "on":

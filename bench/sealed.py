@@ -90,6 +90,10 @@ from edge_agent.data import SeriesTable
 from edge_agent.data.gaps import GapPolicy
 
 MAX_MISSING = 0.05
+SEALED_FROZEN_AT: str | None = None
+"""The commit that froze this list and the recipe the sealed run reports (``bench/value.py
+--sealed`` writes it into value_sealed.json); None until the recipe is frozen: the list itself was
+committed in 7114ba3, before any forecast on it, and no sealed number has been computed since."""
 FILL = GapPolicy(fill="interpolate", max_fill_steps=3)
 
 WHEELS: dict[str, tuple[str, str]] = {

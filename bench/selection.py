@@ -35,7 +35,7 @@ from common import ROOT, commit
 from value import load_windows
 from value_report import NEWCOMER, SERVED_BY, SERVED_FEDERATED
 
-from edge_agent.selection import choose, recent_score
+from edge_agent.choice import choose, recent_score
 
 Rule = Callable[[dict[str, np.ndarray], np.ndarray, int, int, int, str | None], str]
 LEARNED = ("federated", "local", "median")

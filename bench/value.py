@@ -39,17 +39,18 @@ import time
 from pathlib import Path
 
 from common import bench_parser, commit, configure, run_config, run_parallel, write_report
-from datasets import bench_fleet
+from datasets import bench_fleet, dataset_interval
+from sealed import SEALED, SEALED_FROZEN_AT
 from value_report import (FEDERATED, NEWCOMER, POOLED, SERVED, SERVED_BY, SERVED_FEDERATED, markdown, plot, summarize,
                           verdicts)
 
-from edge_agent.recipe import TRAINING
+from edge_agent.recipe import ANCHORS, TRAINING
 
 QUICK = {
     "datasets": ["stations", "homes", "pedestrians"], "history_days": [14, 30, 90, 0], "backbones": ["dlinear"],
     "seeds": [1, 2, 3], "clients": 10, "f_max": 20, "rounds": 10, "local_epochs": 1, "personal_epochs": 1,
     "max_windows": None, "val_stride": 1,
-    "anchors": ["seasonal_naive", "seasonal_naive_week", "window_average", "ets", "theta"],
+    "anchors": list(ANCHORS),  # the recipe's: every anchor a gateway compares itself with
     "learned": ["local", "fedavg", "centralized"], "newcomers": [],
     "pooled_days": [14, 30],  # Centralized where its bound decides a verdict (the scarce cells)
 }
@@ -58,16 +59,17 @@ FULL = {**QUICK, "backbones": ["dlinear", "spikernn"], "clients": 20, "rounds": 
 SELECTION_DAYS = TRAINING["selection_days"]  # the recipe's: a gateway re-chooses on its last two weeks
 
 
-def model_config(backbone: str):
-    """The product's recipe (ModelConfig's defaults) with ``backbone``."""
+def model_config(backbone: str, dataset: str):
+    """The product's recipe (ModelConfig's defaults) with ``backbone``, its spans in steps of the
+    dataset's sampling interval (what ``simulate --data`` does)."""
     from edge_agent.models import ModelConfig
 
-    return ModelConfig(backbone=backbone)
+    return ModelConfig(backbone=backbone).at_interval(dataset_interval(dataset))
 
 
 def clients(dataset: str, days: int, cfg_items: tuple) -> list:
     """The dataset's clients with K days of training history (0: all), windowed for the recipe."""
-    recipe = model_config("dlinear")
+    recipe = model_config("dlinear", dataset)
     cfg = dict(cfg_items)
     return bench_fleet(dataset, days, recipe.lookback, recipe.horizon, 1, cfg["val_stride"], cfg["clients"], cfg["f_max"])
 
@@ -99,7 +101,7 @@ def run_job(dataset: str, days: int, backbone: str | None, method: str | None, s
         cached_anchors(fleet, dataset, days, cfg["anchors"], save=False)
         per_method, models = {}, {}
         for name in learned_methods(cfg, days):
-            per_method[name], models[name] = trained(fleet, model_config(backbone), name, seed, cfg)
+            per_method[name], models[name] = trained(fleet, model_config(backbone, dataset), name, seed, cfg)
         if all(name in models for name in MEDIAN_MEMBERS):
             per_method["median"] = median_of(fleet, [models[name] for name in MEDIAN_MEMBERS], cfg["anchors"])
     seconds = time.perf_counter() - started
@@ -146,7 +148,8 @@ def trained(fleet: list, model, method: str, seed: int, cfg: dict) -> tuple[dict
     personal = cfg["personal_epochs"] if method == "fedrep" else 0
     recipe = AgentTraining()  # the product's batch size, learning rate and steps per round
     fed = FederationConfig(rounds=cfg["rounds"], local_epochs=cfg["local_epochs"], batch_size=recipe.batch_size,
-                           lr=recipe.lr, min_steps=cfg.get("min_steps", recipe.min_steps), seed=seed,
+                           lr=recipe.lr, min_steps=cfg.get("min_steps", recipe.min_steps), max_steps=recipe.max_steps,
+                           seed=seed,
                            test_every_round=False, personal_epochs=personal)
     if method in ("local", "centralized"):
         result = (run_local_only if method == "local" else run_centralized)(fleet, model, TrainingBudget.matching(fed))
@@ -162,7 +165,7 @@ def newcomers(fleet: list, dataset: str, backbone: str, seed: int, cfg: dict) ->
     on the newcomers only, beside their own K-day Local-only model and anchors (same windows)."""
     established = clients(dataset, 0, tuple(sorted((k, v) for k, v in cfg.items() if not isinstance(v, list))))
     mixed = [old if index % 2 == 0 else new for index, (old, new) in enumerate(zip(established, fleet))]
-    scores = learned(mixed, model_config(backbone), "fedavg", seed, cfg)
+    scores = learned(mixed, model_config(backbone, dataset), "fedavg", seed, cfg)
     return {client.name: scores[client.name] for client in fleet[1::2]}
 
 
@@ -247,19 +250,13 @@ def served_client(candidates: dict[str, dict]) -> dict:
     """One gateway's served test scores and the share of its forecasts each candidate made."""
     import numpy as np
 
-    from edge_agent.selection import choose, recent_score
+    from edge_agent.choice import daily_picks
 
     first = next(iter(candidates.values()))["windows"]
     horizon, period, test_origins = first["horizon"], first["period"], first["test_origins"]
     origins = np.concatenate([first["val_origins"], test_origins])
     history = {name: np.concatenate([c["windows"]["val"], c["windows"]["test"]["mase"]]) for name, c in candidates.items()}
-    days = (test_origins - test_origins[0]) // period
-    picks = np.empty(len(test_origins), dtype=object)
-    for day in np.unique(days):
-        at = int(test_origins[0] + day * period)
-        scores = {name: recent_score(errors, origins, horizon, at, SELECTION_DAYS * period)
-                  for name, errors in history.items()}
-        picks[days == day] = choose(scores)
+    picks = daily_picks(history, origins, horizon, period, test_origins, SELECTION_DAYS * period)
     served = {metric: float(np.mean([candidates[p]["windows"]["test"][metric][j] for j, p in enumerate(picks)]))
               for metric in ("mase", "mse", "mae")}
     names, counts = np.unique(picks.astype(str), return_counts=True)
@@ -326,12 +323,17 @@ def main() -> None:
                         "training, read by --report-only")
     parser.add_argument("--newcomers", help="history days of the newcomer cells, e.g. 14,30 (default: none in quick "
                         "mode, 14 and 30 in full mode; each adds a federation per seed)")
+    parser.add_argument("--sealed", action="store_true", help="the sealed datasets (bench/sealed.py), frozen "
+                        "before any of their numbers was looked at and used for no choice: value_sealed.json")
     args, cfg, started = configure(parser, QUICK, FULL)
     if args.newcomers:
         cfg["newcomers"] = [int(days) for days in args.newcomers.split(",")]
+    if args.sealed:
+        cfg["datasets"] = list(SEALED)
+    name, split = ("value_sealed", "sealed") if args.sealed else ("value", "dev")
     if args.report_only and not args.windows:
-        summary = json.loads((args.out / "value.json").read_text())
-        write_report(args.out, "value", summary, markdown, plot)
+        summary = json.loads((args.out / f"{name}.json").read_text())
+        write_report(args.out, name, summary, markdown, plot)
         return
     if args.report_only:
         runs, config = load_windows(args.windows)
@@ -346,11 +348,12 @@ def main() -> None:
         if args.windows:
             save_windows(runs, config, args.windows)
     runs += served_runs(runs, cfg)
-    rows = summarize(runs, cfg)
+    rows = [{**row, "split": split} for row in summarize(runs, cfg)]
     summary = {"rows": rows, "anchors": cfg["anchors"], "federated": list(FEDERATED), "served": SERVED,
-               "verdicts": None, "runs": public(runs), "config": {**config, "selection_days": SELECTION_DAYS}}
+               "verdicts": None, "runs": public(runs), "config": {**config, "selection_days": SELECTION_DAYS},
+               "sealed_frozen_at": SEALED_FROZEN_AT}
     summary["verdicts"] = verdicts(rows, cfg)
-    write_report(args.out, "value", summary, markdown, plot)
+    write_report(args.out, name, summary, markdown, plot)
 
 
 if __name__ == "__main__":

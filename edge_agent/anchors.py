@@ -147,26 +147,25 @@ class WindowAverage(Anchor):
 
 
 class ETS(Anchor):
-    """Exponential smoothing as statsforecast's AutoETS chooses it, by the lowest AICc (Hyndman &
-    Khandakar 2008), among the non-seasonal ("ZZN") and additive-seasonal ("ZZA", season =
-    ``period``) forms only: AutoETS's "ZZZ" also tries a multiplicative season, which turned the
-    zeros of PV and of night-time counts into forecasts off by MASE 1.5-4.4 on bench/value.py's
-    homes and pedestrians. Below two seasons of history only the non-seasonal form is fitted: a
-    seasonal state fitted on one observation per phase is no model of the season (AutoETS itself
-    drops the season only below one).
+    """Exponential smoothing with an additive season (statsforecast's AutoETS, model "ZZA", season
+    = ``period``, error and trend types chosen by AICc; Hyndman & Khandakar 2008); below two
+    seasons of history the non-seasonal form ("ZZN"): a seasonal state fitted on one observation
+    per phase is no model of the season. Its sibling ``ETSNoSeason`` always fits "ZZN", and a
+    gateway's own selection (``edge_agent.choice``: errors 1 to ``horizon`` steps ahead on its
+    latest known windows) picks between them, not AICc: AICc weighs one-step fit, and letting it
+    choose the form (AutoETS's rule without the multiplicative season, which turned the zeros of PV
+    and of night-time counts into forecasts off by MASE 1.5-4.4 on bench/value.py's homes and
+    pedestrians) scored 1.141 and 1.103 test MASE on bench/value.py's station clients with 14 and
+    30 days of history, where the additive season alone scored 1.041 and 0.928 (development data).
 
     The parameters come from the last ``FIT_SEASONS`` seasons of the history; the state is filtered
     with them from the first of those rows through every later row, and each origin forecasts from
     the state there (statsforecast's ``cross_validation`` with ``refit=False``). A gateway refits
-    at every round, on that round's history. Cost per feature: both fits 0.10 s on 14 days, 0.39 s
-    on the 56 it keeps (2.5 s on a year); filtering a year and forecasting from each of its 7,392
+    at every round, on that round's history. Cost per hourly feature: a fit 0.09 s on 14 days, 0.36 s
+    on the 56 it keeps (2.3 s on a year; ``ETSNoSeason`` 0.007, 0.03 and 0.12 s); filtering a year and forecasting from each of its 7,392
     hourly origins 0.04 s. On the 58 features of the seven bundled pvlib weather sites (a 292-day
     training split, daily test origins, 24 h ahead) fitting on the last 56 days instead of all 292
-    took a fifth of the time and moved the mean MASE from 1.205 to 1.210.
-
-    AICc weighs one-step fit, and the non-seasonal form forecasts a flat day: on bench/value.py's
-    station clients (test MASE, 24 h ahead, ``selection.anchor_metrics``) this choice scored 1.141
-    with 14 days of history and 1.103 with 30, where the additive season alone scored 1.041 and 0.928."""
+    took a fifth of the time and moved the mean MASE from 1.205 to 1.210."""
 
     name: ClassVar[str] = "ets"
     learns: ClassVar[bool] = True
@@ -183,19 +182,16 @@ class ETS(Anchor):
         """One season of rows, and at least what statsforecast fits a non-seasonal model on."""
         return max(super().min_history, self.MIN_ROWS)
 
-    def forms(self, rows: int) -> tuple[str, ...]:
-        """The AutoETS model strings tried on ``rows`` rows: the non-seasonal form first (it wins a
-        tie, e.g. on a constant series, where both fit the same), the additive season from two seasons on."""
-        seasonal = self.period > 1 and rows >= 2 * self.period
-        return ("ZZN", "ZZA") if seasonal else ("ZZN",)
+    def form(self, rows: int) -> str:
+        """The AutoETS model string fitted on ``rows`` rows: the additive season from two seasons on."""
+        return "ZZA" if self.period > 1 and rows >= 2 * self.period else "ZZN"
 
     def choose(self, y: np.ndarray) -> dict[str, Any]:
-        """statsforecast's fitted model dict of the form with the lowest AICc on ``y`` (its
-        ``components`` say which: e.g. "ANAN", additive error, no trend, additive season)."""
+        """statsforecast's fitted model dict on ``y`` (its ``components`` say which form AICc chose
+        within it: e.g. "ANAN", additive error, no trend, additive season)."""
         from statsforecast.models import AutoETS
 
-        fits = [AutoETS(season_length=self.period, model=form).fit(y).model_ for form in self.forms(len(y))]
-        return min(fits, key=lambda fit: fit["aicc"])
+        return AutoETS(season_length=self.period, model=self.form(len(y))).fit(y).model_
 
     def _fit(self, history: np.ndarray) -> None:
         self.start = max(0, len(history) - self.FIT_SEASONS * self.period)
@@ -224,6 +220,17 @@ class ETS(Anchor):
         filtered = forward_ets(model, y)
         return np.stack([forecast_ets({**filtered, "states": filtered["states"][: o + 1]}, horizon)["mean"]
                          for o in origins])
+
+
+class ETSNoSeason(ETS):
+    """``ETS`` without a season ("ZZN": level and trend chosen by AICc): the better forecast where
+    a series' days do not repeat (on hourly weather with two weeks of history, pressure and wind),
+    as a gateway's own validation windows say (``ETS``'s docstring says why not AICc)."""
+
+    name: ClassVar[str] = "ets_noseason"
+
+    def form(self, rows: int) -> str:
+        return "ZZN"
 
 
 class DailyPaths(Anchor):
@@ -328,7 +335,7 @@ def lookback_rule(name: str, lookback: int, horizon: int, period: int) -> tuple[
 
 
 ANCHORS: dict[str, Callable[[int], Anchor]] = {
-    anchor.name: anchor for anchor in (SeasonalNaive, WeeklyNaive, WindowAverage, ETS, Theta, MSTL)
+    anchor.name: anchor for anchor in (SeasonalNaive, WeeklyNaive, WindowAverage, ETS, ETSNoSeason, Theta, MSTL)
 }
 
 

@@ -90,6 +90,8 @@ class AgentTraining(HeadTraining):
     lr: float = Field(RECIPE["lr"], gt=0, description="learning rate of the local optimizer (Adam)")
     min_steps: int = Field(RECIPE["min_steps"], ge=0, description="at least this many optimizer steps per round: a "
                            "short history gets more passes over its few windows (head mode)")
+    max_steps: int = Field(RECIPE["max_steps"], ge=0, description="at most this many optimizer steps per round and "
+                           "model (0: no bound): a round's cost stays bounded however long the history (head mode)")
     keep_local: bool = Field(RECIPE["keep_local"], description="also train a local-only model and serve it where it "
                              "validates better")
     anchors: tuple[str, ...] = Field(RECIPE["anchors"], description="anchors (edge_agent.anchors) the gateway serves "

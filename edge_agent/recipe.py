@@ -9,10 +9,13 @@ validation windows."""
 
 from __future__ import annotations
 
-MODEL = {"backbone": "dlinear", "lookback": 168, "horizon": 24, "d_qap": 1, "qap_heads": 1, "projection": "channel",
-         "head": "shared", "seasonal_base": True, "season": 24, "loss": "mae"}
-ANCHORS = ("seasonal_naive", "seasonal_naive_week", "window_average", "ets", "theta")
+MODEL = {"backbone": "dlinear", "interval": "1h", "d_qap": 1, "qap_heads": 1, "projection": "channel", "head": "shared",
+         "seasonal_base": True, "loss": "mae"}
+SPANS = {"lookback": "7d", "horizon": "1d", "season": "1d"}
+"""The model's windows in time, turned into steps of the data's sampling interval (``ModelConfig``):
+at hourly data 168, 24 and 24 steps, at half-hourly data 336, 48 and 48."""
+ANCHORS = ("seasonal_naive", "seasonal_naive_week", "window_average", "ets", "ets_noseason", "theta")
 """What a gateway compares itself with: every anchor but MSTL, whose refits cost seconds per feature
 over a validation split (``edge_agent.anchors``)."""
-TRAINING = {"batch_size": 32, "lr": 3e-3, "min_steps": 64, "keep_local": True, "anchors": ANCHORS, "median": True,
+TRAINING = {"batch_size": 32, "lr": 3e-3, "min_steps": 64, "max_steps": 512, "keep_local": True, "anchors": ANCHORS, "median": True,
             "selection_days": 14}

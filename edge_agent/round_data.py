@@ -41,7 +41,7 @@ if TYPE_CHECKING:
 MODE = "head"  # the learner mode whose data is prepared here (``HeadLearner.kind``); others read their table
 DATA_JOB_FILE, ROUND_DATA = "data_job.json", "round_data.npz"
 ANCHOR_PREFIX, PEAK = "anchor.", "peak_rss_mb"
-ANCHOR_SPLIT = "val"  # the windows the serving selection scores every candidate on
+ANCHOR_SPLITS = ("val", "test")  # the windows the serving selection scores every candidate on (KNOWN_SPLITS)
 ANCHOR_CACHE, CACHE_KEY = "anchor_forecasts.npz", "key"  # in the state folder: the last round's anchors
 
 log = logging.getLogger("edgefl.agent")
@@ -57,6 +57,7 @@ class DataJob(BaseModel):
     state_dir: Path
     data: DataSource
     sensors: SensorSettings | None = None
+    interval_ns: int = Field(gt=0)
     lookback: int = Field(ge=1)
     horizon: int = Field(ge=1)
     stride: int = Field(ge=1)
@@ -66,25 +67,34 @@ class DataJob(BaseModel):
     def of(cls, cfg: AgentConfig) -> DataJob:
         """The job of a head-mode agent's round."""
         return cls(client_id=cfg.client_id, state_dir=cfg.state_dir, data=cfg.data, sensors=cfg.sensors,
-                   lookback=cfg.model.lookback, horizon=cfg.model.horizon, stride=cfg.training.stride,
+                   interval_ns=cfg.model.interval_ns, lookback=cfg.model.lookback, horizon=cfg.model.horizon, stride=cfg.training.stride,
                    anchors=cfg.training.anchors)
 
 
 def prepare(job: DataJob) -> dict[str, np.ndarray]:
-    """The round's arrays (``ClientArrays.to_npz``) and each anchor's validation forecasts, fitted
-    on the training rows (none for an anchor whose history is too short). The forecasts are the
-    last round's (``ANCHOR_CACHE``) when the data they depend on has not changed since: ETS and
-    Theta cost seconds a round, and a gateway's table changes at most once a step."""
-    arrays = client_arrays(gateway_table(job), job.lookback, job.horizon, job.stride)
-    origins = arrays.origins(ANCHOR_SPLIT)
-    key = anchor_key(job.anchors, arrays.period, arrays.history, arrays.raw, origins, arrays.horizon)
+    """The round's arrays (``ClientArrays.to_npz``) and each anchor's forecasts over the validation
+    and test windows (every outcome a live gateway's choice reads), fitted on the training rows
+    (none for an anchor whose history is too short). The forecasts are the last round's
+    (``ANCHOR_CACHE``) when the data they depend on has not changed since: ETS and Theta cost
+    seconds a round, and a gateway's table changes at most once a step."""
+    from edge_agent.data.table import check_interval  # pandas: loaded already with the table
+
+    table = gateway_table(job)
+    check_interval(table, job.interval_ns)
+    arrays = client_arrays(table, job.lookback, job.horizon, job.stride)
+    origins = {split: arrays.origins(split) for split in ANCHOR_SPLITS}
+    key = anchor_key(job.anchors, arrays.period, arrays.history, arrays.raw, np.concatenate(list(origins.values())),
+                     arrays.horizon)
     cache = job.state_dir / ANCHOR_CACHE
     forecasts = cached_anchors(cache, key)
     if forecasts is None:
         fitted: dict = {}
-        made = {name: fitted_forecasts(name, arrays.period, arrays.history, arrays.raw, origins, arrays.horizon, fitted)
-                for name in job.anchors}
-        forecasts = {ANCHOR_PREFIX + name: values for name, values in made.items() if values is not None}
+        forecasts = {}
+        for split, at in origins.items():
+            for name in job.anchors:
+                values = fitted_forecasts(name, arrays.period, arrays.history, arrays.raw, at, arrays.horizon, fitted)
+                if values is not None:
+                    forecasts[anchor_key_name(split, name)] = values
         save_npz(cache, {**forecasts, CACHE_KEY: np.frombuffer(key, dtype=np.uint8)})
     return arrays.to_npz() | forecasts
 
@@ -124,8 +134,13 @@ def save_npz(path: Path, arrays: Mapping[str, np.ndarray]) -> None:
 
 def anchor_memo(npz: Mapping[str, np.ndarray], names: Sequence[str]) -> dict[tuple[str, str], np.ndarray | None]:
     """The anchors' forecasts ``prepare`` made, as ``ClientData.memo`` entries (None: too little history)."""
-    return {(name, ANCHOR_SPLIT): npz[ANCHOR_PREFIX + name] if ANCHOR_PREFIX + name in npz else None
-            for name in names}
+    return {(name, split): npz[anchor_key_name(split, name)] if anchor_key_name(split, name) in npz else None
+            for split in ANCHOR_SPLITS for name in names}
+
+
+def anchor_key_name(split: str, name: str) -> str:
+    """The npz key of anchor ``name``'s forecasts over ``split``."""
+    return f"{ANCHOR_PREFIX}{split}.{name}"
 
 
 def peak_rss_mb() -> float:

@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from edge_agent.anchors import fitted_forecasts, lookback_rule
+from edge_agent.choice import choose, daily_picks, recent_score
 from edge_agent.data import ClientData, WindowSet
 from edge_agent.metrics import pinball_terms
 from edge_agent.models import Forecaster
@@ -33,6 +34,7 @@ from edge_agent.scoring import Scale, scaled_errors
 from edge_agent.train import Batch, Metrics, forecast_metrics, forecasts
 
 SPLITS = ("train", "val", "test")
+KNOWN_SPLITS = ("val", "test")  # the windows whose outcomes a choice may read, each once known
 MEDIAN = "median"  # the candidate that combines the others (``edge_agent.models.combination``)
 
 
@@ -74,29 +76,52 @@ def anchor_metrics(client: ClientData, name: str, split: str) -> Metrics | None:
 @dataclass(frozen=True)
 class Served:
     """What one gateway serves: ``which`` candidate ("federated", "local", an anchor's name or
-    "median"), its model (None for an anchor and the median), every candidate's validation score
-    (NaN: not available) and, for the median, its members by name (a model, None for an anchor)."""
+    "median"), its model (None for an anchor and the median), every candidate's score at the
+    moment of the choice (NaN: not available), for the median its members by name (a model, None
+    for an anchor) and, to re-choose later with the same rule, every ``candidates`` by name with
+    ``median`` (whether the median competes) and the ``span`` of rows the choice looks back on
+    (``served_days``; empty ``candidates``: the choice is fixed), with the per-window scores it
+    already computed by split (``errors``), so a re-choice computes only the rest."""
 
     which: str
     model: Forecaster | None
     scores: dict[str, float] = field(default_factory=dict)
     members: dict[str, nn.Module | None] = field(default_factory=dict)
+    candidates: dict[str, nn.Module | None] = field(default_factory=dict)
+    median: bool = False
+    span: int | None = None
+    errors: dict[str, dict[str, np.ndarray]] = field(default_factory=dict, repr=False)
 
     @property
     def is_anchor(self) -> bool:
         return self.model is None and self.which != MEDIAN
 
+    @property
+    def levels(self) -> tuple[float, ...] | None:
+        """The quantile levels of what is served: those of its model or of a quantile candidate
+        (an anchor's point forecasts then serve every level alike); None for point forecasts."""
+        models = [self.model, *self.candidates.values()]
+        return next((m.levels for m in models if isinstance(m, Forecaster) and m.levels), None)
+
     def batches(self, client: ClientData, split: str) -> list[Batch]:
-        """(forecast, target) batches of the served candidate over ``split`` on the normalized scale."""
-        if self.which == MEDIAN:
-            return median_batches([candidate_batches(client, name, model, split)
-                                   for name, model in self.members.items()])
-        return candidate_batches(client, self.which, self.model, split) or []
+        """(forecast, target) batches of what is served over ``split`` on the normalized scale: on
+        the test split re-chosen once a day as outcomes come in (``served_days``) where the
+        candidates are known, else the candidate chosen."""
+        if split == "test" and self.candidates:
+            return served_days(client, self)[0]
+        return fixed_batches(client, self.which, self.model, self.members, split)
 
     def metrics(self, client: ClientData, split: str) -> Metrics:
-        """The served candidate's metrics over ``split``."""
-        levels = None if self.model is None else self.model.levels
-        return forecast_metrics(self.batches(client, split), levels, None, split_windows(client, split).scale)
+        """The served forecasts' metrics over ``split``."""
+        return forecast_metrics(self.batches(client, split), self.levels, None, split_windows(client, split).scale)
+
+
+def fixed_batches(client: ClientData, which: str, model: nn.Module | None, members: dict[str, nn.Module | None],
+                  split: str) -> list[Batch]:
+    """Batches of one candidate (``which``: a model, an anchor, or the median of ``members``)."""
+    if which == MEDIAN:
+        return median_batches([candidate_batches(client, name, member, split) for name, member in members.items()])
+    return candidate_batches(client, which, model, split) or []
 
 
 def candidate_batches(client: ClientData, name: str, model: nn.Module | None, split: str) -> list[Batch] | None:
@@ -112,15 +137,6 @@ def median_batches(members: Sequence[list[Batch] | None]) -> list[Batch]:
     present = [batches for batches in members if batches]
     forecast = median_forecast(torch.stack([torch.cat([f for f, _ in batches]) for batches in present]))
     return [(forecast, torch.cat([y for _, y in present[0]]))]
-
-
-def choose(scores: dict[str, float]) -> str:
-    """The candidate with the lowest finite score, the first listed on a tie or when none has a
-    finite score (a diverged model is still what a gateway with nothing else serves)."""
-    if not scores:
-        raise ValueError("choose: no candidates")
-    finite = {name: score for name, score in scores.items() if math.isfinite(score)}
-    return min(finite, key=finite.__getitem__) if finite else next(iter(scores))
 
 
 @torch.no_grad()
@@ -148,16 +164,6 @@ def window_scores(batches: Iterable[Batch], levels: Sequence[float] | None, scal
     return np.concatenate(parts) if parts else np.zeros(0)
 
 
-def recent_score(scores: np.ndarray, origins: np.ndarray, horizon: int, at: int, span: int | None) -> float:
-    """Mean of the per-window ``scores`` over the windows whose outcome is known at row ``at``
-    (origin + horizon <= at) and that start at most ``span`` rows before it (None: all known);
-    NaN where there is none."""
-    known = origins + horizon <= at
-    if span is not None:
-        known &= origins >= at - span
-    return float(scores[known].mean()) if known.any() else math.nan
-
-
 def selection_span(client: ClientData, selection_days: int) -> int | None:
     """``selection_days`` in rows of the client's data (None: 0 days, every window)."""
     return selection_days * client.period if selection_days else None
@@ -178,25 +184,84 @@ def fits_window(anchor: str, windows: WindowSet, period: int) -> bool:
 
 
 def select(client: ClientData, models: dict[str, nn.Module], anchors: Sequence[str], median: bool = False,
-           selection_days: int = 0) -> Served:
-    """What the gateway serves: among ``models``, the ``anchors`` and (with ``median``, point models
-    and at least three members) the median of them all, the candidate with the lowest score over
-    its latest ``selection_days`` days of validation windows (0: all of them)."""
-    val = client.val
-    members: dict[str, nn.Module | None] = {**models, **dict.fromkeys(anchors)}
-    batches = {name: candidate_batches(client, name, model, "val") for name, model in members.items()}
-    members = {name: model for name, model in members.items() if batches[name] is not None}
-    levels = {name: model.levels for name, model in models.items() if model.levels}
-    windows = {name: window_scores(b, levels.get(name), val.scale) for name, b in batches.items() if b is not None}
-    if median and len(members) >= 3 and not levels:
-        windows[MEDIAN] = window_scores(median_batches(list(batches.values())), None, val.scale)
-    origins, horizon = val.origins(), val.horizon
-    at = int(origins.max()) + horizon if len(origins) else 0
+           selection_days: int = 0, at: int | None = None) -> Served:
+    """What the gateway serves at row ``at`` of its data (None: the first test origin, what a
+    benchmark knows before it scores the test split; a live gateway passes ``present``): among
+    ``models``, the ``anchors`` and (with ``median``, point models and at least three members) the
+    median of them all, the candidate with the lowest score over the latest ``selection_days`` days
+    of windows whose outcome is known by then (0: every known window; ``edge_agent.choice``)."""
+    fitted = [name for name in anchors if anchor_forecasts(client, name, "val") is not None]
+    members: dict[str, nn.Module | None] = {**models, **dict.fromkeys(fitted)}
+    clock = first_test_origin(client) if at is None else at
+    horizon = client.val.horizon
+    known = [split for split in KNOWN_SPLITS if (split_windows(client, split).origins() + horizon <= clock).any()]
+    errors = {split: split_scores(client, members, median, split) for split in known}
     span = selection_span(client, selection_days)
-    scores = {name: math.nan for name in [*models, *anchors]}
-    scores |= {name: recent_score(errors, origins, horizon, at, span) for name, errors in windows.items()}
+    scores = dict.fromkeys([*models, *anchors], math.nan)
+    if known:
+        origins = np.concatenate([split_windows(client, split).origins() for split in known])
+        scores |= {name: recent_score(np.concatenate([errors[split][name] for split in known]), origins, horizon,
+                                      clock, span) for name in errors[known[0]]}
     which = choose(scores)
-    return Served(which, models.get(which), scores, members if which == MEDIAN else {})
+    competes = MEDIAN in errors.get(known[0], {}) if known else median_competes(members, median)
+    return Served(which, models.get(which), scores, members if which == MEDIAN else {}, members, competes, span, errors)
+
+
+def median_competes(members: dict[str, nn.Module | None], median: bool) -> bool:
+    """Whether the median is a candidate: asked for, point models only, at least three members."""
+    quantile = any(isinstance(model, Forecaster) and model.levels for model in members.values())
+    return median and len(members) >= 3 and not quantile
+
+
+def split_scores(client: ClientData, members: dict[str, nn.Module | None], median: bool, split: str
+                 ) -> dict[str, np.ndarray]:
+    """Every candidate's per-window score over the windows of ``split`` (NaN where an anchor has no
+    forecast), the median's too where it competes (``median_competes``): what the rule of
+    ``edge_agent.choice`` reads."""
+    windows = split_windows(client, split)
+    batches = {name: candidate_batches(client, name, model, split) for name, model in members.items()}
+    errors = {name: np.full(len(windows), math.nan) if b is None else
+              window_scores(b, getattr(members[name], "levels", None), windows.scale) for name, b in batches.items()}
+    if median_competes(members, median):
+        errors[MEDIAN] = window_scores(median_batches(list(batches.values())), None, windows.scale)
+    return errors
+
+
+def first_test_origin(client: ClientData) -> int:
+    """The row of the client's first test forecast: the clock of a choice made before the test."""
+    origins = client.test.origins()
+    return int(origins.min()) if len(origins) else int(client.val.origins().max()) + client.val.horizon
+
+
+def present(client: ClientData) -> int:
+    """The clock of a live gateway: every outcome in its data is known."""
+    return len(client.raw)
+
+
+def served_days(client: ClientData, served: Served) -> tuple[list[Batch], np.ndarray]:
+    """What the gateway serves over its test windows when it re-chooses once a day as outcomes come
+    in (``edge_agent.choice.daily_picks``, the rule of ``select`` at the start of each day): the
+    served (forecast, target) batch and which candidate made each window's forecast."""
+    members = served.candidates
+    errors = {split: served.errors.get(split) or split_scores(client, members, served.median, split)
+              for split in KNOWN_SPLITS}
+    origins = np.concatenate([split_windows(client, split).origins() for split in KNOWN_SPLITS])
+    history = {name: np.concatenate([errors[split][name] for split in KNOWN_SPLITS]) for name in errors["val"]}
+    test = client.test
+    picks = daily_picks(history, origins, test.horizon, client.period, test.origins(), served.span)
+    forecasts = {name: with_levels(torch.cat([f for f, _ in fixed_batches(client, name, members.get(name), members,
+                                                                           "test")]), served.levels)
+                 for name in set(picks)}
+    rows = [forecasts[name][j] for j, name in enumerate(picks)]
+    return [(torch.stack(rows) if rows else torch.zeros((0,)), test.targets())], picks
+
+
+def with_levels(forecast: torch.Tensor, levels: Sequence[float] | None) -> torch.Tensor:
+    """A point forecast (N, H, F) as every quantile level alike (N, H, F, Q) when what is served
+    has ``levels``; a quantile forecast or a point forecast of a point fleet as it is."""
+    if levels is None or forecast.dim() == 4:
+        return forecast
+    return forecast.unsqueeze(-1).expand(*forecast.shape, len(levels))
 
 
 def best_anchor(client: ClientData, names: Sequence[str]) -> Served:

@@ -81,3 +81,11 @@ def iso_ns(ns: int) -> str:
 def duration_text(ns: int) -> str:
     """A duration as Python prints a timedelta: '1:00:00', '0:30:00', '31 days, 0:00:00'."""
     return str(timedelta(microseconds=ns // 1_000))
+
+
+def interval_text(interval_ns: int) -> str:
+    """An interval as a setting reads it: '30min', '1h', '10min', '1d'."""
+    for unit, size in (("d", _UNIT_NS["d"]), ("h", _UNIT_NS["h"]), ("min", _UNIT_NS["min"]), ("s", NS_PER_S)):
+        if interval_ns % size == 0:
+            return f"{interval_ns // size}{unit}"
+    return f"{interval_ns}ns"

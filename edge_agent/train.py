@@ -68,10 +68,13 @@ class HeadTraining(LocalTraining):
                                      "ets, ...) the gateway serves wherever one validates better than its models")
     min_steps: int = Field(0, ge=0, description="at least this many optimizer steps per round: a short history "
                            "gets more passes over its few windows (head mode)")
+    max_steps: int = Field(0, ge=0, description="at most this many optimizer steps per round and model (0: no bound): "
+                           "a long or finely sampled history trains on a random part of its windows each round, so a "
+                           "round's cost stays bounded (head mode)")
     median: bool = Field(False, description="also serve the median of the models and the lookback anchors where it "
                          "scores better (edge_agent.models.combination)")
     selection_days: int = Field(0, ge=0, description="choose what to serve on the latest this many days of "
-                                "validation windows (0: all of them)")
+                                "known outcomes (0: all of them)")
 
     def epochs_over(self, size: int, epochs: int | None = None) -> int:
         """The passes one round makes over ``size`` windows: ``epochs`` (default ``local_epochs``),
@@ -210,12 +213,14 @@ LossTerms = torch.Tensor | dict[str, torch.Tensor]
 
 
 def seeded_steps(optimizer: Optimizer, size: int, epochs: int, batch_size: int, seed: int,
-                 step_loss: Callable[[torch.Tensor, int, int], LossTerms]) -> list[tuple[dict[str, float], int]]:
+                 step_loss: Callable[[torch.Tensor, int, int], LossTerms],
+                 max_steps: int = 0) -> list[tuple[dict[str, float], int]]:
     """The one seeded training loop of every learner: ``epochs`` passes over ``size`` samples, each
     in a shuffled order drawn from ``seed`` and cut into batches, one optimizer step per batch on
     ``step_loss(indices, epoch, step)``: a loss, or named terms whose ``total`` is minimised.
     Dropout and every other draw of torch's global generator take ``seed`` too, so a run is
-    reproducible. Returns each step's terms as floats (a plain loss as ``total``) and batch size."""
+    reproducible; ``max_steps`` (0: none) ends it after that many steps. Returns each step's terms
+    as floats (a plain loss as ``total``) and batch size."""
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     steps = []
@@ -224,6 +229,8 @@ def seeded_steps(optimizer: Optimizer, size: int, epochs: int, batch_size: int, 
         generator = torch.Generator().manual_seed(seed)
         for epoch in range(epochs):
             for step, batch in enumerate(torch.randperm(size, generator=generator).split(batch_size)):
+                if max_steps and len(steps) == max_steps:
+                    return steps
                 terms = step_loss(batch, epoch, step)
                 terms = terms if isinstance(terms, dict) else {"total": terms}
                 optimizer.zero_grad(set_to_none=True)
@@ -249,9 +256,11 @@ def train_epochs(
     optimizer: Optimizer,
     seed: int,
     penalty: Callable[[], torch.Tensor] | None = None,
+    max_steps: int = 0,
 ) -> float:
     """Train with ``forecast_loss`` (plus ``penalty()``, e.g. FedProx's proximal term) for ``epochs``
-    passes over shuffled windows (``seeded_steps``); returns the mean loss per window, without the penalty."""
+    passes over shuffled windows, at most ``max_steps`` steps (``seeded_steps``); returns the mean
+    loss per window, without the penalty."""
     model.train()
 
     def step_loss(batch: torch.Tensor, epoch: int, step: int) -> dict[str, torch.Tensor]:
@@ -259,7 +268,7 @@ def train_epochs(
         loss = forecast_loss(model, x, marks, y)
         return {"total": loss if penalty is None else loss + penalty(), "forecast": loss}
 
-    steps = seeded_steps(optimizer, len(windows), epochs, batch_size, seed, step_loss)
+    steps = seeded_steps(optimizer, len(windows), epochs, batch_size, seed, step_loss, max_steps)
     return mean_term(steps, "forecast", weighted=True) if steps else 0.0
 
 

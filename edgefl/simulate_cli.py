@@ -16,7 +16,10 @@ from rich.table import Table
 from coordinator.simulation.federation import FederationConfig, run_federation
 from edge_agent.config import AgentTraining
 from edge_agent.data import DataError, GapPolicy
+from edge_agent.data.table import SeriesTable
 from edge_agent.models import ModelConfig
+from edge_agent.models.config import PAPER
+from edge_agent.times import interval_text
 from edge_agent.train import Metrics
 from edgefl.errors import flags_of, reported, say
 from edgefl.model_options import ModelOptions
@@ -25,9 +28,9 @@ from edgefl.progress import live_rounds
 app = typer.Typer()
 console = Console()
 OPTIONS = ModelOptions({
-    ModelConfig: ("backbone", "lookback", "horizon", "d_qap", "qap_heads", "hidden", "projection", "head",
-                  "seasonal_base", "loss", "quantiles"),
-    AgentTraining: ("local_epochs", "batch_size", "lr", "min_steps", "stride", "personal_epochs", "alternate",
+    ModelConfig: ("backbone", "interval", "lookback", "horizon", "season", "d_qap", "qap_heads", "hidden",
+                  "projection", "head", "seasonal_base", "loss", "quantiles"),
+    AgentTraining: ("local_epochs", "batch_size", "lr", "min_steps", "max_steps", "stride", "personal_epochs", "alternate",
                     "prox_mu", "keep_local", "anchors", "median", "selection_days"),
     FederationConfig: ("rounds", "seed", "twin", "twin_max_age", "strategy", "server.lr", "server.momentum",
                        "game.variant", "participation.fraction"),
@@ -70,13 +73,29 @@ def metric_line(metrics: Metrics) -> str:
     return f"test {mase}MSE {metrics.mse:.4f}, MAE {metrics.mae:.4f}{extra}"
 
 
+def given_options(ctx: typer.Context, settings: dict[str, Any]) -> set[str]:
+    """The options the command line sets (the others keep their defaults)."""
+    return {name for name in settings if ctx.get_parameter_source(name).name != "DEFAULT"}
+
+
+def at_data_interval(cfg: ModelConfig, given: set[str], table: SeriesTable) -> ModelConfig:
+    """The model for the data's sampling interval: with ``--interval`` the data must have it (one
+    line naming the interval found otherwise); without, the model's spans left unset (a week of
+    lookback, a day of horizon and season) are counted in steps of the data's own interval."""
+    from edge_agent.data import check_interval, sampling_step
+
+    if "interval" in given:
+        check_interval(table, cfg.interval_ns)
+        return cfg
+    return cfg.at_interval(interval_text(int(sampling_step(table).value)), keep=given | set(PAPER))
+
+
 def configs(ctx: typer.Context, paper: bool, settings: dict[str, Any]
             ) -> tuple[ModelConfig, FederationConfig, GapPolicy, int]:
     """The model, federation and gap settings the options give, and the training windows' stride;
     ``--paper``: FedQAPer's model where no option on the command line says otherwise."""
-    given = {name for name in settings if ctx.get_parameter_source(name).name != "DEFAULT"}
-    cfg = (ModelConfig.paper if paper else ModelConfig)(
-        **OPTIONS.values(ModelConfig, settings, only=given if paper else None))
+    given = given_options(ctx, settings)
+    cfg = (ModelConfig.paper if paper else ModelConfig)(**OPTIONS.values(ModelConfig, settings, only=given))
     training = OPTIONS.values(AgentTraining, settings)
     stride = AgentTraining(**training).stride
     del training["stride"]  # how densely windows are cut, not how a round trains
@@ -90,9 +109,11 @@ def simulate(
     f_max: Annotated[int, typer.Option(help="max features per client F_max")] = 20,
     paper: Annotated[bool, typer.Option(help="FedQAPer's model (QAP, personal head, MSE, L=96, H=48, d_qap=128) "
                                         "where no option says otherwise")] = False,
-    data: Annotated[Optional[Path], typer.Option(help="your own CSV (date column + numeric columns); default: "
-                                                 "bundled weather sites")] = None,
+    data: Annotated[Optional[Path], typer.Option(help="your own CSV (date column + numeric columns), or a folder "
+                                                 "of CSVs, one gateway each; default: bundled weather sites")] = None,
     date_column: Annotated[Optional[str], typer.Option(help="name of the date column in --data")] = None,
+    site_column: Annotated[Optional[str], typer.Option(help="column of the --data CSV naming each row's site: one "
+                                                       "gateway per site")] = None,
     dropout: Annotated[str, typer.Option(help="participation scenario: fpr (everyone) | rcd | vcpr | np | du")] = "fpr",
     absence: Annotated[float, typer.Option(help="share of missing updates under --dropout")] = 0.5,
     history_days: Annotated[Optional[int], typer.Option(help="keep only the last N days of training history per "
@@ -100,13 +121,16 @@ def simulate(
     baselines: Annotated[bool, typer.Option(help="also every anchor alone, local-only and centralized, on the same "
                                             "windows")] = False,
     json_out: Annotated[Optional[Path], typer.Option("--json", help="write the results here: rounds, and every "
-                                                     "client's MASE/MSE/MAE per method and what it serves")] = None,
+                                                     "client's MASE/MSE/MAE per method, of its federated model "
+                                                     "and of what it serves")] = None,
     save_models: Annotated[Optional[Path], typer.Option(help="folder: one checkpoint per client (best round)")] = None,
     **settings: Any,
 ) -> None:
-    """Run an in-process FedPer federation over feature-level non-IID clients and print each round."""
+    """Run an in-process FedPer federation over feature-level non-IID clients (or one client per
+    site of --data: a folder of CSVs, or --site-column) and print each round."""
     from coordinator.simulation.participation import participation
-    from edge_agent.data import build_pool, feature_clients, load_csv, load_sites, steps_per_day
+    from edge_agent.data import (build_pool, feature_clients, load_csv, load_gateways, load_sites, site_clients,
+                                 steps_per_day)
 
     flags = {**OPTIONS.flags, **flags_of("clients", "f_max", "dropout", "absence", "history_days")}
     with reported(DataError, ValueError, flags=flags):
@@ -114,22 +138,39 @@ def simulate(
         if fed.participation.fraction < 1.0 and dropout != "fpr":
             raise ValueError("--fraction samples the clients of each round; --dropout makes the asked ones miss "
                              "rounds: choose one")
-        matrix = (None if fed.participation.fraction < 1.0 else
-                  participation(dropout, fed.rounds, clients, absence, fed.seed))
         if not data and gaps != GapPolicy():
             raise ValueError("--fill and --max-fill-steps apply to --data (the bundled weather sites have no gaps)")
+        if site_column and not data:
+            raise ValueError("--site-column names a column of the --data CSV")
+        per_site = data is not None and (data.is_dir() or site_column is not None)
+        drawn = [f"--{name.replace('_', '-')}" for name in ("clients", "f_max")
+                 if ctx.get_parameter_source(name).name != "DEFAULT"]
+        if per_site and drawn:
+            raise ValueError(f"{' and '.join(drawn)}: for the feature draw over one pooled CSV; per-site data "
+                             "(a folder of CSVs or --site-column) has one client per site and no draw")
         sites = [] if data else load_sites()
-        pool = load_csv(data, date_column, gaps=gaps) if data else build_pool(sites)
-        history = None if history_days is None else history_days * steps_per_day(pool)
-        fleet = feature_clients(pool, clients, f_max, fed.seed, cfg.lookback, cfg.horizon, stride,
-                                history=history)
-    for note in pool.notes:
+        tables = (load_gateways(data, date_column, site_column, gaps) if per_site else
+                  [load_csv(data, date_column, gaps=gaps) if data else build_pool(sites)])
+        cfg = at_data_interval(cfg, given_options(ctx, settings), tables[0])
+        history = None if history_days is None else history_days * steps_per_day(tables[0])
+        fleet = (site_clients(tables, cfg.lookback, cfg.horizon, stride, history) if per_site else
+                 feature_clients(tables[0], clients, f_max, fed.seed, cfg.lookback, cfg.horizon, stride,
+                                 history=history))
+        matrix = (None if fed.participation.fraction < 1.0 else
+                  participation(dropout, fed.rounds, len(fleet), absence, fed.seed))
+    for note in [*(note for table in tables for note in table.notes), *cfg.step_notes()]:
         say(note)
+    console.print(f"rows every {interval_text(cfg.interval_ns)}: lookback {cfg.lookback} steps "
+                  f"({interval_text(cfg.lookback * cfg.interval_ns)}), horizon {cfg.horizon} "
+                  f"({interval_text(cfg.horizon * cfg.interval_ns)}), season {cfg.season} "
+                  f"({interval_text(cfg.season * cfg.interval_ns)})")
     counts = [c.n_features for c in fleet]
     dropped = sum(c.train.dropped for c in fleet)
+    pool = tables[0]
+    source = (f", one per site of {data.name}" if per_site else f" from a pool of {pool.n_features} features "
+              f"({pool.name if data else f'{len(sites)} pvlib weather sites'})")
     console.print(
-        f"[bold]{len(fleet)} clients[/] from a pool of {pool.n_features} features "
-        f"({pool.name if data else f'{len(sites)} pvlib weather sites'}); "
+        f"[bold]{len(fleet)} clients[/]{source}; "
         f"features per client {min(counts)}..{max(counts)}; {sum(c.n_train for c in fleet)} train windows"
         f"{f' ({dropped} dropped at gaps)' if dropped else ''}; backbone {cfg.backbone} ({cfg.projection})"
     )
@@ -156,7 +197,8 @@ def simulate(
                       + ", ".join(f"{name} {rate:.3f}" for name, rate in short.items())
                       + (f"; silent: {', '.join(silent)}" if silent else ""), soft_wrap=True)
     summary = {
-        "config": {"model": cfg.model_dump(), "federation": fed.model_dump(), "clients": clients, "f_max": f_max,
+        "config": {"model": cfg.model_dump(), "federation": fed.model_dump(), "clients": len(fleet),
+                   "f_max": None if per_site else f_max,
                    "dropout": dropout, "absence": 0.0 if matrix is None else matrix.absence_rate},
         "rounds": [
             {"round": r.round, "train_loss": r.train_loss, "val_score": r.val.score,
@@ -167,7 +209,9 @@ def simulate(
         ],
         "fed": {**metric_values(result.test), "best_round": result.best_round},
         "firing_rates": rates,
-        "clients": {name: {"serves": served.which, "served": metric_values(result.client_test[name])}
+        "federated": metric_values(result.federated),
+        "clients": {name: {"serves": served.which, "served": metric_values(result.client_test[name]),
+                           "federated": metric_values(result.client_federated[name])}
                     for name, served in zip(result.client_test, result.served)},
     }
     if save_models:

@@ -12,8 +12,8 @@ from coordinator.simulation.baselines import TrainingBudget, run_local_only
 from coordinator.simulation.federation import FederationConfig, head_learners, run_federation
 from coordinator.strategies import ClientUpdate, ServerSettings, StrategySettings, make_strategy, weighted_mean
 from edge_agent.data import prepare_client, synthetic_clients
-from edge_agent.learners.head import initial_shared_state
-from edge_agent.train import HeadTraining, evaluate
+from edge_agent.learners.head import client_model, initial_shared_state
+from edge_agent.train import HeadTraining, evaluate, forecast_loss
 from tests.conftest import small_config, train_clients
 
 
@@ -146,3 +146,24 @@ def test_min_steps_gives_a_short_history_more_passes_and_the_companion_validates
     learner.alone.step()  # one round: every epoch validated, patience 1 may stop it inside the round
     assert 1 <= learner.alone.epochs <= training.epochs_over(len(fleet[0].train))
     assert evaluate(learner.alone.best_model(), fleet[0].val).score == pytest.approx(learner.alone.best_val)
+
+
+def test_max_steps_bounds_a_rounds_steps_however_long_the_history(fleet) -> None:
+    """A round trains at most ``max_steps`` optimizer steps per model, drawn from a fresh shuffle
+    of every window, so its cost does not grow with the history; unbounded, it makes a whole epoch."""
+    from edge_agent.train import make_optimizer, seeded_steps
+
+    client = fleet[0]
+    per_epoch = math.ceil(len(client.train) / 16)
+    model = client_model(small_config("dlinear"), client.n_features, 4, 0)
+
+    def count(max_steps: int) -> int:
+        return len(seeded_steps(make_optimizer(model, 1e-3), len(client.train), 1, 16, 0,
+                                lambda batch, epoch, step: forecast_loss(model, *client.train.batch(batch)),
+                                max_steps))
+
+    assert per_epoch > 3 and count(0) == per_epoch and count(3) == 3
+    learner = head_learners([client], small_config("dlinear"),
+                            HeadTraining(batch_size=16, max_steps=3, keep_local=True), seed=4)[0]
+    learner.train(1)
+    assert learner.alone.epochs == 1  # the companion's round: one (partial) epoch, validated

@@ -79,12 +79,12 @@ def test_a_round_on_unchanged_data_reuses_the_last_rounds_anchor_forecasts_and_n
     save_npz(cache, marked)  # the same key: a second round on the same data reads these, fits nothing
     again = prepare(job)
     assert set(again) == set(first)
-    for name in ("anchor.seasonal_naive", "anchor.ets"):
+    for name in ("anchor.val.seasonal_naive", "anchor.val.ets", "anchor.test.ets"):
         np.testing.assert_array_equal(again[name], first[name] + 1.0)
 
     write_gateway_csv(csv, load_site("amsterdam").select(COLUMNS), ROWS + 24)  # a day more: fitted again
     grown = prepare(job)
-    assert grown["anchor.ets"].shape[0] > first["anchor.ets"].shape[0]
+    assert grown["anchor.test.ets"].shape[0] > first["anchor.test.ets"].shape[0]
     cache.write_bytes(b"not an npz")  # a broken cache is made again, with a warning
-    np.testing.assert_array_equal(prepare(job)["anchor.ets"], grown["anchor.ets"])
+    np.testing.assert_array_equal(prepare(job)["anchor.test.ets"], grown["anchor.test.ets"])
     assert "unreadable" in caplog.text

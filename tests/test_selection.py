@@ -88,3 +88,35 @@ def test_the_median_candidate_forecasts_the_median_of_its_members_and_exports_to
     assert [m.name for m in module.members[1:]] == ["seasonal_naive"]  # the lookback holds two days
     report = export_module(module, tmp_path, client)
     assert report.max_abs_error <= 1e-5
+
+
+def test_simulate_re_chooses_each_day_exactly_as_the_agent_chooses_at_that_moment() -> None:
+    """One rule, one cadence: the per-day choices behind ``simulate``'s served test scores equal
+    what a live gateway's learner (``HeadLearner.serving_model``) chooses with its clock at the
+    start of each of those days; with no clock it chooses at its present."""
+    from coordinator.simulation.federation import FederationConfig, run_federation
+    from edge_agent.learners import HeadLearner
+    from edge_agent.selection import present, served_days
+
+    client = prepare_client(hourly(regime_change(200)), 48, 24, stride=6)
+    anchors = ("seasonal_naive", "window_average")
+    fed = FederationConfig(rounds=1, keep_local=False, anchors=anchors, selection_days=7, min_steps=4)
+    cfg = small_config("dlinear", lookback=48, horizon=24)
+    result = run_federation([client], cfg, fed)
+    batches, picks = served_days(client, result.served[0])
+    assert batches[0][0].shape == client.test.targets().shape and len(set(picks)) == 2  # it does re-choose
+    agent = HeadLearner(cfg, client, fed, fed.seed, 0, live=True)
+    agent.model.load_state_dict(result.served[0].candidates["federated"].state_dict())
+    origins = client.test.origins()
+    for day in np.unique((origins - origins[0]) // client.period):
+        at = int(origins[0] + day * client.period)
+        assert agent.serving_model(2, at=at).which == picks[(origins - origins[0]) // client.period == day][0]
+    assert agent.serving_model(2).scores == agent.serving_model(2, at=present(client)).scores
+    served = result.client_test[client.name].mase
+    assert served == pytest.approx(forecast_metrics_of(batches, client), rel=1e-6)
+
+
+def forecast_metrics_of(batches, client) -> float:
+    from edge_agent.train import forecast_metrics
+
+    return forecast_metrics(batches, None, None, client.test.scale).mase

@@ -106,7 +106,7 @@ def test_without_a_zero_shot_foundation_the_best_anchor_serves_and_says_why(tmp_
     result = forecast(agent_config(tmp_path, csv))
     assert result.anchor == (f"30 rows of history; local training needs {NEEDED}; 30 rows leave no season to test "
                              "on: seasonal naive")
-    assert result.model in ("seasonal_naive", "seasonal_naive_week", "window_average", "ets", "theta")
+    assert result.model in ("seasonal_naive", "seasonal_naive_week", "window_average", "ets", "ets_noseason", "theta")
     assert result.values.shape == (HORIZON, 3) and np.isfinite(result.values.numpy()).all()
     with pytest.raises(DataError, match=f"gw.csv: 30 rows of history; local training needs {NEEDED}; an ONNX model"):
         forecast(agent_config(tmp_path, csv), onnx_model=tmp_path / "model.onnx")

@@ -29,12 +29,14 @@ class TrainingBudget:
     lr: float
     seed: int
     min_steps: int = 0
+    max_steps: int = 0
 
     @classmethod
     def matching(cls, fed: FederationConfig) -> TrainingBudget:
         """The one baseline definition: as many epochs as the federation's rounds x local epochs,
         the companion's patience, the same batch size, learning rate, seed and steps per round."""
-        return cls(fed.rounds * fed.local_epochs, fed.local_patience, fed.batch_size, fed.lr, fed.seed, fed.min_steps)
+        return cls(fed.rounds * fed.local_epochs, fed.local_patience, fed.batch_size, fed.lr, fed.seed, fed.min_steps,
+                   fed.max_steps)
 
 
 @dataclass
@@ -57,7 +59,8 @@ def run_local_only(clients: Sequence[ClientData], cfg: ModelConfig, budget: Trai
     """Each client trains its own full model on its own data with early stopping (FedQAPer 4.3.1):
     the ``LocalCompanion`` a federated gateway keeps, stepped ``budget.max_epochs`` times (one epoch
     each, more under ``min_steps``)."""
-    training = HeadTraining(batch_size=budget.batch_size, lr=budget.lr, min_steps=budget.min_steps)
+    training = HeadTraining(batch_size=budget.batch_size, lr=budget.lr, min_steps=budget.min_steps,
+                            max_steps=budget.max_steps)
     best, epochs = [], {}
     for i, (model, client) in enumerate(zip(fleet_models(clients, cfg, budget.seed), clients)):
         alone = LocalCompanion(model, client, training, budget.seed, i, budget.patience)

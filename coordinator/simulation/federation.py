@@ -92,7 +92,9 @@ class FederationResult:
 
     ``shared`` is the global shared state after the last round, ``states`` the global state of
     every round; ``served`` is what each client served as of the best round and ``models`` each
-    client's served model (its federated model where it served an anchor).
+    client's served model (its federated model where it served an anchor). ``federated`` and
+    ``client_federated`` score the federated models alone at that round (fleet and per client), so
+    what serving adds over them can be read from one run.
     """
 
     records: list[RoundRecord]
@@ -103,6 +105,8 @@ class FederationResult:
     states: list[TensorDict]
     models: list[Forecaster]
     served: list[Served] = field(default_factory=list)
+    federated: Metrics | None = None
+    client_federated: dict[str, Metrics] = field(default_factory=dict)
 
 
 def head_learners(clients: Sequence[ClientData], cfg: ModelConfig, training: HeadTraining,
@@ -139,7 +143,7 @@ def run_federation(
     initial = initial_shared_state(cfg, fed.seed)
     engine = RoundEngine(make_strategy(fed, initial, fed.seed), fed, robust=fed.robust)
     sizes = [c.n_train for c in clients]
-    records, states, best = [], [], {"val": float("inf"), "round": 0, "served": None}
+    records, states, best = [], [], {"val": float("inf"), "round": 0, "served": None, "federated": None}
 
     def after_round(done: SimulatedRound) -> None:
         r = done.result
@@ -152,7 +156,8 @@ def run_federation(
                                    done.late, r.twin, local, r.rejected, mean_bytes(done.bytes_per_client), serving))
         states.append(r.global_state)
         if val.score < best["val"] or fed.tested_round == "last":
-            best.update(val=val.score, round=r.round, served=[frozen(choice) for choice in choices])
+            best.update(val=val.score, round=r.round, served=[frozen(choice) for choice in choices],
+                        federated=[copy.deepcopy(lr.federated_model(r.round + 1)) for lr in learners])
         if on_round:
             on_round(records[-1])
 
@@ -160,12 +165,14 @@ def run_federation(
     served = best["served"] or [Served("federated", learner.model) for learner in learners]
     test, client_test = served_metrics(served, clients)
     models = [choice.model or learner.model for choice, learner in zip(served, learners)]
-    return FederationResult(records, best["round"], test, client_test, final, states, models, served)
+    federated = evaluate_fleet(best["federated"] or [learner.model for learner in learners], clients)
+    return FederationResult(records, best["round"], test, client_test, final, states, models, served, *federated)
 
 
 def frozen(choice: Served) -> Served:
-    """A served candidate with its own copy of the model (later rounds go on training the original)."""
-    return replace(choice, model=copy.deepcopy(choice.model), members=copy.deepcopy(choice.members))
+    """A served candidate with its own copy of every model (later rounds go on training the originals)."""
+    model, members, candidates = copy.deepcopy((choice.model, choice.members, choice.candidates))
+    return replace(choice, model=model, members=members, candidates=candidates)
 
 
 def mean_bytes(sizes: Mapping[str, int]) -> float:
@@ -181,10 +188,10 @@ def evaluate_fleet(
 
 
 def served_metrics(served: Sequence[Served], clients: Sequence[ClientData]) -> tuple[Metrics, dict[str, Metrics]]:
-    """Global (dataset-size-weighted) and per-client test metrics of what each client serves; a
-    quantile model's intervals are also reported calibrated on its client's own validation windows
-    (split conformal)."""
-    per_client = {c.name: calibrated_metrics(choice.batches(c, "val"), choice.batches(c, "test"),
-                                             None if choice.model is None else choice.model.levels, c.test.scale)
+    """Global (dataset-size-weighted) and per-client test metrics of what each client serves,
+    re-chosen once a day through the test windows (``Served.batches``); a quantile model's intervals
+    are also reported calibrated on its client's own validation windows (split conformal)."""
+    per_client = {c.name: calibrated_metrics(choice.batches(c, "val"), choice.batches(c, "test"), choice.levels,
+                                             c.test.scale)
                   for choice, c in zip(served, clients)}
     return weighted_metrics(list(per_client.values()), [c.n_train for c in clients]), per_client

@@ -12,13 +12,14 @@ from typing import TYPE_CHECKING, Any
 
 _HOMES = {
     "arrays": ("ClientArrays", "StandardScaler", "client_arrays", "min_training_rows", "split_bounds", "time_features"),
-    "csv": ("load_csv",),
+    "csv": ("load_csv", "load_csv_sites"),
     "errors": ("DataError",),
-    "fleet": ("feature_clients",),
+    "fleet": ("feature_clients", "site_clients"),
+    "gateways": ("load_gateways",),
     "gaps": ("Cell", "GapPolicy", "GapReport", "fill_gaps"),
     "pool": ("allocate_features", "build_pool", "client_tables", "feature_sites", "site_coordinates"),
     "synthetic": ("synthetic_clients", "synthetic_table"),
-    "table": ("SeriesTable", "steps_per_day"),
+    "table": ("SeriesTable", "check_interval", "sampling_step", "steps_per_day"),
     "variables": ("WEATHER_VARIABLES",),
     "weather": ("SITES", "SiteSpec", "list_sites", "load_site", "load_sites"),
     "windows": ("TIME_FEATURES", "ClientData", "WindowSet", "client_data", "prepare_client"),
@@ -35,13 +36,14 @@ if TYPE_CHECKING:
         split_bounds,
         time_features,
     )
-    from edge_agent.data.csv import load_csv
+    from edge_agent.data.csv import load_csv, load_csv_sites
     from edge_agent.data.errors import DataError
-    from edge_agent.data.fleet import feature_clients
+    from edge_agent.data.fleet import feature_clients, site_clients
+    from edge_agent.data.gateways import load_gateways
     from edge_agent.data.gaps import Cell, GapPolicy, GapReport, fill_gaps
     from edge_agent.data.pool import allocate_features, build_pool, client_tables, feature_sites, site_coordinates
     from edge_agent.data.synthetic import synthetic_clients, synthetic_table
-    from edge_agent.data.table import SeriesTable, steps_per_day
+    from edge_agent.data.table import SeriesTable, check_interval, sampling_step, steps_per_day
     from edge_agent.data.variables import WEATHER_VARIABLES
     from edge_agent.data.weather import SITES, SiteSpec, list_sites, load_site, load_sites
     from edge_agent.data.windows import TIME_FEATURES, ClientData, WindowSet, client_data, prepare_client

@@ -15,6 +15,7 @@ import pandas as pd
 
 from edge_agent.data.gaps import GapPolicy, duration
 from edge_agent.data.table import DataError, SeriesTable
+from edge_agent.times import interval_text
 
 _MAX_LISTED = 5
 _LINES = "(header is line 1)"
@@ -26,16 +27,63 @@ def load_csv(
     date_column: str | None = None,
     columns: Sequence[str] | None = None,
     gaps: GapPolicy = GapPolicy(),
+    table_name: str | None = None,
 ) -> SeriesTable:
     """Read a date-indexed numeric CSV into a float32 SeriesTable on its regular step, validating every field.
 
     With `columns=None` all numeric columns are kept and purely textual ones are ignored (listed in
     the table's `ignored`). Gaps are
-    handled as `gaps` says; the table's `gaps` attribute reports what was found and filled.
+    handled as `gaps` says; the table's `gaps` attribute reports what was found and filled. The
+    table is named `table_name` (default: the file's name); messages always name the file.
     """
     path = Path(path)
     frame, lines = _read_frame(path)
-    name = path.name
+    return _frame_table(path.name, table_name or path.name, frame, lines, date_column, columns, gaps)
+
+
+def load_csv_sites(
+    path: str | Path, site_column: str, date_column: str | None = None, gaps: GapPolicy = GapPolicy()
+) -> dict[str, SeriesTable]:
+    """One table per site of a long CSV whose `site_column` says which site each row belongs to,
+    each named by its site and validated as `load_csv` validates a file (its own dates, step and
+    gaps; every numeric column but the site's). Keyed by how messages name the site's rows: the
+    file and the site, with file line numbers, so a bad row is found in the file as it is."""
+    path = Path(path)
+    frame, lines = _read_frame(path)
+    if site_column not in frame.columns:
+        raise DataError(f"{path.name}: site column '{site_column}' not found; columns: {_short(frame.columns)}")
+    sites = _site_names(path.name, frame[site_column], lines)
+    rest = frame.drop(columns=site_column)
+    tables = {}
+    for site in pd.unique(sites):
+        rows = (sites == site).to_numpy()
+        label = f"{path.name} (site {site!r})"
+        tables[label] = _frame_table(label, site, rest.loc[rows].reset_index(drop=True), lines[rows], date_column,
+                                     None, gaps)
+    return tables
+
+
+def _site_names(name: str, raw: pd.Series, lines: np.ndarray) -> pd.Series:
+    """Each row's site as text, refusing rows without one."""
+    sites = raw.astype("string").str.strip()
+    bad = np.flatnonzero((sites.isna() | (sites == "")).to_numpy())
+    if bad.size:
+        shown = ", ".join(str(lines[i]) for i in bad[:_MAX_LISTED])
+        raise DataError(f"{name}: site column '{raw.name}' is empty at {bad.size} rows: lines {shown} {_LINES}")
+    return sites
+
+
+def _frame_table(
+    name: str,
+    table_name: str,
+    frame: pd.DataFrame,
+    lines: np.ndarray,
+    date_column: str | None,
+    columns: Sequence[str] | None,
+    gaps: GapPolicy,
+) -> SeriesTable:
+    """`load_csv`'s validation of parsed rows (`lines`: their file lines), messages naming `name`,
+    into a table named `table_name`."""
     date_name = _pick_date_column(name, frame, date_column)
     index = _parse_dates(name, frame[date_name], lines)
     wanted = _pick_value_columns(name, frame, date_name, columns)
@@ -48,7 +96,7 @@ def load_csv(
         _refuse_missing_steps(name, index, rows, step, lines)
     index, values = _on_grid(index, rows, step, values)
     ignored = [str(c) for c in frame.columns if c != date_name and c not in wanted] if columns is None else []
-    return SeriesTable.on_grid(name, index, values, wanted, step, gaps, ignored)
+    return SeriesTable.on_grid(table_name, index, values, wanted, step, gaps, ignored)
 
 
 def _read_frame(path: Path) -> tuple[pd.DataFrame, np.ndarray]:
@@ -184,9 +232,11 @@ def _infer_step(name: str, index: pd.DatetimeIndex) -> pd.Timedelta:
     order = np.argsort(-counts, kind="stable")
     if 2 * counts[order[0]] < counts.sum():
         seen = ", ".join(f"{duration(intervals[i])} ({counts[i]} times)" for i in order[:_MAX_LISTED])
+        common = interval_text(int(np.timedelta64(intervals[order[0]], "ns").astype(np.int64)))
         raise DataError(
             f"{name}: no regular sampling step: the most common interval between rows covers only "
-            f"{counts[order[0]]} of {counts.sum()}; intervals seen: {seen}"
+            f"{counts[order[0]]} of {counts.sum()}; intervals seen: {seen}; put the rows on one interval "
+            f"first (e.g. pandas: frame.resample('{common}').mean())"
         )
     return pd.Timedelta(intervals[order[0]])
 

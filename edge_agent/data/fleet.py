@@ -33,3 +33,11 @@ def feature_clients(
         prepare_client(table, lookback, horizon, stride, val_stride=val_stride, history=history)
         for table in client_tables(pool, allocation)
     ]
+
+
+def site_clients(
+    tables: list[SeriesTable], lookback: int, horizon: int, stride: int = 1, history: int | None = None
+) -> list[ClientData]:
+    """One client per site's table (``edge_agent.data.gateways``), windowed, split and scaled as
+    ``feature_clients`` does its clients: the fleet real multi-site data makes, with no feature draw."""
+    return [prepare_client(table, lookback, horizon, stride, history=history) for table in tables]

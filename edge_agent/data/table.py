@@ -10,8 +10,9 @@ import pandas as pd
 
 from edge_agent.data.errors import DataError
 from edge_agent.data.gaps import Cell, GapPolicy, GapReport, fill_gaps
+from edge_agent.times import interval_text
 
-__all__ = ["DataError", "SeriesTable", "sampling_step", "steps_per_day"]
+__all__ = ["DataError", "SeriesTable", "check_interval", "sampling_step", "steps_per_day"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -122,3 +123,14 @@ def sampling_step(table: SeriesTable) -> pd.Timedelta:
 def steps_per_day(table: SeriesTable) -> int:
     """Rows per day at the table's most common sampling step (24 for hourly data)."""
     return max(1, round(pd.Timedelta(days=1) / sampling_step(table)))
+
+
+def check_interval(table: SeriesTable, interval_ns: int) -> None:
+    """Refuse (DataError, one line) a table whose rows come at another interval than the model's
+    ``[model] interval``: its steps would mean other spans (a 24-step season on half-hourly data
+    is 12 hours), so the setting to change is named with the value that fits."""
+    step = int(sampling_step(table).value)
+    if step != interval_ns:
+        raise DataError(f"{table.name}: rows come every {interval_text(step)} but the model's interval is "
+                        f"{interval_text(interval_ns)}: set [model] interval = \"{interval_text(step)}\" "
+                        "(or --interval; the fleet's coordinator and every gateway use one)")

@@ -40,13 +40,17 @@ class FleetTemplate:
 
 
 def _head_learner(cfg: AgentConfig, table: SeriesTable) -> Learner:
+    from edge_agent.data.table import check_interval  # pandas: loaded already with the table
+
+    check_interval(table, cfg.model.interval_ns)
     return head_learner(cfg, prepare_client(table, cfg.model.lookback, cfg.model.horizon, cfg.training.stride))
 
 
 def head_learner(cfg: AgentConfig, data: ClientData) -> HeadLearner:
     """A head-mode learner on data prepared already (the training process gets it from
-    ``edge_agent.round_data``, prepared with ``cfg.model``'s lookback and horizon and ``cfg.training.stride``)."""
-    return HeadLearner(cfg.model, data, cfg.training, cfg.seed, cfg.client_index)
+    ``edge_agent.round_data``, prepared with ``cfg.model``'s lookback and horizon and ``cfg.training.stride``);
+    live: it chooses what to serve on every outcome its data holds."""
+    return HeadLearner(cfg.model, data, cfg.training, cfg.seed, cfg.client_index, live=True)
 
 
 def _prompt_learner(cfg: AgentConfig, table: SeriesTable) -> Learner:

@@ -37,14 +37,16 @@ class LocalCompanion:
         return self.waited >= self.patience
 
     def step(self) -> None:
-        """One round's training: one epoch, or as many as ``min_steps`` asks for, each validated so
-        early stopping keeps the best epoch however many a round holds."""
+        """One round's training: one epoch (at most ``max_steps`` steps of it), or as many as
+        ``min_steps`` asks for, each validated so early stopping keeps the best epoch however many a
+        round holds."""
         for _ in range(self.training.epochs_over(len(self.data.train), 1)):
             if self.stopped:
                 return
             self.epochs += 1
             train_epochs(self.model, self.data.train, 1, self.training.batch_size, self.optimizer,
-                         seed_for(self.seed, Stream.LOCAL_ONLY_EPOCH, self.client_index, self.epochs))
+                         seed_for(self.seed, Stream.LOCAL_ONLY_EPOCH, self.client_index, self.epochs),
+                         max_steps=self.training.max_steps)
             val = evaluate(self.model, self.data.val).score
             if val < self.best_val:
                 self.best_val, self.best, self.waited = val, copy.deepcopy(self.model.state_dict()), 0

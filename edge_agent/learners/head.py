@@ -18,7 +18,7 @@ from edge_agent.learners.private import ANCHOR, UPLOADED, PrivateModel
 from edge_agent.models import Forecaster, ModelConfig, build_forecaster
 from edge_agent.protocol import signature
 from edge_agent.seeds import Stream, seed_for
-from edge_agent.selection import Served, select
+from edge_agent.selection import Served, present, select
 from edge_agent.tensors import TensorDict, check_layout, layout_of
 from edge_agent.train import HeadTraining, make_optimizer, train_epochs
 
@@ -49,8 +49,12 @@ class HeadLearner(Learner):
 
     kind: ClassVar[str] = "head"
 
-    def __init__(self, cfg: ModelConfig, data: ClientData, training: HeadTraining, seed: int, client_index: int):
+    def __init__(self, cfg: ModelConfig, data: ClientData, training: HeadTraining, seed: int, client_index: int,
+                 live: bool = False):
+        """``live``: a gateway's own learner, which chooses what to serve at its present (every
+        outcome in its data known); otherwise a simulated one, which chooses before its test windows."""
         self.data, self.training, self.seed, self.client_index = data, training, seed, client_index
+        self.live = live
         self.model = client_model(cfg, data.n_features, seed, client_index)
         self.n_features, self.n_samples = data.n_features, data.n_train
         self.signature = head_signature(cfg, self.model.shared_state())
@@ -77,7 +81,7 @@ class HeadLearner(Learner):
         trained = self.model.shared if t.alternate else self.model
         loss = train_epochs(self.model, self.data.train, t.epochs_over(len(self.data.train)), t.batch_size, make_optimizer(trained, t.lr),
                             seed_for(self.seed, Stream.LOCAL_TRAINING, round_index, self.client_index),
-                            self._proximal() if t.prox_mu > 0 else None)
+                            self._proximal() if t.prox_mu > 0 else None, t.max_steps)
         if self.alone is not None:
             self.alone.step()
         if self.private is not None:
@@ -85,23 +89,31 @@ class HeadLearner(Learner):
         return loss
 
     def serving_model(self, round_index: int, anchors: Sequence[str] | None = None,
-                      median: bool | None = None) -> Served:
+                      median: bool | None = None, at: int | None = None) -> Served:
         """What this gateway serves once ``round_index`` is announced: the federated model (its
         personal part fitted to the installed global state, as the round's training starts), or,
         where it scores better on the latest ``selection_days`` of validation windows, its
         local-only model (``keep_local``, once it has trained), one of the anchors
         (``training.anchors``, or ``anchors`` where given) or the median of them all
-        (``training.median``, or ``median`` where given; ``edge_agent.selection``)."""
-        model = self.model
-        if self.training.personal_epochs:
-            model = copy.deepcopy(self.model)
-            self._fit_personal(model, round_index)
-        models = {"federated": model}
+        (``training.median``, or ``median`` where given), chosen at row ``at`` of its data (None: its
+        present when ``live``, else before its test windows; ``edge_agent.selection``)."""
+        models = {"federated": self.federated_model(round_index)}
         if self.alone is not None and math.isfinite(self.alone.best_val):
             models["local"] = self.alone.best_model()
         t = self.training
+        clock = present(self.data) if at is None and self.live else at
         return select(self.data, models, t.anchors if anchors is None else anchors,
-                      t.median if median is None else median, t.selection_days)
+                      t.median if median is None else median, t.selection_days, clock)
+
+    def federated_model(self, round_index: int) -> Forecaster:
+        """The federated model once ``round_index`` is announced: with ``personal_epochs``, a copy
+        whose personal part is fitted to the installed global state (fitted once a round), else the
+        model itself. What the gateway serves unless a better candidate wins (``serving_model``)."""
+        if not self.training.personal_epochs:
+            return self.model
+        model = copy.deepcopy(self.model)
+        self._fit_personal(model, round_index)
+        return model
 
     def serving_metrics(self, round_index: int) -> dict[str, float]:
         """With ``keep_local`` or ``anchors``: every candidate's validation score (``val.<name>``;

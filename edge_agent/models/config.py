@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -9,7 +10,21 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validat
 from edge_agent.metrics import median_index
 from edge_agent.models.backbones import BACKBONES
 from edge_agent.recipe import MODEL as RECIPE
+from edge_agent.recipe import SPANS
 from edge_agent.registry import registered
+from edge_agent.times import duration_text, interval_text, parse_duration
+
+DAY_NS = 86_400 * 10**9
+
+
+def steps_of(span: str, interval: str) -> int:
+    """``span`` (a duration such as '7d') in steps of ``interval`` ('1h': 168); ValueError where
+    the span is not a whole number of steps."""
+    steps, rest = divmod(parse_duration(span), parse_duration(interval))
+    if rest:
+        raise ValueError(f"{span} is not a whole number of {interval} steps")
+    return steps
+
 
 
 def check_quantiles(levels: tuple[float, ...]) -> tuple[float, ...]:
@@ -45,8 +60,13 @@ class ModelConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     backbone: str = Field(RECIPE["backbone"], description=f"the shared network: {' | '.join(BACKBONES)}")
-    lookback: int = Field(RECIPE["lookback"], ge=2, description="input window length L (a week of hourly steps)")
-    horizon: int = Field(RECIPE["horizon"], ge=1, description="forecast length H (a day of hourly steps)")
+    interval: str = Field(RECIPE["interval"], description="the data's sampling interval ('10min', '30min', '1h', '1d'): "
+                          "lookback, horizon and season left unset are a week, a day and a day of it; every gateway "
+                          "of a fleet and its coordinator use one")
+    lookback: int = Field(steps_of(SPANS["lookback"], RECIPE["interval"]), ge=2,
+                          description="input window length L in steps (default: a week of the interval)")
+    horizon: int = Field(steps_of(SPANS["horizon"], RECIPE["interval"]), ge=1,
+                         description="forecast length H in steps (default: a day of the interval)")
     d_qap: int = Field(RECIPE["d_qap"], ge=1, description="QAP latent width (paper A.2: 128); per feature when channel-independent")
     qap_heads: int = Field(RECIPE["qap_heads"], ge=1, description="QAP attention heads (d_qap divisible by it)")
     qap_queries: int = Field(1, ge=1, description="learnable queries Q (paper: 1)")
@@ -76,7 +96,8 @@ class ModelConfig(BaseModel):
         RECIPE["seasonal_base"], description="forecast a correction to a learned average of the lookback's last seasons, starting "
         "at the seasonal window average (edge_agent.models.seasonal)"
     )
-    season: int = Field(RECIPE["season"], ge=1, description="steps per season for seasonal_base (24: a day of hourly data)")
+    season: int = Field(steps_of(SPANS["season"], RECIPE["interval"]), ge=1,
+                        description="steps per season for seasonal_base (default: a day of the interval)")
     loss: Literal["mse", "mae"] = Field(
         RECIPE["loss"], description="point forecasts trained for the mean (mse) or the median (mae, what MASE rewards)"
     )
@@ -93,6 +114,42 @@ class ModelConfig(BaseModel):
     @classmethod
     def _known_backbone(cls, name: str) -> str:
         return registered(name, BACKBONES, "backbone")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _spans_in_steps(cls, data: object) -> object:
+        """Lookback, horizon and season left unset: the recipe's spans (``SPANS``) in steps of ``interval``."""
+        if not isinstance(data, dict) or "interval" not in data:
+            return data
+        interval = data["interval"]
+        try:
+            parse_duration(interval)
+        except (TypeError, ValueError) as err:
+            raise ValueError(f"interval: {err}") from None
+        return {**{name: steps_of(span, interval) for name, span in SPANS.items() if name not in data
+                   and parse_duration(span) % parse_duration(interval) == 0}, **data}
+
+    def at_interval(self, interval: str, keep: Collection[str] = ()) -> ModelConfig:
+        """This config for data sampled every ``interval``: lookback, horizon and season that were
+        not set, or are not named in ``keep``, become the recipe's spans in steps of it."""
+        fields = {name: getattr(self, name) for name in self.model_fields_set if name not in SPANS or name in keep}
+        return ModelConfig(**{**fields, "interval": interval})
+
+    @property
+    def interval_ns(self) -> int:
+        """The sampling interval in nanoseconds."""
+        return parse_duration(self.interval)
+
+    def step_notes(self) -> list[str]:
+        """Where the steps set do not fit the interval: a season that is not a day or a week of it,
+        a horizon or lookback shorter than a day, one line each naming the setting to change."""
+        day = DAY_NS // self.interval_ns if DAY_NS % self.interval_ns == 0 else None
+        notes = []
+        if self.seasonal_base and day and self.season not in (day, 7 * day):
+            notes.append(f"season = {self.season} steps is {duration_text(self.season * self.interval_ns)} at a "
+                         f"{interval_text(self.interval_ns)} interval, not a day ({day} steps) or a week: "
+                         f"set [model] season (--season) or leave it unset")
+        return notes
 
     @model_validator(mode="after")
     def _check(self) -> "ModelConfig":
