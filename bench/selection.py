@@ -13,6 +13,8 @@ windows). Rules (each re-chooses once a day on outcomes already known):
 - ``anchor_first_M``: as ``latest_14``, but a learned candidate replaces the best anchor only when
   it is better by more than M: the burden of proof on the model.
 - ``decay_H``: exponentially weighted mean MASE with a half-life of H days.
+- ``proven_Z``: the best anchor unless the best learned candidate beats it over the latest 14 days
+  by a one-sided Diebold-Mariano-style test on daily error differences (statistic above Z).
 
 Which rule wins is decided on the first half of each gateway's test days and reported on the
 second half too, so a rule is not picked by the windows it is judged on. Usage:
@@ -81,11 +83,32 @@ def decay(half_life_days: float) -> Rule:
     return rule
 
 
+def proven(z: float) -> Rule:
+    """The best anchor over the latest 14 days, unless the best learned candidate beats it there by
+    a one-sided Diebold-Mariano-style test (Diebold & Mariano 1995): the mean of the daily mean
+    error differences over its standard error exceeds ``z``. Days, not windows, are the samples:
+    windows of one day overlap in their outcomes."""
+    def rule(errors, origins, horizon, at, period, previous):
+        span = 14 * period
+        scores = {name: recent_score(e, origins, horizon, at, span) for name, e in errors.items()}
+        anchors = {n: v for n, v in scores.items() if n not in LEARNED}
+        learned = {n: v for n, v in scores.items() if n in LEARNED}
+        best_anchor, best_learned = choose(anchors), choose(learned)
+        known = (origins + horizon <= at) & (origins >= at - span)
+        days = (origins[known] - origins[known].min()) // period if known.any() else np.zeros(0, int)
+        gaps = errors[best_anchor][known] - errors[best_learned][known]
+        daily = np.array([gaps[days == d].mean() for d in np.unique(days)])
+        if len(daily) < 3 or not np.isfinite(daily).all() or daily.std(ddof=1) == 0:
+            return best_anchor
+        return best_learned if daily.mean() / (daily.std(ddof=1) / math.sqrt(len(daily))) > z else best_anchor
+    return rule
+
+
 RULES: dict[str, Rule] = {
     "latest_7": latest(7), "latest_14": latest(14), "latest_28": latest(28), "latest_0": latest(0),
     "sticky_2": sticky(0.02), "sticky_5": sticky(0.05),
     "anchor_first_2": anchor_first(0.02), "anchor_first_5": anchor_first(0.05),
-    "decay_7": decay(7), "decay_14": decay(14),
+    "decay_7": decay(7), "decay_14": decay(14), "proven_1.0": proven(1.0), "proven_1.645": proven(1.645),
 }
 
 

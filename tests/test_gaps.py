@@ -79,7 +79,8 @@ def test_no_dominant_step_is_refused(tmp_path: Path) -> None:
         load_csv(_write(tmp_path, _hourly(stamps, np.arange(7.0)), "irregular.csv"), gaps=SKIP)
     assert str(caught.value) == (
         "irregular.csv: no regular sampling step: the most common interval between rows covers only 2 of 6; "
-        "intervals seen: 1:00:00 (2 times), 2:00:00 (2 times), 3:00:00 (2 times)"
+        "intervals seen: 1:00:00 (2 times), 2:00:00 (2 times), 3:00:00 (2 times); put the rows on one interval "
+        "first (e.g. pandas: frame.resample('1h').mean())"
     )
 
 
