@@ -90,10 +90,11 @@ from edge_agent.data import SeriesTable
 from edge_agent.data.gaps import GapPolicy
 
 MAX_MISSING = 0.05
-SEALED_FROZEN_AT: str | None = None
-"""The commit that froze this list and the recipe the sealed run reports (``bench/value.py
---sealed`` writes it into value_sealed.json); None until the recipe is frozen: the list itself was
-committed in 7114ba3, before any forecast on it, and no sealed number has been computed since."""
+SEALED_FROZEN_AT = "6044c7c73e9be339ce69ecb19347b45301316ad1"
+"""The commit that froze the recipe the sealed run reports (``bench/value.py --sealed`` writes it
+into value_sealed.json): the one the development run in value.json was made at. The list itself
+was committed in 7114ba3, before any forecast on it; no sealed number had been computed when
+this was set. A recipe change after the sealed numbers are seen is declared in the results file."""
 FILL = GapPolicy(fill="interpolate", max_fill_steps=3)
 
 WHEELS: dict[str, tuple[str, str]] = {
