@@ -92,9 +92,9 @@ class FederationResult:
 
     ``shared`` is the global shared state after the last round, ``states`` the global state of
     every round; ``served`` is what each client served as of the best round and ``models`` each
-    client's served model (its federated model where it served an anchor). ``federated`` and
-    ``client_federated`` score the federated models alone at that round (fleet and per client), so
-    what serving adds over them can be read from one run.
+    client's served model (its federated model of that round where it served an anchor).
+    ``federated`` and ``client_federated`` score the federated models alone at that round (fleet
+    and per client), so what serving adds over them can be read from one run.
     """
 
     records: list[RoundRecord]
@@ -164,8 +164,9 @@ def run_federation(
     final = run_rounds(learners, roster, engine, initial, participation, after_round, tamper)
     served = best["served"] or [Served("federated", learner.model) for learner in learners]
     test, client_test = served_metrics(served, clients)
-    models = [choice.model or learner.model for choice, learner in zip(served, learners)]
-    federated = evaluate_fleet(best["federated"] or [learner.model for learner in learners], clients)
+    own = best["federated"] or [learner.model for learner in learners]  # the reported round's federated models
+    models = [choice.model or model for choice, model in zip(served, own)]
+    federated = evaluate_fleet(own, clients)
     return FederationResult(records, best["round"], test, client_test, final, states, models, served, *federated)
 
 
