@@ -23,7 +23,7 @@ from collections.abc import Callable
 
 from edge_agent.config import AgentConfig, signed_settings
 from edge_agent.data import DataError, SeriesTable
-from edge_agent.learners import HeadLearner, Learner, make_learner
+from edge_agent.learners import HeadLearner, Learner, fleet_template, make_learner
 from edge_agent.live import LiveHistory
 from edge_agent.mqtt import Connection, Incoming
 from edge_agent.protocol import (
@@ -218,7 +218,8 @@ class Agent:
 
     def _on_round(self, header: RoundHeader, global_state: TensorDict) -> None:
         if self.learner is None:
-            log.info("round %d: no model yet (waiting for sensor history)", header.round)
+            log.info("round %d: no model yet (waiting for sensor history)%s", header.round,
+                     self._keep_fleet_model(header, global_state))
             return
         if not self._in_campaign(header):
             return
@@ -280,6 +281,29 @@ class Agent:
         """The L2 norm of the learner's part of the global state (the reference of
         ``max_global_growth`` until a global model is accepted)."""
         return l2_norm(self.learner.global_part(self.learner.wire_state(self.trained_round)))
+
+    def _keep_fleet_model(self, header: RoundHeader, state: TensorDict) -> str:
+        """A head-mode gateway that cannot train yet keeps the fleet's global state, so what it
+        serves meanwhile may be the fleet's model (``edge_agent.newcomer``); said in the log line.
+        Checked as an installed one is (signature, layout, finite values, norm against the initial
+        model's); the campaign is joined later, with the learner."""
+        if self.cfg.mode != HeadLearner.kind:
+            return ""
+        template = fleet_template(self.cfg, self.cfg.seed)
+        problem = (f"another model (signature {header.model_signature}, ours {template.signature})"
+                   if header.model_signature != template.signature else None)
+        try:
+            check_tensors(state, layout_of(template.initial))
+        except ProtocolError as err:
+            problem = problem or str(err)
+        limit = self.cfg.max_global_growth * max(l2_norm(template.initial), 1.0)
+        if problem is None and not l2_norm(state) <= limit:
+            problem = f"its norm {l2_norm(state):.3g} exceeds {self.cfg.max_global_growth:g} x the initial model's"
+        if problem is not None:
+            log.error("round %d: refusing the global model (%s)", header.round, problem)
+            return ""
+        self.files.save_global(state)
+        return "; kept the fleet's model to forecast with meanwhile"
 
     def _global_problem(self, header: RoundHeader, state: TensorDict) -> str | None:
         """Why a round's global model must not be installed, or None when it may."""

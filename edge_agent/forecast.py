@@ -15,14 +15,17 @@ from torch import nn
 from edge_agent.anchors import make_anchor, short_history_forecast
 from edge_agent.config import AgentConfig
 from edge_agent.conformal import apply_offsets
-from edge_agent.data import ClientData, DataError, SeriesTable, WindowSet, prepare_client, steps_per_day, time_features
+from edge_agent.data import (ClientData, DataError, SeriesTable, WindowSet, prepare_client, sampling_step, steps_per_day,
+                             time_features)
 from edge_agent.learners import HeadLearner, make_learner, training_rows_needed
+from edge_agent.learners.head import client_model
 from edge_agent.live import gateway_table
 from edge_agent.models import Forecaster
 from edge_agent.models.foundation import load_foundation
 from edge_agent.onnx_model import OnnxForecaster
 from edge_agent.recipe import ANCHORS as RECIPE_ANCHORS
 from edge_agent.models.combination import median_forecast
+from edge_agent.newcomer import FLEET, Newcomer, newcomer_forecast
 from edge_agent.selection import MEDIAN, Served
 from edge_agent.state import AgentState
 from edge_agent.train import conformal_offsets
@@ -65,6 +68,7 @@ class Forecast:
     levels: tuple[float, ...] = ()
     quantiles: torch.Tensor | None = None  # (H, F, Q), ordered like ``levels``
     interval: str = ""  # what the interval is, or why there is none
+    note: str = ""  # why a model serves, where there is more to say than its name
 
     @property
     def served_by(self) -> str:
@@ -72,7 +76,9 @@ class Forecast:
         "zero-shot foundation (...)"."""
         if self.zero_shot:
             return self.model
-        return f"the {self.model} anchor ({self.anchor})" if self.anchor else f"the {self.model} model"
+        if self.anchor:
+            return f"the {self.model} anchor ({self.anchor})"
+        return f"the {self.model} model ({self.note})" if self.note else f"the {self.model} model"
 
     def csv_lines(self) -> list[str]:
         """CSV: ``time``, then per feature its point forecast and every other level (``<feature>_q0.1``)."""
@@ -177,11 +183,38 @@ def _scores(served: Served) -> str:
 
 
 def _short_history(cfg: AgentConfig, table: SeriesTable, why: str) -> Forecast:
-    """Too little history to train: the best anchor the gateway can fit, saying so."""
-    name, values, how = short_history_forecast(table.values, steps_per_day(table), cfg.model.horizon,
-                                               cfg.training.anchors or RECIPE_ANCHORS)
-    return Forecast(next_stamps(table, cfg.model.horizon), list(table.columns), torch.as_tensor(values), name,
-                    anchor=f"{why}; {how}", interval=_points_only(cfg, "an anchor"))
+    """Too little history to train: once a day is held and the fleet's model has arrived, the
+    fleet's model or an anchor by the product's rule (``edge_agent.newcomer``); before, the best
+    anchor the gateway can fit. Either says so."""
+    anchors, period, horizon = tuple(cfg.training.anchors or RECIPE_ANCHORS), steps_per_day(table), cfg.model.horizon
+    fleet = fleet_model(cfg, table)
+    if fleet is None or table.n_rows < period:
+        name, values, how = short_history_forecast(table.values, period, horizon, anchors)
+        return Forecast(next_stamps(table, horizon), list(table.columns), torch.as_tensor(values), name,
+                        anchor=f"{why}; {how}", interval=_points_only(cfg, "an anchor"))
+    newcomer = Newcomer(table.values, table.index[0], sampling_step(table), period, cfg.model.lookback, horizon)
+    which, values, scores = newcomer_forecast(newcomer, fleet, anchors, cfg.training.selection_days)
+    known = ", ".join(f"{name} {score:.4f}" for name, score in scores.items() if np.isfinite(score))
+    how = (f"{why}; the fleet's model or an anchor, on its own days (MASE: {known})" if known else
+           f"{why}; the fleet's model while no outcome of its own is known")
+    stamps, columns = next_stamps(table, horizon), list(table.columns)
+    if which == FLEET:
+        return Forecast(stamps, columns, torch.as_tensor(values), FLEET, note=how, interval=_points_only(cfg, "the fleet's model on a short history"))
+    return Forecast(stamps, columns, torch.as_tensor(values), which, anchor=how, interval=_points_only(cfg, "an anchor"))
+
+
+def fleet_model(cfg: AgentConfig, table: SeriesTable) -> Forecaster | None:
+    """The fleet's model as the agent last received it, in a model of the gateway's features: a
+    head-mode fleet whose head is shared too (a personal head is the gateway's own to train); None
+    where none was received."""
+    if cfg.mode != HeadLearner.kind or cfg.model.head != "shared":
+        return None
+    state = AgentState(cfg.state_dir).fleet_state()
+    if state is None:
+        return None
+    model = client_model(cfg.model, table.n_features, cfg.seed, cfg.client_index)
+    model.load_shared_state(state)
+    return model.eval()
 
 
 def _points_only(cfg: AgentConfig, what: str) -> str:

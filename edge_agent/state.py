@@ -59,6 +59,10 @@ class AgentState:
     def save_global(self, state: TensorDict) -> None:
         write_tensors_atomically(self._global, state)
 
+    def fleet_state(self) -> TensorDict | None:
+        """The last global state accepted, None before the first."""
+        return load_file(str(self._global)) if self._global.is_file() else None
+
     def restore(self, learner: Learner) -> Learner:
         """The learner with its saved personal state and the last global state installed."""
         if self._personal.is_file():

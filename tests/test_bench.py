@@ -162,3 +162,33 @@ def test_soak_checks_hold_the_runs_to_issue_27s_done_means() -> None:
     assert soak.quantile([1.0, 2.0, 3.0, 4.0], 0.5) == 2.5 and soak.quantile([], 0.99) is None
     assert soak.refused_by_code([{"code": "rate_limited", "reason": "120 hello messages over the rate limit"},
                                  {"code": "duplicate", "reason": "seen"}]) == {"duplicate": 1, "rate_limited": 120}
+
+
+def test_time_to_value_serves_the_fleet_model_on_day_one_from_only_the_rows_a_newcomer_held() -> None:
+    """A site joining a fleet (bench/time_to_value.py): on day 1, before any outcome is known,
+    joined serves the fleet's model and alone an anchor; no forecast of day k uses a row the site
+    did not hold by then (changing every row from day 3 on leaves days 1 and 2 as they were)."""
+    ttv, joining, value = (importlib.import_module(name) for name in ("time_to_value", "joining", "value"))
+    from datasets import dataset_tables
+
+    cfg = {**ttv.QUICK, "datasets": ["homes"], "seeds": [1], "days": 4, "rounds": 1,
+           "anchors": ["seasonal_naive", "window_average", "ets"]}
+    threads = torch.get_num_threads()
+    try:
+        state = ttv.fleet_job("homes", 1, cfg, 1)["state"]
+        result = ttv.newcomer_job("homes", 1, {1: state}, cfg, 1)
+    finally:
+        torch.set_num_threads(threads)
+    run = result["runs"][0]
+    assert run["joined"][0]["pick"] == "federated" and run["alone"][0]["pick"] == "seasonal_naive"
+    assert len(run["joined"]) == len(run["alone"]) == 4
+    assert all(np.isfinite(day["mase"]) for side in ("joined", "alone") for day in run[side])
+    timeline = joining.Timeline(dataset_tables("homes")[1], ttv.fleet("homes")[1], value.model_config("dlinear", "homes"), 4)
+    model = timeline.fleet_model(state, 1)
+    before = {"ets": timeline.anchor_forecasts("ets"), "federated": timeline.model_forecasts(model)}
+    timeline.rows[3 * timeline.period:] += 100.0
+    after = {"ets": timeline.anchor_forecasts("ets"), "federated": timeline.model_forecasts(model)}
+    held = timeline.day <= 2
+    for name in before:
+        np.testing.assert_array_equal(before[name][held], after[name][held])
+        assert not np.allclose(before[name][~held], after[name][~held], equal_nan=True)

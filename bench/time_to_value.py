@@ -1,0 +1,145 @@
+"""Time to value: what a gateway serves in its first 30 days in a fleet, beside what it serves alone.
+
+A fleet has run on every second site of a dataset for a year's training split (FedAvg, the
+product's recipe and round settings, as in bench/value.py). Each other site joins at the first row
+after that split, with nothing before it. On day k after joining (k = 1..30) it holds k days of its
+own rows and serves the forecasts of that day (one origin per row, a day ahead), choosing once at
+the start of the day with the product's rule (``edge_agent.choice``: lowest mean MASE over the
+latest two weeks of its own windows whose outcome is known; a candidate is scored over the windows
+it has forecasts for). Alone, its candidates are the anchors (each refitted every day on every row
+it has; one that needs more rows waits) and its local-only model (trained on its own rows, weekly,
+once it holds the rows local training needs); joined, also the fleet's model, which runs on a
+lookback filled by season where the gateway holds less than one (``edge_agent.short_context``) and
+serves on day 1, before any outcome is known. The fleet's model is the one of the round the
+gateway joined in, not trained on the newcomer (the product would fine-tune it in the next rounds):
+the joined figures are a floor. Scores are MASE on the scale of the site's training split (fixed,
+as in bench/value.py). The weather stations are not used: their clients are feature draws from
+seven sites, so no client is a site that joins.
+
+    python bench/time_to_value.py --quick            # homes and pedestrians, 3 seeds (about 10 min, 2 cores)
+    python bench/time_to_value.py --quick --sealed   # the sealed datasets (bench/sealed.py)
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+from common import bench_parser, configure, run_config, run_parallel
+from datasets import bench_fleet, dataset_tables
+from sealed import SEALED, SEALED_FROZEN_AT
+from time_to_value_report import markdown, plot, summarize
+from value import model_config
+
+from edge_agent.newcomer import FLEET
+from edge_agent.recipe import ANCHORS, TRAINING
+
+QUICK = {"datasets": ["homes", "pedestrians"], "seeds": [1, 2, 3], "days": 30, "report_days": [1, 3, 7, 14, 30],
+         "rounds": 10, "local_epochs": 1, "local_every_days": 7, "anchors": list(ANCHORS),
+         "selection_days": TRAINING["selection_days"]}
+FULL = {**QUICK, "seeds": [1, 2, 3, 4, 5]}
+
+
+def fleet(dataset: str) -> list:
+    """Every site of ``dataset`` as a client with its whole training split, windowed for the recipe."""
+    recipe = model_config("dlinear", dataset)
+    return bench_fleet(dataset, 0, recipe.lookback, recipe.horizon, 1, 1)
+
+
+def federation(dataset: str, seed: int, cfg: dict):
+    """The round settings of bench/value.py's FedAvg: the product's batch size, rate and steps."""
+    from coordinator.simulation.federation import FederationConfig
+    from edge_agent.config import AgentTraining
+
+    recipe = AgentTraining()
+    return FederationConfig(rounds=cfg["rounds"], local_epochs=cfg["local_epochs"], batch_size=recipe.batch_size,
+                            lr=recipe.lr, min_steps=recipe.min_steps, max_steps=recipe.max_steps, seed=seed,
+                            test_every_round=False)
+
+
+def fleet_job(dataset: str, seed: int, cfg: dict, threads: int) -> dict:
+    """Train the established fleet (every second site, from the first) and return its last global
+    state, with the CPU seconds one gateway's round took."""
+    import torch
+
+    from coordinator.simulation.federation import run_federation
+
+    torch.set_num_threads(threads)
+    established = fleet(dataset)[0::2]
+    cpu, wall = time.process_time(), time.perf_counter()
+    result = run_federation(established, model_config("dlinear", dataset), federation(dataset, seed, cfg))
+    per_round = (time.process_time() - cpu) / (cfg["rounds"] * len(established))
+    return {"dataset": dataset, "seed": seed, "state": {k: v.numpy() for k, v in result.shared.items()},
+            "cpu_seconds_per_round_per_gateway": per_round, "seconds": time.perf_counter() - wall}
+
+
+def newcomer_job(dataset: str, position: int, states: dict, cfg: dict, threads: int) -> dict:
+    """One joining site's daily MASE, joined and alone, for every seed's fleet."""
+    import torch
+
+    from joining import Timeline
+
+    torch.set_num_threads(threads)
+    started = time.perf_counter()
+    recipe = model_config("dlinear", dataset)
+    timeline = Timeline(dataset_tables(dataset)[position], fleet(dataset)[position], recipe, cfg["days"])
+    anchors = {name: timeline.anchor_forecasts(name) for name in cfg["anchors"]}
+    runs = []
+    for seed, state in states.items():
+        candidates = {FLEET: timeline.model_forecasts(timeline.fleet_model(state, seed)), **anchors,
+                      "local": timeline.local_forecasts(seed, federation(dataset, seed, cfg), cfg["local_every_days"])}
+        reported = timeline.scores(candidates)
+        alone = [name for name in candidates if name != FLEET]
+        runs.append({"seed": seed, **{side: timeline.served(candidates, reported, names, cfg["selection_days"])
+                                      for side, names in (("joined", list(candidates)), ("alone", alone))}})
+    return {"dataset": dataset, "client": timeline.name, "runs": runs, "seconds": time.perf_counter() - started}
+
+
+def describe_fleet(result: dict) -> str:
+    return (f"{result['dataset']:>21} seed {result['seed']}: fleet trained, "
+            f"{result['cpu_seconds_per_round_per_gateway']:.1f} CPU s per round per gateway ({result['seconds']:.0f} s)")
+
+
+def describe_newcomer(result: dict) -> str:
+    return f"{result['dataset']:>21} {result['client']}: {len(result['runs'])} seeds ({result['seconds']:.0f} s)"
+
+
+def main() -> None:
+    parser = bench_parser(__doc__, "homes and pedestrians, 3 seeds (about 10 min on 2 cores)")
+    parser.add_argument("--sealed", action="store_true", help="the sealed datasets (bench/sealed.py)")
+    parser.add_argument("--report-only", action="store_true", help="re-render the report from its json")
+    args, cfg, started = configure(parser, QUICK, FULL)
+    if args.sealed:
+        cfg["datasets"] = list(SEALED)
+    name, split = ("time_to_value_sealed", "sealed") if args.sealed else ("time_to_value", "dev")
+    if args.report_only:
+        summary = json.loads((args.out / f"{name}.json").read_text())
+    else:
+        fleets = run_parallel(fleet_job, [(d, s, cfg) for d in cfg["datasets"] for s in cfg["seeds"]], args.workers,
+                              describe_fleet)
+        states = {d: {f["seed"]: f["state"] for f in fleets if f["dataset"] == d} for d in cfg["datasets"]}
+        joins = [(d, p, states[d], cfg) for d in cfg["datasets"] for p in range(1, len(fleet(d)), 2)]
+        newcomers = run_parallel(newcomer_job, joins, args.workers, describe_newcomer)
+        cpu = {d: [f["cpu_seconds_per_round_per_gateway"] for f in fleets if f["dataset"] == d] for d in cfg["datasets"]}
+        summary = {"split": split, "sealed_frozen_at": SEALED_FROZEN_AT, "rows": summarize(newcomers, split, cfg),
+                   "newcomers": newcomers, "cpu_seconds_per_round_per_gateway": cpu,
+                   "config": run_config(cfg, args.quick, started)}
+    write(args.out, name, summary)
+
+
+def write(out, name: str, summary: dict) -> None:
+    """The report, and its rows as the top-level ``time_to_value`` section of value.json (or
+    value_sealed.json), with the commit and config they were measured at."""
+    from common import write_report
+
+    write_report(out, name, summary, markdown, plot)
+    value_file = out / ("value_sealed.json" if summary["split"] == "sealed" else "value.json")
+    if value_file.exists():
+        value = json.loads(value_file.read_text())
+        value["time_to_value"] = summary["rows"]
+        value["time_to_value_config"] = summary["config"]
+        value_file.write_text(json.dumps(value, indent=2))
+
+
+if __name__ == "__main__":
+    main()

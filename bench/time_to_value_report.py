@@ -1,0 +1,73 @@
+"""The rows, table and figure of bench/time_to_value.py: per dataset and day after joining, the
+mean MASE of what a joining gateway serves and of what it serves alone."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from common import panel_row, save_figure
+
+ALL_DAYS = "1-30"
+
+
+def summarize(newcomers: list[dict], split: str, cfg: dict) -> list[dict]:
+    """One row per (dataset, day) and one per dataset over every day (``day`` "1-30"): joined and
+    alone MASE averaged over the joining sites and seeds, the gain, the seeds' half-range of the
+    gain and how many (site, seed) runs joining wins."""
+    rows = []
+    for dataset in cfg["datasets"]:
+        runs = [(n["client"], run) for n in newcomers if n["dataset"] == dataset for run in n["runs"]]
+        days = list(range(1, cfg["days"] + 1))
+        for day in [*days, ALL_DAYS]:
+            chosen = days if day == ALL_DAYS else [day]
+            rows.append(row(split, dataset, day, runs, chosen, cfg["seeds"]))
+    return rows
+
+
+def row(split: str, dataset: str, day, runs: list[tuple[str, dict]], days: list[int], seeds: list[int]) -> dict:
+    """Joined and alone over ``days`` of every run (a site and a seed)."""
+    def mean(run: dict, side: str) -> float:
+        return float(np.mean([run[side][d - 1]["mase"] for d in days]))
+
+    joined = np.array([mean(run, "joined") for _, run in runs])
+    alone = np.array([mean(run, "alone") for _, run in runs])
+    per_seed = [1 - joined[[r["seed"] == s for _, r in runs]].mean() / alone[[r["seed"] == s for _, r in runs]].mean()
+                for s in seeds]
+    return {"split": split, "dataset": dataset, "day": day, "joined": float(joined.mean()), "alone": float(alone.mean()),
+            "gain": float(1 - joined.mean() / alone.mean()), "gain_seed_half_range": float(np.ptp(per_seed) / 2),
+            "wins": int((joined < alone).sum()), "runs": len(runs)}
+
+
+def markdown(summary: dict) -> str:
+    """Days 1, 3, 7, 14 and 30 and the mean over days 1-30 per dataset."""
+    shown = [*summary["config"]["report_days"], ALL_DAYS]
+    lines = [f"Time to value ({summary['split']} datasets; commit {summary['config']['commit'][:12]}, "
+             f"{summary['config']['mode']} mode, seeds {summary['config']['seeds']}): MASE of what a joining "
+             "gateway serves, joined and alone, mean over its sites and seeds.", "",
+             "| dataset | day | joined | alone | gain | seeds ± | runs joining wins |", "|---|---|---|---|---|---|---|"]
+    for r in summary["rows"]:
+        if r["day"] in shown:
+            lines.append(f"| {r['dataset']} | {r['day']} | {r['joined']:.4f} | {r['alone']:.4f} | {r['gain']:+.1%} | "
+                         f"{r['gain_seed_half_range']:.1%} | {r['wins']}/{r['runs']} |")
+    cpu = summary["cpu_seconds_per_round_per_gateway"]
+    lines += ["", "CPU seconds per round per gateway (the established fleet's FedAvg rounds, seeds' mean): "
+              + ", ".join(f"{d} {np.mean(v):.1f}" for d, v in cpu.items()), ""]
+    return "\n".join(lines)
+
+
+def plot(summary: dict, path: Path) -> None:
+    """MASE by day after joining, joined and alone, one panel per dataset."""
+    datasets = list(dict.fromkeys(r["dataset"] for r in summary["rows"]))
+    fig, axes = panel_row(len(datasets), 3.6)
+    for ax, dataset in zip(axes, datasets):
+        rows = [r for r in summary["rows"] if r["dataset"] == dataset and r["day"] != ALL_DAYS]
+        days = [r["day"] for r in rows]
+        ax.plot(days, [r["joined"] for r in rows], label="joined", color="tab:blue")
+        ax.plot(days, [r["alone"] for r in rows], label="alone", color="tab:gray", linestyle="--")
+        ax.set_title(dataset, fontsize=9)
+        ax.set_xlabel("day after joining")
+        ax.set_ylabel("MASE")
+        ax.legend(fontsize=8)
+    save_figure(fig, path)
