@@ -31,12 +31,15 @@ class LeaseLost(BaseException):
     nothing more (a ``BaseException`` so that no per-message guard takes it for a bad message)."""
 
 
+SQLITE_FILE = "coordinator.sqlite3"
+
+
 class SqliteDatabase:
     """``coordinator.sqlite3`` in the state folder: WAL, full sync, autocommit between the
     explicit transactions the store opens."""
 
     def __init__(self, folder: Path):
-        path = folder / "coordinator.sqlite3"
+        path = folder / SQLITE_FILE
         self.path, self.where = path, f"the database {path}"
         try:
             self.connection = sqlite3.connect(path, isolation_level=None, check_same_thread=False)

@@ -384,15 +384,19 @@ def test_an_unwritable_state_dir_is_a_one_line_error_naming_the_path(tmp_path: P
     agent.write_text(agent.read_text().replace(str(tmp_path / "agent0"), str(state_dir)))
     (tmp_path / "db" / "coordinator.sqlite3").mkdir(parents=True)
     no_database = coordinator_config(tmp_path / "db", free_port(), 1, state_dir=str(tmp_path / "db"))
+    (tmp_path / "typo").mkdir()
+    misspelt = coordinator_config(tmp_path / "typo", free_port(), 1, state_dir=str(tmp_path / "nowhere"))
     cases = {
         ("coordinator", "serve", "-c", str(coordinator)): f"state_dir {state_dir} is not a writable folder",
         ("agent", "run", "-c", str(agent)): f"state_dir {state_dir} is not a writable folder",
         ("coordinator", "status", "-c", str(no_database)): f"state_dir {tmp_path / 'db'}: cannot open the database",
+        ("coordinator", "status", "-c", str(misspelt)): f"state_dir {tmp_path / 'nowhere'}: no coordinator state there",
     }
     for args, expected in cases.items():
         run = subprocess.run([sys.executable, "-m", "edgefl.cli", *args], capture_output=True, text=True, timeout=300,
                              env={**os.environ, "COLUMNS": "1000"})
         assert run.returncode == 2 and run.stderr.count("\n") == 1 and expected in run.stderr, run.stderr
+    assert not (tmp_path / "nowhere").exists()  # status creates no state where there was none
 
 
 def test_an_agent_whose_updates_the_broker_would_drop_refuses_to_start(tmp_path: Path) -> None:
