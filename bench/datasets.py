@@ -118,7 +118,7 @@ def dataset_interval(dataset: str) -> str:
 
 @functools.lru_cache(maxsize=8)
 def bench_fleet(dataset: str, days: int, lookback: int, horizon: int, stride: int, val_stride: int,
-                clients: int = 10, f_max: int = 20) -> list:
+                clients: int = 10, f_max: int = 20, test_stride: int = 1) -> list:
     """A benchmark's clients of ``dataset`` (stations, homes, pedestrians or a sealed one) with the
     last ``days`` days of training history (0: all), windowed once per worker process, so anchors
     fitted on a client are reused by every job of that worker (``ClientData.memo``)."""
@@ -131,4 +131,4 @@ def bench_fleet(dataset: str, days: int, lookback: int, horizon: int, stride: in
     tables = dataset_tables(dataset)
     history = days * steps_per_day(tables[0]) if days else None
     return [prepare_client(t, lookback=lookback, horizon=horizon, stride=stride, val_stride=val_stride,
-                           history=history) for t in tables]
+                           history=history, test_stride=test_stride) for t in tables]

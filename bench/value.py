@@ -50,12 +50,17 @@ QUICK = {
     "datasets": ["stations", "homes", "pedestrians"], "history_days": [14, 30, 90, 0], "backbones": ["dlinear"],
     "seeds": [1, 2, 3], "clients": 10, "f_max": 20, "rounds": 10, "local_epochs": 1, "personal_epochs": 1,
     "max_windows": None, "val_stride": 1,
+    "origins_every": "1h",  # validation and test windows start at most every hour (every row of hourly data)
     "anchors": list(ANCHORS),  # the recipe's: every anchor a gateway compares itself with
     "learned": ["local", "fedavg", "centralized"], "newcomers": [],
     "pooled_days": [14, 30],  # Centralized where its bound decides a verdict (the scarce cells)
 }
 FULL = {**QUICK, "backbones": ["dlinear", "spikernn"], "clients": 20, "rounds": 20, "newcomers": [14, 30],
         "anchors": QUICK["anchors"] + ["mstl"], "learned": QUICK["learned"] + ["fedrep"], "pooled_days": [14, 30, 90, 0]}
+SEALED_QUICK_DAYS = [14, 30, 0]
+"""The sealed quick mode's histories: 90 days left out to stay within 30 minutes (a training step on
+10-minute data, a lookback of 1,008 rows, costs about six of hourly data; a round's steps are capped
+alike, so a 90-day cell costs what the full one does; the Stambruges rooms hold 96 days in all)."""
 SELECTION_DAYS = TRAINING["selection_days"]  # the recipe's: a gateway re-chooses on its last two weeks
 
 
@@ -68,10 +73,17 @@ def model_config(backbone: str, dataset: str):
 
 
 def clients(dataset: str, days: int, cfg_items: tuple) -> list:
-    """The dataset's clients with K days of training history (0: all), windowed for the recipe."""
+    """The dataset's clients with K days of training history (0: all), windowed for the recipe:
+    training windows at every row, validation and test windows every ``origins_every`` (every
+    row of hourly data, every sixth of 10-minute data: what makes the sealed quick mode fit its
+    30 minutes; the mean over hourly origins estimates the every-row score)."""
+    from edge_agent.models.config import steps_of
+
     recipe = model_config("dlinear", dataset)
     cfg = dict(cfg_items)
-    return bench_fleet(dataset, days, recipe.lookback, recipe.horizon, 1, cfg["val_stride"], cfg["clients"], cfg["f_max"])
+    every = steps_of(cfg.get("origins_every", "1h"), recipe.interval)
+    return bench_fleet(dataset, days, recipe.lookback, recipe.horizon, 1, max(cfg["val_stride"], every), cfg["clients"],
+                       cfg["f_max"], every)
 
 
 MEDIAN_MEMBERS = ("fedavg", "local")  # with the anchors: the median a gateway may serve
@@ -330,6 +342,7 @@ def main() -> None:
         cfg["newcomers"] = [int(days) for days in args.newcomers.split(",")]
     if args.sealed:
         cfg["datasets"] = list(SEALED)
+        cfg["history_days"] = SEALED_QUICK_DAYS if args.quick else cfg["history_days"]
     name, split = ("value_sealed", "sealed") if args.sealed else ("value", "dev")
     if args.report_only and not args.windows:
         summary = json.loads((args.out / f"{name}.json").read_text())

@@ -239,11 +239,11 @@ class ClientArrays:
 
 
 def client_arrays(table: SeriesTable, lookback: int, horizon: int, stride: int = 1, ratios: Ratios = RATIOS,
-                  val_stride: int = 1, history: int | None = None) -> ClientArrays:
+                  val_stride: int = 1, history: int | None = None, test_stride: int = 1) -> ClientArrays:
     """``edge_agent.data.windows.prepare_client``'s arithmetic on numpy arrays (its docstring says what)."""
     from edge_agent.data.table import steps_per_day  # pandas: loaded already with the table
 
-    for name, value in (("stride", stride), ("val_stride", val_stride)):
+    for name, value in (("stride", stride), ("val_stride", val_stride), ("test_stride", test_stride)):
         if value < 1:
             raise ValueError(f"{table.name}: {name} must be >= 1, got {value}")
     try:
@@ -254,7 +254,7 @@ def client_arrays(table: SeriesTable, lookback: int, horizon: int, stride: int =
     if history is not None:
         bounds["train"] = _recent(table.name, bounds["train"], history, lookback + horizon)
     present = table.present
-    strides = {"train": stride, "val": val_stride, "test": 1}
+    strides = {"train": stride, "val": val_stride, "test": test_stride}
     windows = {split: window_starts(present[a:b], lookback + horizon, strides[split]) for split, (a, b) in bounds.items()}
     starts = {split: kept for split, (kept, _) in windows.items()}
     require_windows(table, starts, lookback, horizon)
