@@ -17,7 +17,7 @@ from edgefl.errors import LazyConsole, fail, flags_of, reported, say
 from edgefl.export_cli import energy_command, export_app
 from edgefl.extras import needs
 from edgefl.replay import replay_command
-from edgefl.root import RootGroup
+from edgefl.root import COORDINATOR, EXPORT, GATEWAY, START, RootGroup
 from edgefl.services import agent_app, aggregator_app, coordinator_app
 
 app = typer.Typer(
@@ -27,15 +27,15 @@ app = typer.Typer(
     cls=RootGroup,
 )
 console = LazyConsole()  # rich is loaded by the commands that print tables
-app.add_typer(coordinator_app, name="coordinator")
-app.add_typer(aggregator_app, name="aggregator")
-app.add_typer(agent_app, name="agent")
-app.add_typer(export_app, name="export")
-app.command("energy")(needs("export")(energy_command))
-app.command("replay")(needs("gateway")(replay_command))
+app.add_typer(coordinator_app, name="coordinator", rich_help_panel=COORDINATOR)
+app.add_typer(aggregator_app, name="aggregator", rich_help_panel=COORDINATOR)
+app.add_typer(agent_app, name="agent", rich_help_panel=GATEWAY)
+app.add_typer(export_app, name="export", rich_help_panel=EXPORT)
+app.command("energy", rich_help_panel=EXPORT)(needs("export")(energy_command))
+app.command("replay", rich_help_panel=GATEWAY)(needs("gateway")(replay_command))
 
 
-@app.command()
+@app.command(rich_help_panel=START)
 @needs("sites")
 def sites() -> None:
     """List the real weather sites bundled with pvlib (one device each)."""
@@ -52,7 +52,7 @@ def sites() -> None:
     console.print(table)
 
 
-@app.command()
+@app.command(rich_help_panel=START)
 @needs("all")
 def demo(
     rounds: Annotated[int, typer.Option(help="rounds to run")] = 5,
@@ -92,7 +92,7 @@ def demo(
     note("\n".join(look_next(fleet, curve, forecasts)))
 
 
-@app.command("init")
+@app.command("init", rich_help_panel=START)
 def init_command(
     folder: Annotated[Path, typer.Argument(help="the fleet folder to create (new or empty)")],
     fleet: Annotated[str, typer.Option(help="fleet name (topic prefix edgefl/<fleet>/)")] = "farm",
@@ -114,7 +114,7 @@ def init_command(
     console.print("\n".join(instructions(written)), soft_wrap=True, markup=False, highlight=False)
 
 
-@app.command("broker-config")
+@app.command("broker-config", rich_help_panel=COORDINATOR)
 @needs("coordinator")
 def broker_config(
     fleet: Annotated[str, typer.Option(help="fleet name (topic prefix edgefl/<fleet>/)")],
@@ -165,7 +165,7 @@ class PretrainStrategy(str, Enum):
     fedal = "fedal"
 
 
-@app.command("pretrain")
+@app.command("pretrain", rich_help_panel=COORDINATOR)
 @needs("coordinator")
 def pretrain_command(
     out: Annotated[Path, typer.Option(help="foundation checkpoint to write")] = Path("runs/foundation.safetensors"),

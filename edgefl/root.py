@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import re
 import sys
 from typing import Any
 
@@ -15,6 +16,9 @@ from typer.core import TyperCommand, TyperGroup
 from edgefl.errors import escape, stderr
 from edgefl.extras import missing_extra
 
+START, GATEWAY, COORDINATOR, EXPORT = "Getting started", "On a gateway", "Coordinator and sites", "Export and energy"
+PANELS = (START, GATEWAY, COORDINATOR, EXPORT)
+"""The panels of ``edgefl --help`` in order: the commands to try first, then one per role."""
 LAZY = {"simulate": ("edgefl.simulate_cli", "coordinator")}
 """Command name -> the module whose typer ``app`` holds it, and the extra that module needs."""
 
@@ -43,15 +47,45 @@ class RootGroup(OneLineErrors):
     """``edgefl``'s group: the registered commands plus ``LAZY``."""
 
     def list_commands(self, ctx: Any) -> list[str]:
-        return [*super().list_commands(ctx), *LAZY]
+        """Every command, panel by panel in ``PANELS``' order."""
+        names = [*super().list_commands(ctx), *LAZY]
+        panel = {name: getattr(self.get_command(ctx, name), "rich_help_panel", None) for name in names}
+        return sorted(names, key=lambda name: PANELS.index(panel[name]) if panel[name] in PANELS else len(PANELS))
 
     def get_command(self, ctx: Any, name: str) -> Any:
+        command = self._command(ctx, name)
+        return None if command is None else tidy_command(command)
+
+    def _command(self, ctx: Any, name: str) -> Any:
         if name not in LAZY:
             return super().get_command(ctx, name)
         module, extra = LAZY[name]
         try:
             return typer.main.get_command(importlib.import_module(module).app)
         except ModuleNotFoundError as err:  # listed in --help; run, it names the extra to install
-            return TyperCommand(name, help=escape(f"(needs edgefl[{extra}])"),
+            return TyperCommand(name, help=f"(needs edgefl[{extra}])",
                                 callback=functools.partial(missing_extra, err, extra),
                                 context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
+
+
+def tidy(text: str | None) -> str | None:
+    """A docstring as help text: lines of a paragraph joined (a docstring's breaks are not the
+    terminal's), ``code`` as 'code', and square brackets kept (not rich markup)."""
+    if not text:
+        return text
+    paragraphs = [" ".join(line.strip() for line in block.splitlines()) for block in text.strip().split("\n\n")]
+    return escape("\n\n".join(re.sub(r"``([^`]+)``", r"'\1'", p) for p in paragraphs))
+
+
+def tidy_command(command: Any) -> Any:
+    """``command`` (and its subcommands and options) with every help text tidied, once."""
+    if getattr(command, "_tidied", False):
+        return command
+    command.help, command.short_help = tidy(command.help), tidy(command.short_help)
+    for param in command.params:
+        if getattr(param, "help", None):
+            param.help = tidy(param.help)
+    for sub in getattr(command, "commands", {}).values():
+        tidy_command(sub)
+    command._tidied = True
+    return command

@@ -24,6 +24,7 @@ from edge_agent.train import Metrics
 from edgefl.errors import flags_of, reported, say
 from edgefl.model_options import ModelOptions
 from edgefl.progress import live_rounds
+from edgefl.root import START
 
 app = typer.Typer()
 console = Console()
@@ -229,7 +230,7 @@ def simulate(
 
 
 simulate.__signature__ = OPTIONS.signature(simulate)
-app.command()(simulate)
+app.command(rich_help_panel=START)(simulate)
 
 
 def fleet_firing_rates(models: list, fleet: list) -> dict[str, float]:

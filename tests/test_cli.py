@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -248,3 +249,37 @@ def test_an_unknown_config_key_gets_a_did_you_mean_per_line(tmp_path: Path) -> N
     assert f"error: {config}: broker.hots: unknown key; did you mean 'host'?" in lines
     assert f"error: {config}: model.lookbak: unknown key; did you mean 'lookback'?" in lines
     assert any(line.startswith(f"error: {config}: model.zzz: unknown key; the keys here are ") for line in lines)
+
+
+def command_tree(command, path: tuple[str, ...] = ()) -> list[tuple[tuple[str, ...], object]]:
+    """Every command below ``command`` (a click group or command) with its path of names."""
+    out = [(path, command)]
+    if hasattr(command, "list_commands"):
+        context = command.context_class(command)
+        for name in command.list_commands(context):
+            out += command_tree(command.get_command(context, name), (*path, name))
+    return out
+
+
+def test_help_is_grouped_by_role_and_every_commands_help_shows_its_text_without_raw_markup() -> None:
+    """``edgefl --help`` lists the commands to try first, then one panel per role; the help of
+    every command and option keeps what its docstring says in square brackets (``[model]``, not
+    eaten as markup), shows no reST backticks and no docstring line breaks inside a sentence."""
+    import typer
+    from typer.testing import CliRunner
+
+    from edgefl.commands import app
+    from edgefl.root import PANELS
+
+    runner = CliRunner()
+    top = runner.invoke(app, ["--help"], env={"COLUMNS": "200"}).output
+    assert [top.index(f"─ {panel} ") for panel in PANELS] == sorted(top.index(f"─ {panel} ") for panel in PANELS)
+    for path, command in command_tree(typer.main.get_command(app)):
+        shown = runner.invoke(app, [*path, "--help"], env={"COLUMNS": "200"})
+        assert shown.exit_code == 0, (path, shown.output)
+        texts = [command.help or "", *(getattr(p, "help", None) or "" for p in command.params)]
+        for text in texts:
+            assert "``" not in text and "\n" not in text.replace("\n\n", ""), (path, text)
+            for bracketed in re.findall(r"\\(\[[^\]]+\])", text):
+                assert bracketed in shown.output, (path, bracketed)
+        assert "``" not in shown.output, path
