@@ -28,7 +28,8 @@ from edge_agent.models.forecaster import Forecaster
 from edge_agent.problems import problem_lines
 from edge_agent.train import calibrate_batchnorm, make_optimizer, train_epochs
 from export.contract import ExportMismatchError
-from export.onnx import TOLERANCE, export_onnx, one_line, run_session, time_inference, torch_outputs
+from export.onnx import (MAX_FLIPPED_SHARE, TOLERANCE, export_onnx, one_line, run_session, time_inference,
+                         torch_outputs, verify)
 from export.stack import UnsupportedLayerError
 
 PROJECTIONS = ("channel", "qap", "linear")
@@ -53,16 +54,16 @@ class Cell:
     head: str
     quantiles: tuple[float, ...] | None
 
-    def config(self) -> ModelConfig:
-        """The recipe's model with this cell's choices at ``TINY`` sizes (``ValidationError`` where
-        the config refuses the combination)."""
+    def config(self, sizes: dict[str, int] = TINY) -> ModelConfig:
+        """The recipe's model with this cell's choices at ``sizes`` (``ValidationError`` where the
+        config refuses the combination)."""
         return ModelConfig(backbone=self.backbone, projection=self.projection, head=self.head,
-                           quantiles=self.quantiles, **TINY)
+                           quantiles=self.quantiles, **sizes)
 
-    def refusal(self) -> str | None:
-        """Why the config refuses this cell, in one line; None where it builds."""
+    def refusal(self, sizes: dict[str, int] = TINY) -> str | None:
+        """Why the config refuses this cell at ``sizes``, in one line; None where it builds."""
         try:
-            self.config()
+            self.config(sizes)
         except ValidationError as err:
             return "; ".join(problem_lines(err, ModelConfig, lambda loc: ".".join(map(str, loc))))
         return None
@@ -82,26 +83,28 @@ def matrix_data() -> ClientData:
     return prepare_client(load_site(SITE), TINY["lookback"], TINY["horizon"], stride=TINY["lookback"])
 
 
-def build(cell: Cell, data: ClientData, seed: int = 3) -> Forecaster:
+def build(cell: Cell, data: ClientData, sizes: dict[str, int] = TINY, seed: int = 3) -> Forecaster:
     """The cell's model after ``TRAIN_STEPS`` training steps (so a seasonal base's head is no longer
     zero: the forecast depends on the backbone), BatchNorm statistics from the first
     ``CALIBRATION_WINDOWS`` training windows; in eval mode."""
-    model = build_forecaster(cell.config(), data.n_features, TIME_FEATURES, seed)
+    model = build_forecaster(cell.config(sizes), data.n_features, TIME_FEATURES, seed)
     train_epochs(model, data.train, 1, TRAIN_BATCH, make_optimizer(model, 1e-2), seed, max_steps=TRAIN_STEPS)
     with torch.no_grad():
         return calibrate_batchnorm(model, replace(data.train, starts=data.train.starts[:CALIBRATION_WINDOWS]))
 
 
-def check(cell: Cell, data: ClientData, folder: Path, timed: bool = False) -> dict[str, Any]:
-    """One cell: refused by the config or the exporter (``reason``, one line), or exported to
-    ``folder`` and its ``model.onnx`` run at every batch of ``BATCHES`` against torch (figures
-    of ``run_batches``), with any constant shaped by the export batch (``baked``) and, ``timed``,
-    torch's time over ONNX Runtime's at batch 1."""
+def check(cell: Cell, data: ClientData, folder: Path, sizes: dict[str, int] = TINY,
+          timed: bool = False) -> dict[str, Any]:
+    """One cell at ``sizes`` (the lookback and horizon of ``data``'s windows): refused by the
+    config or the exporter (``reason``, one line), or exported to ``folder`` and its
+    ``model.onnx`` run at every batch of ``BATCHES`` against torch (figures of ``run_batches``),
+    with any constant shaped by the export batch (``baked``) and, ``timed``, torch's time over
+    ONNX Runtime's at batch 1."""
     row = {**cell.row(), "exported": False}
-    reason = cell.refusal()
+    reason = cell.refusal(sizes)
     if reason:
         return {**row, "reason": reason}
-    model = build(cell, data)
+    model = build(cell, data, sizes)
     try:
         export_onnx(model, folder, data.test, EXPORT_WINDOWS, timed=False)
     except (UnsupportedLayerError, ExportMismatchError) as err:
@@ -117,24 +120,24 @@ def check(cell: Cell, data: ClientData, folder: Path, timed: bool = False) -> di
 def run_batches(model: Forecaster, path: Path, windows: WindowSet) -> dict[str, Any]:
     """``path`` in ONNX Runtime on the first windows of ``windows`` at every batch of ``BATCHES``
     against torch: the largest forecast difference, whether every spike is identical and the
-    backbone's output firing rate (None without spikes), and whether every batch ran with a
-    forecast within ``TOLERANCE`` and identical spikes (``batch_failure``: the first that did not run)."""
-    worst, identical, rates = 0.0, [], []
+    backbone's output firing rate (None without spikes), and whether every batch passed the
+    export's own check (``export.onnx.verify``: a spike flipped at a float32 threshold tie is
+    allowed in a few windows; ``batch_failure``: why the first that did not)."""
+    worst, identical, rates, failures = 0.0, [], [], []
     for batch in BATCHES:
         x, marks, _ = windows.batch(torch.arange(batch))
         expected = torch_outputs(model, x.float(), marks.float())
         try:
             got = run_session(path, {"x": x.float().numpy(), "marks": marks.float().numpy()})
+            worst = max(worst, _difference(expected[0], got[0]))
+            identical += [bool(np.array_equal(expected[1], got[1]))] if len(got) > 1 else []
+            rates += [float(expected[1].mean())] if len(got) > 1 else []
+            verify(expected, got, TOLERANCE, MAX_FLIPPED_SHARE, f"{path.name} at batch {batch}")
         except ExportMismatchError as err:
-            return {"max_abs_diff": None, "spikes_identical": None, "firing_rate": None, "batch_sizes_ok": False,
-                    "batch_failure": one_line(err)}
-        worst = max(worst, _difference(expected[0], got[0]))
-        if len(expected) > 1:
-            identical.append(bool(np.array_equal(expected[1], got[1])))
-            rates.append(float(expected[1].mean()))
+            failures.append(one_line(err))
     return {"max_abs_diff": worst, "spikes_identical": all(identical) if identical else None,
-            "firing_rate": float(np.mean(rates)) if rates else None,
-            "batch_sizes_ok": worst <= TOLERANCE and all(identical)}
+            "firing_rate": float(np.mean(rates)) if rates else None, "batch_sizes_ok": not failures,
+            **({"batch_failure": failures[0]} if failures else {})}
 
 
 def _difference(expected: np.ndarray, got: np.ndarray) -> float:
