@@ -83,7 +83,7 @@ def plot(summary: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     rows = [row for row in summary["cells"] if row["exported"]]
-    fig, ax = plt.subplots(figsize=(7, 0.22 * len(rows) + 1))
+    fig, ax = plt.subplots(figsize=(8, 0.22 * len(rows) + 1))
     ax.barh([label(row) for row in rows], [row["ort_speedup_batch1"] for row in rows], color="tab:blue")
     ax.axvline(1.0, color="grey", linestyle=":")
     ax.set_xscale("log")

@@ -117,14 +117,21 @@ def test_a_failed_export_leaves_nothing_behind(data: ClientData, tmp_path: Path)
     assert not (tmp_path / "out").exists()
 
 
-def test_the_cli_exports_the_default_recipes_spiking_model(data: ClientData, tmp_path: Path) -> None:
+def test_the_cli_exports_the_default_recipes_spiking_model_and_refuses_bad_input_in_one_line(data: ClientData, tmp_path: Path) -> None:
     model = build(Cell("spikernn", "channel", "shared", None), data)
     assert model.n_features > 1 and model.cfg.seasonal_base  # the recipe: channel-independent, shared head
     save_checkpoint(model, tmp_path / "m.safetensors", list(data.columns))
-    proc = subprocess.run([sys.executable, "-m", "edgefl.cli", "export", "onnx", "--checkpoint",
-                           str(tmp_path / "m.safetensors"), "--site", "amsterdam", "--windows", "16",
-                           "--out", str(tmp_path / "onnx")], capture_output=True, text=True, timeout=300)
+
+    def export(windows: str, out: Path) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "edgefl.cli", "export", "onnx", "--checkpoint",
+                               str(tmp_path / "m.safetensors"), "--site", "amsterdam", "--windows", windows,
+                               "--out", str(out)], capture_output=True, text=True, timeout=300)
+
+    proc = export("16", tmp_path / "onnx")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "% identical" in proc.stdout
     assert sorted(p.name for p in (tmp_path / "onnx").iterdir()) == [f"{n}.onnx" for n in
                                                                      ("encode", "model", "readout", "step")]
+    proc = export("0", tmp_path / "none")
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "--windows" in proc.stderr, proc.stderr
+    assert not (tmp_path / "none").exists()
