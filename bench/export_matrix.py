@@ -58,8 +58,8 @@ def label(row: dict) -> str:
 def markdown(summary: dict) -> str:
     cells, cfg = summary["cells"], summary["config"]
     exported = [row for row in cells if row["exported"]]
-    lines = [f"Export matrix at {cfg['sizes']} sizes, commit {summary['commit']}: {len(exported)} of {len(cells)} cells "
-             f"exported, every one run in ONNX Runtime at batch 1, 7 and 32 against torch; "
+    lines = [f"Export matrix at {cfg['sizes']} sizes, commit {summary['commit']}: {len(exported)} of {len(cells)} "
+             f"cells exported, every one run in ONNX Runtime at batch 1, 7 and 32 against torch; "
              f"{sum(row['batch_sizes_ok'] for row in exported)} passed the export's own check at every batch, "
              f"{sum(row['spikes_identical'] is True for row in exported)} of "
              f"{sum(row['spikes_identical'] is not None for row in exported)} spiking ones with every spike identical, "

@@ -117,7 +117,8 @@ def test_a_failed_export_leaves_nothing_behind(data: ClientData, tmp_path: Path)
     assert not (tmp_path / "out").exists()
 
 
-def test_the_cli_exports_the_default_recipes_spiking_model_and_refuses_bad_input_in_one_line(data: ClientData, tmp_path: Path) -> None:
+def test_the_cli_exports_the_default_recipes_spiking_model_and_refuses_bad_input_in_one_line(
+        data: ClientData, tmp_path: Path) -> None:
     model = build(Cell("spikernn", "channel", "shared", None), data)
     assert model.n_features > 1 and model.cfg.seasonal_base  # the recipe: channel-independent, shared head
     save_checkpoint(model, tmp_path / "m.safetensors", list(data.columns))
