@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from edge_agent.metrics import median_index
+from edge_agent.serving.onnx_serving import run_forecast
 
 LEVELS_KEY = "quantiles"  # model.onnx metadata: a quantile model's levels, comma-separated
 
@@ -43,13 +44,12 @@ class OnnxForecaster(nn.Module):
         if "x" not in inputs:
             raise ValueError(f"{self.path}: the model has no input 'x' (inputs: {sorted(inputs)})")
         feeds = {"x": x.float().numpy(), "marks": marks.float().numpy()}
-        feeds = {name: array for name, array in feeds.items() if name in inputs}  # a seasonal anchor reads no marks
         for name, array in feeds.items():
-            fixed = list(inputs[name][1:])
-            if list(array.shape[1:]) != fixed:
+            fixed = list(inputs[name][1:]) if name in inputs else None  # a seasonal anchor reads no marks
+            if fixed is not None and list(array.shape[1:]) != fixed:
                 raise ValueError(f"{self.path}: input {name!r} expects (batch, {fixed}), "
                                  f"this agent's data gives {array.shape}")
-        return torch.from_numpy(self.session.run(["forecast"], feeds)[0])
+        return torch.from_numpy(run_forecast(self.session, feeds, self.path))
 
 
 def open_session(path: Path) -> Any:

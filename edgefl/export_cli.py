@@ -22,7 +22,7 @@ Checkpoint = Annotated[Optional[Path], typer.Option(help="model file (edgefl sim
 AgentConfigPath = Annotated[Optional[Path], typer.Option("--agent-config", help="use this agent's model and data")]
 Site = Annotated[Optional[str], typer.Option(help="bundled weather site (or 'pool': all sites) to verify on")]
 Csv = Annotated[Optional[Path], typer.Option("--csv", help="CSV whose windows verify the export")]
-Windows = Annotated[int, typer.Option(help="real test windows used to verify the export")]
+Windows = Annotated[int, typer.Option(min=1, help="real test windows used to verify the export")]
 AllowSilent = Annotated[bool, typer.Option(help="keep an export whose spike check compared nothing (a layer that "
                                                  "emitted no spike on the windows checked)")]
 

@@ -10,6 +10,7 @@ import os
 import shutil
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from edge_agent.data import ClientData
@@ -22,7 +23,7 @@ from edge_agent.serving.onnx_serving import INFO_FILE, MODEL_FILE, BundleInfo
 from edge_agent.storage import write_bytes_atomically
 from export.contract import ExportReport
 from export.contract import sample_windows
-from export.onnx import TOLERANCE, _export, compare, export_onnx, ort_session, run_session
+from export.onnx import TOLERANCE, _export, export_onnx, ort_session, run_session, verify_batches
 
 VERIFY_WINDOWS = 16  # the latest test windows the export must reproduce
 
@@ -88,14 +89,20 @@ def _spiking(model: torch.nn.Module) -> bool:
 def export_module(module: torch.nn.Module, folder: Path, data: ClientData) -> ExportReport:
     """A module with a forecaster's interface that is not one forecaster (a lookback anchor, a
     median) as ``model.onnx`` (inputs x and, where it reads the calendar, marks; output forecast),
-    checked against torch on the latest test windows."""
+    checked against torch on the latest test windows and on the first alone (``verify_batches``)."""
     folder.mkdir(parents=True, exist_ok=True)
     x, marks = sample_windows(data.test, VERIFY_WINDOWS)
-    _export(module, (x, marks), folder / MODEL_FILE, ["x", "marks"], ["forecast"])
-    with torch.no_grad():
-        expected = (module.eval()(x, marks).numpy(),)
-    feeds = {"x": x.numpy(), "marks": marks.numpy()}
-    inputs = {i.name for i in ort_session(folder / MODEL_FILE).get_inputs()}  # an anchor reads no calendar
-    got = run_session(folder / MODEL_FILE, {name: value for name, value in feeds.items() if name in inputs})
-    error = compare(expected, got, TOLERANCE, MODEL_FILE)
-    return ExportReport("onnx", [str(folder / MODEL_FILE)], len(x), None, error)
+    path = folder / MODEL_FILE
+    _export(module, (x, marks), path, ["x", "marks"], ["forecast"])
+    inputs = {i.name for i in ort_session(path).get_inputs()}  # an anchor reads no calendar
+
+    def reference(x: torch.Tensor, marks: torch.Tensor) -> tuple[np.ndarray]:
+        with torch.no_grad():
+            return (module.eval()(x, marks).numpy(),)
+
+    def graph(x: torch.Tensor, marks: torch.Tensor) -> list[np.ndarray]:
+        feeds = {"x": x.numpy(), "marks": marks.numpy()}
+        return run_session(path, {name: value for name, value in feeds.items() if name in inputs})
+
+    error = verify_batches(reference, graph, x, marks, reference(x, marks), TOLERANCE, 0.0, MODEL_FILE)[0]
+    return ExportReport("onnx", [str(path)], len(x), None, error)

@@ -4,12 +4,15 @@ An exporter is ``export_<format>(model, out, windows, n_windows, *, <format opti
 (``Exporter``): it writes ``out`` (a folder for ONNX, a file otherwise), runs what it wrote on up to
 ``n_windows`` real windows spread over ``windows`` and raises ``ExportMismatchError`` unless the
 artefact reproduces the torch model there. A model the format cannot express raises
-``export.stack.UnsupportedLayerError`` before anything is written.
+``export.stack.UnsupportedLayerError``. Either way ``out`` receives verified files only
+(``verified_write``, ``verified_folder``): a failed export leaves nothing behind.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import shutil
+import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -75,3 +78,15 @@ def verified_write(path: Path) -> Iterator[Path]:
         partial.unlink(missing_ok=True)
         raise
     partial.replace(path)
+
+
+@contextmanager
+def verified_folder(folder: Path) -> Iterator[Path]:
+    """``verified_write`` for an exporter that writes several files: yield an empty scratch folder
+    (in the system's temporary folder) to write and check them in; they move into ``folder``
+    (made then) only when the block succeeds, so a failed export leaves nothing behind."""
+    with tempfile.TemporaryDirectory(prefix="edgefl-export-") as scratch:
+        yield Path(scratch)
+        folder.mkdir(parents=True, exist_ok=True)
+        for path in Path(scratch).iterdir():
+            shutil.move(path, folder / path.name)

@@ -18,22 +18,32 @@ for the exact criteria), or ``ExportMismatchError`` is raised (the contract: ``e
 
 from __future__ import annotations
 
+import functools
 import time
 import warnings
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
 import onnx
 import onnxruntime as ort
 import torch
+from onnxruntime.capi import onnxruntime_pybind11_state as ort_state
 from torch import nn
 
 from edge_agent.data import WindowSet
 from edge_agent.models import Forecaster
 from edge_agent.models.backbones.spiking import LIF, SpikingBackbone
 from edge_agent.onnx_model import LEVELS_KEY
-from export.contract import ExportMismatchError, ExportReport, sample_windows
+from export.contract import ExportMismatchError, ExportReport, sample_windows, verified_folder
+from export.stack import UnsupportedLayerError
 
+Run = Callable[[torch.Tensor, torch.Tensor], Sequence[np.ndarray]]
+"""Windows (x, marks) -> a model's or a graph's outputs as arrays (forecast, then spikes if any)."""
+
+BATCH = "batch"  # the windows axis of every graph's inputs and forecast
+SEQUENCES = "sequences"  # what runs through a spiking backbone: a window, or each of its features (channel-independent)
+ORT_FAILURES = (ort_state.Fail, ort_state.InvalidArgument, ort_state.RuntimeException)  # a graph that does not run
 TOLERANCE = 1e-5
 MAX_FLIPPED_SHARE = 0.05  # windows where float32 rounding at a threshold tie flipped a spike (at least one allowed)
 OPSET = 17
@@ -51,6 +61,15 @@ def graph_forecast(model: Forecaster, representation: torch.Tensor, mean: torch.
 def torch_forecast(model: Forecaster, x: torch.Tensor, marks: torch.Tensor) -> torch.Tensor:
     """The torch model's own output that ``forecast`` must reproduce (``forward`` or ``forward_quantiles``)."""
     return model.forward_quantiles(x, marks) if model.levels else model(x, marks)
+
+
+def torch_outputs(model: Forecaster, x: torch.Tensor, marks: torch.Tensor) -> tuple[np.ndarray, ...]:
+    """What ``model.onnx`` must output on (x, marks): ``torch_forecast``, and a spiking backbone's
+    output spikes (T, sequences, ...)."""
+    with torch.no_grad():
+        if isinstance(model.shared["backbone"], SpikingBackbone):
+            return tuple(o.numpy() for o in Unrolled(model)(x, marks))
+        return (torch_forecast(model, x, marks).numpy(),)
 
 
 class Unrolled(nn.Module):
@@ -123,33 +142,60 @@ def export_onnx(model: Forecaster, out: Path, windows: WindowSet, n_windows: int
     at least one is allowed: a tie is a per-window event, while how far its flip travels depends
     on the depth; the report gives the spike agreement too), and on every window whose output spikes are identical
     the forecast must be within ``tolerance`` (the forecast depends on the output spikes only).
-    ANN forecasts must be within ``tolerance`` everywhere. Spiking details: ``spikes_checked``,
+    ANN forecasts must be within ``tolerance`` everywhere. Every graph is checked at a second batch
+    size too (``verify_batches``). The files land in ``out`` only when every check passed
+    (``verified_folder``). Spiking details: ``spikes_checked``,
     ``flipped_windows`` (windows left out of the forecast check) and ``stream_max_abs_error``.
     ``timed``: also time torch against ONNX Runtime on the checked windows (``timings_ms``).
     """
     folder = Path(out)
-    folder.mkdir(parents=True, exist_ok=True)
     model = model.eval()
     x, marks = sample_windows(windows, n_windows)
-    spiking = isinstance(model.shared["backbone"], SpikingBackbone)
-    outputs = ["forecast", "spikes"] if spiking else ["forecast"]
-    _export(Unrolled(model), (x, marks), folder / "model.onnx", ["x", "marks"], outputs)
-    label_levels(folder / "model.onnx", model.levels)
-    with torch.no_grad():
-        reference = Unrolled(model)(x, marks) if spiking else (torch_forecast(model, x, marks),)
-        expected = tuple(o.numpy() for o in reference)
-    got = run_session(folder / "model.onnx", {"x": x.numpy(), "marks": marks.numpy()})
-    error, agreement, flipped = verify(expected, got, tolerance, max_flipped, "model.onnx")
-    report = ExportReport("onnx", [str(folder / "model.onnx")], len(x), agreement, error)
-    if spiking:
-        stream_error = _export_streaming(model, folder, x, marks, expected, tolerance, max_flipped)
-        _add_streaming(report, folder, expected[1], flipped, stream_error)
+    with verified_folder(folder) as scratch:
+        report = _write_verified(model, scratch, x, marks, tolerance, max_flipped)
+    report.files = [str(folder / Path(name).name) for name in report.files]  # where they landed
     if timed:
         report.timings_ms = time_inference(model, folder / "model.onnx", x, marks)
     if model.levels:
         report.notes.append(f"forecast: every quantile level {model.levels} on the last axis, (batch, H, F, "
                             f"{len(model.levels)}); the median is index {model.cfg.median_index}")
     return report
+
+
+def _write_verified(model: Forecaster, folder: Path, x: torch.Tensor, marks: torch.Tensor, tolerance: float,
+                    max_flipped: float) -> ExportReport:
+    """``export_onnx``'s graphs written to ``folder`` and checked against torch on ``x``, ``marks``."""
+    spiking = isinstance(model.shared["backbone"], SpikingBackbone)
+    outputs = ["forecast", "spikes"] if spiking else ["forecast"]
+    path = folder / "model.onnx"
+    _export(Unrolled(model), (x, marks), path, ["x", "marks"], outputs, {"spikes": {1: SEQUENCES}})
+    label_levels(path, model.levels)
+    reference = functools.partial(torch_outputs, model)
+    expected = reference(x, marks)
+
+    def graph(x: torch.Tensor, marks: torch.Tensor) -> list[np.ndarray]:
+        return run_session(path, {"x": x.numpy(), "marks": marks.numpy()})
+
+    error, agreement, flipped = verify_batches(reference, graph, x, marks, expected, tolerance, max_flipped,
+                                               "model.onnx")
+    report = ExportReport("onnx", [str(path)], len(x), agreement, error)
+    if spiking:
+        stream_error = _export_streaming(model, folder, x, marks, reference, expected, tolerance, max_flipped)
+        _add_streaming(report, folder, expected[1], flipped, stream_error)
+    return report
+
+
+def verify_batches(reference: Run, artefact: Run, x: torch.Tensor, marks: torch.Tensor, expected: Sequence[np.ndarray],
+                   tolerance: float, max_flipped: float, what: str) -> tuple[float, float | None, int]:
+    """``verify`` of ``artefact`` on the windows ``x``, ``marks`` against ``expected`` (``reference``'s
+    outputs there; their figures are returned), and first at another batch size against
+    ``reference``: the first window alone (twice when only one is given). A graph that kept a
+    shape of its export batch fails there, so every graph's batch axis is dynamic for real, not
+    only declared."""
+    other = torch.zeros(2 if len(x) == 1 else 1, dtype=torch.long)
+    verify(reference(x[other], marks[other]), artefact(x[other], marks[other]), tolerance, max_flipped,
+           f"{what} at batch {len(other)}")
+    return verify(expected, artefact(x, marks), tolerance, max_flipped, what)
 
 
 def label_levels(path: Path, levels: tuple[float, ...] | None) -> None:
@@ -177,7 +223,8 @@ def verify(expected: tuple, got: list | tuple, tolerance: float, max_flipped: fl
     """(max forecast error on windows with identical spikes, spike agreement, windows with a
     flipped spike); raises ``ExportMismatchError`` when more than ``max_flipped`` of the windows
     (at least one allowed) have a differing spike, or a window with identical spikes a forecast
-    beyond ``tolerance``."""
+    beyond ``tolerance``. Spikes are (T, sequences, ...) with each window's sequences together:
+    one per window, or one per feature of a window for a channel-independent model."""
     if len(expected) == 1:
         return compare(expected, got, tolerance, what), None, 0
     want, have = expected[1], got[1]
@@ -185,7 +232,8 @@ def verify(expected: tuple, got: list | tuple, tolerance: float, max_flipped: fl
         raise ExportMismatchError(f"{what}: spikes have shape {have.shape}, torch gives {want.shape}")
     differ = want != have
     agreement = 1.0 - float(differ.mean())
-    same = ~differ.reshape(differ.shape[0], differ.shape[1], -1).any(axis=(0, 2))
+    windows = expected[0].shape[0]  # a channel-independent model's spikes hold each window's features side by side
+    same = ~differ.reshape(differ.shape[0], windows, -1).any(axis=(0, 2))
     allowed = max(1, int(max_flipped * same.size))
     if (~same).sum() > allowed:
         raise ExportMismatchError(f"{what}: {int((~same).sum())} of {same.size} windows have spikes that differ from "
@@ -196,19 +244,26 @@ def verify(expected: tuple, got: list | tuple, tolerance: float, max_flipped: fl
 
 
 def _export_streaming(model: Forecaster, folder: Path, x: torch.Tensor, marks: torch.Tensor,
-                      expected: tuple, tolerance: float, max_flipped: float) -> float:
+                      reference: Run, expected: Sequence[np.ndarray], tolerance: float, max_flipped: float) -> float:
     backbone = model.shared["backbone"]
     step = Step(backbone)
     with torch.no_grad():
         currents, mean, std = Encode(model)(x, marks)
     state = [torch.zeros(shape) for shape in state_shapes(backbone, currents) for _ in (0, 1)]
     names = [f"{kind}_{i}" for i in range(len(step.lifs)) for kind in ("membrane", "spike")]
-    _export(Encode(model), (x, marks), folder / "encode.onnx", ["x", "marks"], ["currents", "mean", "std"])
-    _export(step, (currents[0], *state), folder / "step.onnx", ["current", *names],
-            ["spikes", *[f"next_{n}" for n in names]])
+    _export(Encode(model), (x, marks), folder / "encode.onnx", ["x", "marks"], ["currents", "mean", "std"],
+            {"currents": {1: SEQUENCES}})
+    inputs, outputs = ["current", *names], ["spikes", *[f"next_{n}" for n in names]]
+    _export(step, (currents[0], *state), folder / "step.onnx", inputs, outputs,
+            {name: {0: SEQUENCES} for name in inputs + outputs})
     rate = torch.from_numpy(expected[1]).mean(0)
-    _export(Readout(model), (rate, mean, std), folder / "readout.onnx", ["rate", "mean", "std"], ["forecast"])
-    return verify(expected, stream(folder, x.numpy(), marks.numpy()), tolerance, max_flipped, "streaming graphs")[0]
+    _export(Readout(model), (rate, mean, std), folder / "readout.onnx", ["rate", "mean", "std"], ["forecast"],
+            {"rate": {0: SEQUENCES}})
+
+    def streamed(x: torch.Tensor, marks: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
+        return stream(folder, x.numpy(), marks.numpy())
+
+    return verify_batches(reference, streamed, x, marks, expected, tolerance, max_flipped, "streaming graphs")[0]
 
 
 def stream(folder: Path, x: np.ndarray, marks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -247,14 +302,13 @@ def state_shapes(backbone: SpikingBackbone, currents: torch.Tensor) -> list[tupl
     return [shapes[id(lif)] for lif in lifs]
 
 
-def _export(module: nn.Module, args: tuple, path: Path, inputs: list[str], outputs: list[str]) -> None:
+def _export(module: nn.Module, args: tuple, path: Path, inputs: list[str], outputs: list[str],
+            axes: dict[str, dict[int, str]] | None = None) -> None:
     """Legacy (tracing) exporter: it records the Python-side state handling of ``Step`` as plain
-    graph inputs/outputs; every axis but the batch is fixed."""
-    axes = {name: {0: "batch"} for name in inputs + outputs}
-    if "currents" in axes:
-        axes["currents"] = {1: "batch"}
-    if "spikes" in outputs and isinstance(module, Unrolled):
-        axes["spikes"] = {1: "batch"}
+    graph inputs/outputs; every axis but the dynamic ones is fixed: axis 0 (``BATCH``) of every
+    input and output unless ``axes`` names another (``SEQUENCES``). A model the exporter cannot
+    record raises ``UnsupportedLayerError`` naming the file."""
+    axes = {name: {0: BATCH} for name in inputs + outputs} | (axes or {})
     module.eval()  # the exporter restores the wrapper's mode afterwards, and with it its children's
     fastpath = torch.backends.mha.get_fastpath_enabled()
     torch.backends.mha.set_fastpath_enabled(False)  # the fused encoder-layer kernel has no ONNX op
@@ -263,18 +317,32 @@ def _export(module: nn.Module, args: tuple, path: Path, inputs: list[str], outpu
             warnings.simplefilter("ignore")
             torch.onnx.export(module, args, str(path), input_names=inputs, output_names=outputs,
                               dynamic_axes=axes, opset_version=OPSET, dynamo=False)
+    except torch.onnx.errors.OnnxExporterError as err:
+        raise UnsupportedLayerError(f"{path.name}: {one_line(err)}") from None
     finally:
         torch.backends.mha.set_fastpath_enabled(fastpath)
 
 
 def ort_session(path: Path) -> ort.InferenceSession:
+    """A CPU session on ``path`` that logs nothing: its failures reach the caller as exceptions."""
     options = ort.SessionOptions()
-    options.log_severity_level = 3
+    options.log_severity_level = 4
     return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
 
 def run_session(path: Path, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
-    return ort_session(path).run(None, feeds)
+    """Every output of ``path`` on ``feeds``; a graph ONNX Runtime cannot run raises
+    ``ExportMismatchError`` naming the file, the batch and the node that failed."""
+    try:
+        return ort_session(path).run(None, feeds)
+    except ORT_FAILURES as err:
+        batch = len(next(iter(feeds.values())))
+        raise ExportMismatchError(f"{path.name} fails in ONNX Runtime at batch {batch}: {one_line(err)}") from None
+
+
+def one_line(err: Exception) -> str:
+    """An exception's message on one line (ONNX Runtime's and torch's span several)."""
+    return " ".join(str(err).split())
 
 
 def compare(expected: tuple, got: list | tuple, tolerance: float, what: str) -> float:

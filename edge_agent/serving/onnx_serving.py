@@ -70,7 +70,7 @@ class OnnxServing:
         options.intra_op_num_threads = options.inter_op_num_threads = 1
         options.add_free_dimension_override_by_name(BATCH_AXIS, 1)
         self.session = onnxruntime.InferenceSession(model, options, providers=["CPUExecutionProvider"])
-        self.inputs = {i.name for i in self.session.get_inputs()}  # an anchor's graph reads no calendar
+        self.path = folder / MODEL_FILE
 
     def forecast(self, times_ns: np.ndarray, values: np.ndarray, issued_at: datetime | None = None) -> dict[str, Any]:
         """The forecast after a window of ``lookback`` rows (``values`` (L, F) in the data's units at
@@ -81,14 +81,25 @@ class OnnxServing:
                              f"got {values.shape}")
         mean, std = np.asarray(info.mean), np.asarray(info.std)
         x = ((values - mean) / std).astype(np.float32)[None]
-        feeds = {"x": x, "marks": calendar_features(times_ns)[None]}
-        out = self.session.run(["forecast"], {k: v for k, v in feeds.items() if k in self.inputs})[0][0]
+        out = run_forecast(self.session, {"x": x, "marks": calendar_features(times_ns)[None]}, self.path)[0]
         scaled = out * std[:, None] + mean[:, None] if info.levels else out * std + mean
         stamps = [int(times_ns[-1]) + info.step_ns * (h + 1) for h in range(info.horizon)]
         return {"client_id": info.client_id, "round": info.round, "model": info.model,
                 "issued_at": iso(issued_at or datetime.now(timezone.utc)), "window_end": iso_ns(int(times_ns[-1])),
                 "times": [iso_ns(t) for t in stamps], "levels": info.levels,
                 "forecast": {column: _series(scaled[:, j], info.levels) for j, column in enumerate(info.columns)}}
+
+
+def run_forecast(session: Any, feeds: dict[str, np.ndarray], path: Path) -> np.ndarray:
+    """The graph's ``forecast`` for the windows ``feeds["x"]``, fed the inputs it reads (an anchor's
+    graph reads no calendar). One forecast per window or an error naming ``path``: a graph that
+    kept the batch it was exported with returns that many rows whatever it is given."""
+    inputs = {i.name for i in session.get_inputs()}
+    out = session.run(["forecast"], {name: array for name, array in feeds.items() if name in inputs})[0]
+    if len(out) != len(feeds["x"]):
+        raise ValueError(f"{path}: the model returned {len(out)} forecasts for {len(feeds['x'])} windows "
+                         "(its graph fixed the batch it was exported with: export it again)")
+    return out
 
 
 def _series(values: np.ndarray, levels: list[float]) -> dict[str, list[float]]:

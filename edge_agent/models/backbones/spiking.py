@@ -193,7 +193,10 @@ class SpikingSelfAttention(nn.Module):
         self.last_qkv: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
 
     def split(self, x: torch.Tensor) -> torch.Tensor:
-        return x.unflatten(-1, (self.heads, -1)).transpose(-3, -2)
+        """(..., N, D) -> (..., heads, N, D / heads). A reshape to the input's own leading sizes:
+        ``unflatten(-1, (heads, -1))`` exports to ONNX as a reshape of unknown rank, after which the
+        exporter takes every later shape from the export batch (the graph then fails at any other)."""
+        return x.reshape(*x.shape[:-1], self.heads, -1).transpose(-3, -2)
 
     def currents(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """Split Q, K, V spikes (..., heads, N, D / heads) -> the attention LIF's input (..., N, D)."""
