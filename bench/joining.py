@@ -14,8 +14,7 @@ import torch
 from edge_agent.choice import choose
 from edge_agent.data import DataError, SeriesTable, prepare_client
 from edge_agent.data.arrays import min_training_rows
-from edge_agent.learners.head import client_model
-from edge_agent.newcomer import Newcomer, own_scale, recent_scores, window_errors
+from edge_agent.newcomer import Newcomer, own_scale, received_model, recent_scores, window_errors
 from edge_agent.selection import window_scores
 
 
@@ -56,9 +55,8 @@ class Timeline:
 
     def fleet_model(self, state: dict, seed: int):
         """The fleet's model as the site receives it: the global state in a model of its features."""
-        model = client_model(self.recipe, self.client.n_features, seed, 0)
-        model.load_shared_state({k: torch.as_tensor(v) for k, v in state.items()})
-        return model.eval()
+        return received_model(self.recipe, self.client.n_features, {k: torch.as_tensor(v) for k, v in state.items()},
+                              seed)
 
     def model_forecasts(self, model) -> np.ndarray:
         return self.per_day(lambda day: self.site.model_forecasts(model, day))

@@ -29,7 +29,7 @@ from common import bench_parser, configure, run_config, run_parallel
 from datasets import bench_fleet, dataset_tables
 from sealed import SEALED, SEALED_FROZEN_AT
 from time_to_value_report import markdown, plot, summarize
-from value import model_config
+from value import federation, model_config
 
 from edge_agent.newcomer import FLEET
 from edge_agent.recipe import ANCHORS, TRAINING
@@ -46,17 +46,6 @@ def fleet(dataset: str) -> list:
     return bench_fleet(dataset, 0, recipe.lookback, recipe.horizon, 1, 1)
 
 
-def federation(dataset: str, seed: int, cfg: dict):
-    """The round settings of bench/value.py's FedAvg: the product's batch size, rate and steps."""
-    from coordinator.simulation.federation import FederationConfig
-    from edge_agent.config import AgentTraining
-
-    recipe = AgentTraining()
-    return FederationConfig(rounds=cfg["rounds"], local_epochs=cfg["local_epochs"], batch_size=recipe.batch_size,
-                            lr=recipe.lr, min_steps=recipe.min_steps, max_steps=recipe.max_steps, seed=seed,
-                            test_every_round=False)
-
-
 def fleet_job(dataset: str, seed: int, cfg: dict, threads: int) -> dict:
     """Train the established fleet (every second site, from the first) and return its last global
     state, with the CPU seconds one gateway's round took."""
@@ -67,7 +56,7 @@ def fleet_job(dataset: str, seed: int, cfg: dict, threads: int) -> dict:
     torch.set_num_threads(threads)
     established = fleet(dataset)[0::2]
     cpu, wall = time.process_time(), time.perf_counter()
-    result = run_federation(established, model_config("dlinear", dataset), federation(dataset, seed, cfg))
+    result = run_federation(established, model_config("dlinear", dataset), federation(cfg, seed))
     per_round = (time.process_time() - cpu) / (cfg["rounds"] * len(established))
     return {"dataset": dataset, "seed": seed, "state": {k: v.numpy() for k, v in result.shared.items()},
             "cpu_seconds_per_round_per_gateway": per_round, "seconds": time.perf_counter() - wall}
@@ -87,7 +76,7 @@ def newcomer_job(dataset: str, position: int, states: dict, cfg: dict, threads: 
     runs = []
     for seed, state in states.items():
         candidates = {FLEET: timeline.model_forecasts(timeline.fleet_model(state, seed)), **anchors,
-                      "local": timeline.local_forecasts(seed, federation(dataset, seed, cfg), cfg["local_every_days"])}
+                      "local": timeline.local_forecasts(seed, federation(cfg, seed), cfg["local_every_days"])}
         reported = timeline.scores(candidates)
         alone = [name for name in candidates if name != FLEET]
         runs.append({"seed": seed, **{side: timeline.served(candidates, reported, names, cfg["selection_days"])

@@ -40,7 +40,7 @@ from pathlib import Path
 
 from common import bench_parser, commit, configure, run_config, run_parallel, write_report
 from datasets import bench_fleet, dataset_interval
-from sealed import SEALED, SEALED_FROZEN_AT
+from sealed import SEALED, SEALED_DECLARED, SEALED_FROZEN_AT
 from value_report import (FEDERATED, NEWCOMER, POOLED, SERVED, SERVED_BY, SERVED_FEDERATED, markdown, plot, summarize,
                           verdicts)
 
@@ -150,19 +150,24 @@ def anchored(fleet: list, anchor: str) -> dict:
     return out
 
 
+def federation(cfg: dict, seed: int, personal_epochs: int = 0):
+    """The bench's rounds with the product's batch size, learning rate and steps per round."""
+    from coordinator.simulation.federation import FederationConfig
+    from edge_agent.config import AgentTraining
+
+    recipe = AgentTraining()
+    return FederationConfig(rounds=cfg["rounds"], local_epochs=cfg["local_epochs"], batch_size=recipe.batch_size,
+                            lr=recipe.lr, min_steps=cfg.get("min_steps", recipe.min_steps), max_steps=recipe.max_steps,
+                            seed=seed, test_every_round=False, personal_epochs=personal_epochs)
+
+
 def trained(fleet: list, model, method: str, seed: int, cfg: dict) -> tuple[dict, list]:
     """Per-client scores of one learned method with ``model`` (a ModelConfig), and its per-client models."""
     from coordinator.simulation.baselines import TrainingBudget, run_centralized, run_local_only
-    from coordinator.simulation.federation import FederationConfig, run_federation
-    from edge_agent.config import AgentTraining
+    from coordinator.simulation.federation import run_federation
     from edge_agent.train import forecasts
 
-    personal = cfg["personal_epochs"] if method == "fedrep" else 0
-    recipe = AgentTraining()  # the product's batch size, learning rate and steps per round
-    fed = FederationConfig(rounds=cfg["rounds"], local_epochs=cfg["local_epochs"], batch_size=recipe.batch_size,
-                           lr=recipe.lr, min_steps=cfg.get("min_steps", recipe.min_steps), max_steps=recipe.max_steps,
-                           seed=seed,
-                           test_every_round=False, personal_epochs=personal)
+    fed = federation(cfg, seed, cfg["personal_epochs"] if method == "fedrep" else 0)
     if method in ("local", "centralized"):
         result = (run_local_only if method == "local" else run_centralized)(fleet, model, TrainingBudget.matching(fed))
     else:
@@ -364,7 +369,7 @@ def main() -> None:
     rows = [{**row, "split": split} for row in summarize(runs, cfg)]
     summary = {"rows": rows, "anchors": cfg["anchors"], "federated": list(FEDERATED), "served": SERVED,
                "verdicts": None, "runs": public(runs), "config": {**config, "selection_days": SELECTION_DAYS},
-               "sealed_frozen_at": SEALED_FROZEN_AT}
+               "sealed_frozen_at": SEALED_FROZEN_AT, **({"declared": list(SEALED_DECLARED)} if args.sealed else {})}
     summary["verdicts"] = verdicts(rows, cfg)
     write_report(args.out, name, summary, markdown, plot)
 

@@ -43,7 +43,7 @@ from edge_agent.serving.renewal import BundleRenewal, BundleWriter
 from edge_agent.session import RETRY, Refused, Session, settled
 from edge_agent.state import AgentState
 from edge_agent.storage import writable_folder
-from edge_agent.tensors import TensorDict, first_non_finite, l2_norm, layout_of
+from edge_agent.tensors import Layout, TensorDict, first_non_finite, l2_norm, layout_of
 from edge_agent.training_child import RoundResult, TrainingChild
 
 log = logging.getLogger("edgefl.agent")
@@ -223,7 +223,8 @@ class Agent:
             return
         if not self._in_campaign(header):
             return
-        problem = self._global_problem(header, global_state)
+        problem = self._global_problem(header, global_state, self.learner.signature, self.layout, self.global_norm,
+                                       "the last accepted one's")
         if problem is None:
             self.learner.load_global(global_state)
             self.files.save_global(global_state)
@@ -290,32 +291,28 @@ class Agent:
         if self.cfg.mode != HeadLearner.kind:
             return ""
         template = fleet_template(self.cfg, self.cfg.seed)
-        problem = (f"another model (signature {header.model_signature}, ours {template.signature})"
-                   if header.model_signature != template.signature else None)
-        try:
-            check_tensors(state, layout_of(template.initial))
-        except ProtocolError as err:
-            problem = problem or str(err)
-        limit = self.cfg.max_global_growth * max(l2_norm(template.initial), 1.0)
-        if problem is None and not l2_norm(state) <= limit:
-            problem = f"its norm {l2_norm(state):.3g} exceeds {self.cfg.max_global_growth:g} x the initial model's"
+        problem = self._global_problem(header, state, template.signature, layout_of(template.initial),
+                                       l2_norm(template.initial), "the initial model's")
         if problem is not None:
             log.error("round %d: refusing the global model (%s)", header.round, problem)
             return ""
         self.files.save_global(state)
         return "; kept the fleet's model to forecast with meanwhile"
 
-    def _global_problem(self, header: RoundHeader, state: TensorDict) -> str | None:
-        """Why a round's global model must not be installed, or None when it may."""
-        if header.model_signature != self.learner.signature:
-            return f"another model (signature {header.model_signature}, ours {self.learner.signature})"
+    def _global_problem(self, header: RoundHeader, state: TensorDict, signature: str, layout: Layout,
+                        reference_norm: float, reference: str) -> str | None:
+        """Why a round's global model must not be installed, or None when it may: its signature,
+        layout, finite values and a norm at most ``max_global_growth`` x ``reference_norm`` (the
+        last accepted one's; the fleet's initial model's for a gateway without a learner)."""
+        if header.model_signature != signature:
+            return f"another model (signature {header.model_signature}, ours {signature})"
         try:
-            check_tensors(state, self.layout)
+            check_tensors(state, layout)
         except ProtocolError as err:
             return str(err)
-        norm, limit = l2_norm(state), self.cfg.max_global_growth * max(self.global_norm, 1.0)
+        norm, limit = l2_norm(state), self.cfg.max_global_growth * max(reference_norm, 1.0)
         if not norm <= limit:
-            return f"its norm {norm:.3g} exceeds {self.cfg.max_global_growth:g} x the last accepted one's"
+            return f"its norm {norm:.3g} exceeds {self.cfg.max_global_growth:g} x {reference}"
         return None
 
     def _saved_learner(self) -> Learner:

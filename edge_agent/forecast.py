@@ -18,14 +18,13 @@ from edge_agent.conformal import apply_offsets
 from edge_agent.data import (ClientData, DataError, SeriesTable, WindowSet, prepare_client, sampling_step, steps_per_day,
                              time_features)
 from edge_agent.learners import HeadLearner, make_learner, training_rows_needed
-from edge_agent.learners.head import client_model
 from edge_agent.live import gateway_table
 from edge_agent.models import Forecaster
 from edge_agent.models.foundation import load_foundation
 from edge_agent.onnx_model import OnnxForecaster
 from edge_agent.recipe import ANCHORS as RECIPE_ANCHORS
 from edge_agent.models.combination import median_forecast
-from edge_agent.newcomer import FLEET, Newcomer, newcomer_forecast
+from edge_agent.newcomer import FLEET, Newcomer, newcomer_forecast, received_model
 from edge_agent.selection import MEDIAN, Served
 from edge_agent.state import AgentState
 from edge_agent.train import conformal_offsets
@@ -212,9 +211,7 @@ def fleet_model(cfg: AgentConfig, table: SeriesTable) -> Forecaster | None:
     state = AgentState(cfg.state_dir).fleet_state()
     if state is None:
         return None
-    model = client_model(cfg.model, table.n_features, cfg.seed, cfg.client_index)
-    model.load_shared_state(state)
-    return model.eval()
+    return received_model(cfg.model, table.n_features, state, cfg.seed, cfg.client_index)
 
 
 def _points_only(cfg: AgentConfig, what: str) -> str:

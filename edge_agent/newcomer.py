@@ -22,6 +22,9 @@ from torch import nn
 from edge_agent.anchors import filled, make_anchor
 from edge_agent.choice import choose, recent_score
 from edge_agent.data.arrays import StandardScaler, time_features
+from edge_agent.learners.head import client_model
+from edge_agent.models import ModelConfig
+from edge_agent.tensors import TensorDict
 from edge_agent.scoring import seasonal_naive_mae, spread
 
 FLEET = "federated"
@@ -60,6 +63,15 @@ def window_errors(forecasts: np.ndarray, values: np.ndarray, origins: np.ndarray
         if origin + horizon <= len(values):
             out[j] = np.abs(forecasts[j] - values[origin:origin + horizon]).mean(axis=0)
     return out
+
+
+def received_model(model_config: ModelConfig, n_features: int, state: TensorDict, seed: int,
+                   client_index: int = 0) -> nn.Module:
+    """The fleet's model as a gateway of ``n_features`` features receives it: the global ``state``
+    installed in its own model (a recipe whose head is shared too)."""
+    model = client_model(model_config, n_features, seed, client_index)
+    model.load_shared_state(state)
+    return model.eval()
 
 
 def recent_scores(errors: dict[str, np.ndarray], origins: np.ndarray, horizon: int, at: int, span: int | None,
