@@ -122,7 +122,7 @@ def write_configs(work: Path, port: int, rounds: int) -> tuple[Path, Path]:
     agent = {"fleet": "bench", "client_id": "gateway", "state_dir": str(work / "agent"), "broker": {"port": port},
              "data": {"source": "sensors", "gaps": {"fill": "ffill", "max_fill_steps": 2}},
              "sensors": {"step": "1h", "broker": {"port": port}, "features": features},
-             "serving": {"topic": FORECASTS, "every_s": 1.0}}
+             "serving": {"topic": FORECASTS, "every_s": 1.0, "stale_after": "2d"}}  # replayed: up to a day old
     coordinator = {"fleet": "bench", "state_dir": str(work / "coordinator"), "rounds": rounds, "min_clients": 1,
                    "start_clients": 1, "linger_s": 0, "broker": {"port": port}}
     paths = work / "agent.toml", work / "coordinator.toml"

@@ -5,7 +5,7 @@ gateway's history is too short to train on or nothing is trained yet, the founda
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -26,6 +26,7 @@ from edge_agent.recipe import ANCHORS as RECIPE_ANCHORS
 from edge_agent.models.combination import median_forecast
 from edge_agent.newcomer import FLEET, Newcomer, newcomer_forecast, received_model
 from edge_agent.selection import MEDIAN, Served
+from edge_agent.serving.onnx_serving import floored, never_negative
 from edge_agent.state import AgentState
 from edge_agent.train import conformal_offsets
 from edge_agent.zero_shot import zero_shot_forecast
@@ -112,8 +113,17 @@ def forecast(cfg: AgentConfig, onnx_model: Path | None = None, conformal: bool =
     ONNX Runtime; without a model of the gateway's own (see ``no_model_yet``) with the zero-shot
     foundation, where one is configured (point forecasts only). A quantile model's interval is its
     own lowest to highest quantile or, with ``conformal``, that interval calibrated on the
-    gateway's validation windows by the same model (``conformal_interval``)."""
+    gateway's validation windows by the same model (``conformal_interval``). A feature that was
+    never negative in the history is not forecast below 0 (as the serving path does)."""
     table = gateway_table(cfg)
+    made = _forecast(cfg, table, onnx_model, conformal)
+    non_negative = never_negative(table.values)
+    quantiles = None if made.quantiles is None else torch.from_numpy(floored(made.quantiles.numpy(), non_negative))
+    return replace(made, values=torch.from_numpy(floored(made.values.numpy(), non_negative)), quantiles=quantiles)
+
+
+def _forecast(cfg: AgentConfig, table: SeriesTable, onnx_model: Path | None, conformal: bool) -> Forecast:
+    """``forecast`` on ``table`` before any floor."""
     needed = training_rows_needed(cfg)
     why, checkpoint = no_model_yet(cfg, table, needed), zero_shot_checkpoint(cfg)
     if why and checkpoint and onnx_model is None:

@@ -19,7 +19,7 @@ from edge_agent.models import Forecaster
 from edge_agent.models.backbones.spiking import SpikingBackbone
 from edge_agent.models.combination import MedianForecaster
 from edge_agent.selection import MEDIAN, Served, fits_window, lookback_anchor
-from edge_agent.serving.onnx_serving import INFO_FILE, MODEL_FILE, BundleInfo
+from edge_agent.serving.onnx_serving import INFO_FILE, MODEL_FILE, BundleInfo, never_negative
 from edge_agent.storage import write_bytes_atomically
 from export.contract import ExportReport
 from export.contract import sample_windows
@@ -55,7 +55,7 @@ def write_bundle(learner: HeadLearner, client_id: str, round_index: int, step_ns
                       mean=[float(v) for v in data.scaler.mean], std=[float(v) for v in data.scaler.std],
                       lookback=data.train.lookback, horizon=data.train.horizon, step_ns=step_ns,
                       levels=list(levels), onnx_sha256=hashlib.sha256(model).hexdigest(),
-                      verified_max_error=float(report.max_abs_error or 0.0))
+                      verified_max_error=float(report.max_abs_error or 0.0), non_negative=never_negative(data.raw))
     os.replace(staging / MODEL_FILE, Path(folder) / MODEL_FILE)
     write_bytes_atomically(Path(folder) / INFO_FILE, info.model_dump_json(indent=1).encode())
     shutil.rmtree(staging, ignore_errors=True)

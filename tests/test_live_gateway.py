@@ -30,6 +30,7 @@ from tests.fleet import MODEL, SEED, TRAINING, coordinator_config, start, wait_f
 FEATURES = ("temp_air", "relative_humidity", "wind_speed")
 ROWS = 200  # > 120, the history one window of MODEL needs; 8 days, inside the 30-day retention
 STATION, BAROMETER, FORECASTS = "zigbee2mqtt/amsterdam", "zigbee2mqtt/barometer", "home/amsterdam/forecast"
+REPLAY_AGE = "2d"  # a replayed station's last row ends up to a day ago (edgefl replay's whole-day rebase)
 KINDS = ("not_a_number", "missing_field", "not_finite", "bad_timestamp", "too_old", "in_future", "out_of_order",
          "unknown_topic")
 
@@ -43,7 +44,8 @@ def live_config(folder: Path, port: int, barometer: bool) -> Path:
             "client_index": 0, "data": {"source": "sensors", "gaps": {"fill": "ffill", "max_fill_steps": 2}},
             "model": MODEL, "training": TRAINING, "broker": {"port": port, "keepalive_s": 5},
             "sensors": {"step": "1h", "broker": {"port": port}, "features": features},
-            **({} if barometer else {"serving": {"topic": FORECASTS, "every_s": 3600, "home_assistant": True}})}
+            **({} if barometer else {"serving": {"topic": FORECASTS, "every_s": 3600, "home_assistant": True,
+                                                 "stale_after": REPLAY_AGE}})}
     path = folder / f"agent{'-barometer' if barometer else ''}.toml"
     path.write_text(dump_toml(data))
     return path

@@ -22,9 +22,10 @@ from tests.test_live_gateway import FEATURES, FORECASTS, live_config, replay
 
 UPDATE, DISCOVERY, AVAILABILITY = "edgefl/test/agents/client00/update", "homeassistant/sensor/+/config", \
     "edgefl/client00-sensors/status"
+FRESHNESS = f"{FORECASTS}/freshness"
 LONG_ROUND = {"min_steps": 1500}  # a round of 5-15 s on the test model (2-10 ms a step)
 HA_KEYS = {"name", "unique_id", "state_topic", "value_template", "unit_of_measurement", "device_class",
-           "state_class", "availability_topic", "payload_available", "payload_not_available", "device"}
+           "state_class", "availability", "availability_mode", "expire_after", "device"}
 
 
 class Arrivals:
@@ -65,7 +66,7 @@ def serving_every_second(folder: Path, port: int) -> Path:
 def test_forecasts_keep_coming_while_the_agent_trains_and_home_assistant_can_draw_them(tmp_path: Path,
                                                                                         mosquitto) -> None:
     port = mosquitto.port
-    watch = Arrivals(port, [FORECASTS, UPDATE, DISCOVERY, AVAILABILITY])
+    watch = Arrivals(port, [FORECASTS, UPDATE, DISCOVERY, AVAILABILITY, FRESHNESS])
     try:
         agent = start(tmp_path, "agent", "agent", "run", "-c", str(serving_every_second(tmp_path, port)))
         wait_for(lambda: any(p == b"online" for _, p in watch.on(AVAILABILITY)), 180, "the agent's sensor client")
@@ -77,6 +78,7 @@ def test_forecasts_keep_coming_while_the_agent_trains_and_home_assistant_can_dra
         updated = watch.on(UPDATE)[0][0]
         wait_for(lambda: len(watch.on(DISCOVERY)) >= len(FEATURES), 30, "the discovery configs")
         forecasts = watch.on(FORECASTS)
+        freshness = json.loads(watch.on(FRESHNESS)[-1][1])
         discovery = [json.loads(payload) for _, payload in watch.on(DISCOVERY)]
         agent.send_signal(signal.SIGTERM)
         assert agent.wait(60) == 0
@@ -100,8 +102,10 @@ def test_forecasts_keep_coming_while_the_agent_trains_and_home_assistant_can_dra
         unit, device_class = KNOWN_QUANTITIES[column]
         assert (config["unit_of_measurement"], config["device_class"], config["state_class"]) == (
             unit, device_class, "measurement")
-        assert (config["availability_topic"], config["payload_available"], config["payload_not_available"]) == (
-            AVAILABILITY, "online", "offline")
+        status, fresh = config["availability"]
+        assert (status["topic"], status["payload_available"], status["payload_not_available"]) == (
+            AVAILABILITY, "online", "offline") and config["availability_mode"] == "all"
+        assert jinja2.Template(fresh["value_template"]).render(value_json=freshness) == fresh["payload_available"]
         state = jinja2.Template(config["value_template"]).render(value_json=latest)
         assert float(state) == latest["forecast"][column]["value"][0]
         attributes = json.loads(jinja2.Template(config["json_attributes_template"]).render(value_json=latest))

@@ -140,6 +140,29 @@ class ServingSettings(BaseModel):
     home_assistant_steps: tuple[int, ...] = Field((1, 24), min_length=1, max_length=8, description="one Home "
                                                   "Assistant sensor per feature for each of these steps ahead (those "
                                                   "beyond the model's horizon are left out)")
+    stale_after: str | None = Field(None, description="no forecast is published as current while a feature's newest "
+                                    "reading is older than this duration (e.g. '3h'); a stale state is published "
+                                    "instead; default: three [sensors] steps (the expected reading plus two)")
+
+    @field_validator("stale_after")
+    @classmethod
+    def _duration(cls, age: str | None) -> str | None:
+        if age is not None:
+            try:
+                positive = parse_duration(age) > 0
+            except ValueError as err:
+                raise ValueError(f"{age!r} is not a fixed duration such as '3h' or '45min' ({err})") from None
+            if not positive:
+                raise ValueError(f"{age!r} must be longer than zero")
+        return age
+
+    def stale_after_ns(self, step_ns: int) -> int:
+        """How old the newest reading may be before forecasts stop: ``stale_after`` or three steps."""
+        return parse_duration(self.stale_after) if self.stale_after else 3 * step_ns
+
+    def freshness_topic(self, client_id: str) -> str:
+        """Where the gateway says whether its forecasts are current (retained ``fresh``/``stale`` JSON)."""
+        return f"{self.forecast_topic(client_id)}/freshness"
 
     @field_validator("home_assistant_steps")
     @classmethod

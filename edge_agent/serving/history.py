@@ -10,8 +10,10 @@ from typing import TYPE_CHECKING
 
 from edge_agent.data.errors import DataError
 from edge_agent.sensors.ingest import SensorIngest
+from edge_agent.serving.freshness import FRESH, Freshness, freshness
 from edge_agent.serving.home_assistant import discovery_messages
 from edge_agent.serving.onnx_serving import OnnxServing, document
+from edge_agent.times import now_ns
 from edge_agent.toml_config import LiveGatewayConfig
 
 if TYPE_CHECKING:
@@ -31,6 +33,7 @@ class SensorHistory:
         self.needed = needed
         self._said = ""
         self._next_forecast = 0.0
+        self._told: str | None = None  # the freshness state last published
 
     def start(self) -> None:
         self.ingest.start()
@@ -65,8 +68,13 @@ class SensorHistory:
     def publish_forecast(self, server: OnnxServing) -> bool:
         """Forecast from the latest ``lookback`` intervals of history with the ONNX bundle and
         publish it on the ``[serving]`` topic; False (said once per reason) where the latest
-        window has a gap or no history is there yet. numpy only: the serving process has no pandas."""
+        window has a gap or no history is there yet, and where the readings are stale (then the
+        stale state goes out instead). numpy only: the serving process has no pandas."""
         lookback, gateway = server.info.lookback, self.gateway
+        current = self.freshness()
+        if current is not None and current.state != FRESH:
+            self.tell(current)
+            return False
         try:
             window = self.ingest.window(gateway.client_id, lookback, gateway.data.gaps)
         except DataError as err:
@@ -77,7 +85,29 @@ class SensorHistory:
         payload = server.forecast(*window)
         serving, client_id = self.gateway.serving, self.gateway.client_id
         self.ingest.publish(serving.forecast_topic(client_id), document(payload), serving.retain)
+        if current is not None:
+            self.tell(current)
         return True
+
+    def freshness(self) -> Freshness | None:
+        """How old the newest reading of the least recent configured feature is, now."""
+        sensors = self.gateway.sensors
+        latest = {feature.name: self.ingest.store.latest(feature.name) for feature in sensors.features}
+        return freshness(latest, now_ns(), self.gateway.serving.stale_after_ns(sensors.step_ns))
+
+    def tell(self, current: Freshness) -> None:
+        """Publish the freshness state (retained) when it changed, and log each change to stale
+        and back once, naming the sensor and its age."""
+        if current.state == self._told:
+            return
+        serving, client_id = self.gateway.serving, self.gateway.client_id
+        self.ingest.publish(serving.freshness_topic(client_id), current.document(), retain=True)
+        if current.state != FRESH:
+            log.warning("%s: forecasts withheld, readings are stale: %s; %s says stale until readings return",
+                        client_id, current.describe(), serving.freshness_topic(client_id))
+        elif self._told is not None:
+            log.info("%s: readings are current again (%s); forecasts resume", client_id, current.describe())
+        self._told = current.state
 
     def metrics(self) -> dict[str, float]:
         """Readings accepted and refused (by kind) over all features since the agent started, as
@@ -93,9 +123,10 @@ class SensorHistory:
         serving = self.gateway.serving
         if serving.home_assistant:
             topic = serving.forecast_topic(self.gateway.client_id)
+            availability = (self.ingest.status_topic, serving.freshness_topic(self.gateway.client_id))
             for config_topic, payload in discovery_messages(server.info, topic, serving.discovery_prefix,
-                                                            self.gateway.sensors.features, self.ingest.status_topic,
-                                                            serving.home_assistant_steps):
+                                                            self.gateway.sensors.features, availability,
+                                                            serving.home_assistant_steps, serving.every_s):
                 self.ingest.publish(config_topic, payload, retain=True)
 
     def waiting(self, reason: str, detail: str) -> None:

@@ -4,14 +4,18 @@ step ahead (``[serving] home_assistant_steps``, e.g. +1 h and +24 h) whose state
 forecast, with the measured sensor's ``unit_of_measurement`` and ``device_class`` and
 ``state_class: measurement``, so Home Assistant records its history and draws it in the same graph
 as the sensor it forecasts. The first step's sensor also carries the whole forecast (times, values,
-intervals) as attributes. ``availability`` follows the publishing client's Last Will (retained
-``online``/``offline`` on its status topic)."""
+intervals) as attributes. A sensor is available while both the publishing client is (its Last
+Will: retained ``online``/``offline`` on its status topic) and its readings are current (retained
+``fresh``/``stale`` on the freshness topic, ``edge_agent.serving.freshness``), and expires when no
+forecast came for three ``every_s``."""
 
 from __future__ import annotations
 
 import json
+import math
 
 from edge_agent.sensors.settings import SensorFeature
+from edge_agent.serving.freshness import FRESH, STALE
 from edge_agent.serving.onnx_serving import BundleInfo
 from edge_agent.times import NS_PER_S
 
@@ -41,9 +45,19 @@ def ahead(steps: int, step_ns: int) -> str:
     return f"{seconds}s"
 
 
+def availability(status_topic: str, freshness_topic: str) -> dict:
+    """Available while the client is online and its readings are fresh (both must say so)."""
+    return {"availability": [
+        {"topic": status_topic, "payload_available": AVAILABLE, "payload_not_available": NOT_AVAILABLE},
+        {"topic": freshness_topic, "value_template": "{{ value_json.state }}", "payload_available": FRESH,
+         "payload_not_available": STALE}], "availability_mode": "all"}
+
+
 def discovery_messages(info: BundleInfo, state_topic: str, prefix: str, features: list[SensorFeature],
-                       availability_topic: str, steps: tuple[int, ...]) -> list[tuple[str, bytes]]:
-    """(topic, retained config payload) per feature and step ahead under ``<prefix>/sensor/<object id>/config``."""
+                       availability_topics: tuple[str, str], steps: tuple[int, ...],
+                       every_s: float) -> list[tuple[str, bytes]]:
+    """(topic, retained config payload) per feature and step ahead under ``<prefix>/sensor/<object id>/config``;
+    ``availability_topics``: the client's status topic and its freshness topic."""
     device = {"identifiers": [f"edgefl_{info.client_id}"], "name": f"edgefl {info.client_id}", "manufacturer": "edgefl"}
     by_name = {feature.name: feature for feature in features}
     shown = [step for step in steps if step <= info.horizon]
@@ -57,8 +71,7 @@ def discovery_messages(info: BundleInfo, state_topic: str, prefix: str, features
                 "name": f"{column} forecast +{lead}", "unique_id": object_id, "object_id": object_id,
                 "state_topic": state_topic, "value_template": f"{{{{ {selected}.value[{step - 1}] }}}}",
                 **quantity(by_name.get(column), column), "state_class": "measurement",
-                "availability_topic": availability_topic, "payload_available": AVAILABLE,
-                "payload_not_available": NOT_AVAILABLE, "device": device,
+                **availability(*availability_topics), "expire_after": math.ceil(3 * every_s), "device": device,
             }
             if step == shown[0]:
                 config |= {"json_attributes_topic": state_topic,

@@ -37,11 +37,14 @@ class BundleInfo(BaseModel):
     levels: list[float] = Field(default_factory=list, description="quantile levels; empty for point forecasts")
     onnx_sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
     verified_max_error: float = Field(ge=0.0, description="ONNX Runtime vs torch on the latest windows")
+    non_negative: list[bool] = Field(default_factory=list, description="per column: never negative in the history, "
+                                     "so its forecast is floored at 0 (empty: no floor)")
 
     @model_validator(mode="after")
     def _consistent(self) -> BundleInfo:
-        if not len(self.mean) == len(self.std) == len(self.columns):
-            raise ValueError("mean, std and columns must have one entry per feature")
+        if not len(self.mean) == len(self.std) == len(self.columns) or len(self.non_negative) not in (
+                0, len(self.columns)):
+            raise ValueError("mean, std, columns (and non_negative, if given) must have one entry per feature")
         if not all(np.isfinite(self.mean)) or not all(s > 0 and np.isfinite(s) for s in self.std):
             raise ValueError("mean must be finite and std finite and positive")
         return self
@@ -82,7 +85,7 @@ class OnnxServing:
         mean, std = np.asarray(info.mean), np.asarray(info.std)
         x = ((values - mean) / std).astype(np.float32)[None]
         out = run_forecast(self.session, {"x": x, "marks": calendar_features(times_ns)[None]}, self.path)[0]
-        scaled = out * std[:, None] + mean[:, None] if info.levels else out * std + mean
+        scaled = floored(out * std[:, None] + mean[:, None] if info.levels else out * std + mean, info.non_negative)
         stamps = [int(times_ns[-1]) + info.step_ns * (h + 1) for h in range(info.horizon)]
         return {"client_id": info.client_id, "round": info.round, "model": info.model,
                 "issued_at": iso(issued_at or datetime.now(timezone.utc)), "window_end": iso_ns(int(times_ns[-1])),
@@ -100,6 +103,21 @@ def run_forecast(session: Any, feeds: dict[str, np.ndarray], path: Path) -> np.n
         raise ValueError(f"{path}: the model returned {len(out)} forecasts for {len(feeds['x'])} windows "
                          "(its graph fixed the batch it was exported with: export it again)")
     return out
+
+
+def never_negative(history: np.ndarray) -> list[bool]:
+    """Per column of ``history`` (rows, features; NaN where missing): True where no value is below 0."""
+    with np.errstate(invalid="ignore"):
+        return [bool(np.all(np.isnan(column) | (column >= 0))) for column in np.asarray(history, dtype=float).T]
+
+
+def floored(values: np.ndarray, non_negative: list[bool]) -> np.ndarray:
+    """``values`` (steps, features[, levels]) with the columns flagged ``non_negative`` floored at 0:
+    a forecast of a quantity that has never been negative (irradiance, counts, wind speed) is not."""
+    if not any(non_negative):
+        return values
+    floor = np.where(non_negative, 0.0, -np.inf).reshape((1, -1) + (1,) * (values.ndim - 2))
+    return np.maximum(values, floor)
 
 
 def _series(values: np.ndarray, levels: list[float]) -> dict[str, list[float]]:

@@ -83,7 +83,7 @@ def write_config(work: Path, port: int) -> Path:
             "data": {"source": "sensors", "gaps": {"fill": "ffill", "max_fill_steps": 2}}, "model": MODEL,
             "training": TRAINING, "broker": {"port": port}, "sensors": {"step": "1h", "broker": {"port": port},
                                                                        "features": features},
-            "serving": {"topic": FORECASTS, "every_s": 3600}}
+            "serving": {"topic": FORECASTS, "every_s": 3600, "stale_after": "2d"}}  # replayed: up to a day old
     path = work / "agent.toml"
     path.write_text(dump_toml(data))
     return path
