@@ -5,6 +5,7 @@ gateway's history is too short to train on or nothing is trained yet, the founda
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -25,11 +26,13 @@ from edge_agent.onnx_model import OnnxForecaster
 from edge_agent.recipe import ANCHORS as RECIPE_ANCHORS
 from edge_agent.models.combination import median_forecast
 from edge_agent.newcomer import FLEET, Newcomer, newcomer_forecast, received_model
-from edge_agent.selection import MEDIAN, Served
+from edge_agent.selection import MEDIAN, Served, present, select
 from edge_agent.serving.onnx_serving import floored, never_negative
 from edge_agent.state import AgentState
 from edge_agent.train import conformal_offsets
 from edge_agent.zero_shot import zero_shot_forecast
+
+log = logging.getLogger("edgefl.agent")
 
 
 def load_local_model(cfg: AgentConfig, table: SeriesTable) -> Forecaster:
@@ -140,20 +143,33 @@ def _forecast(cfg: AgentConfig, table: SeriesTable, onnx_model: Path | None, con
     data = prepare_client(table, cfg.model.lookback, cfg.model.horizon)
     series = torch.from_numpy(data.scaler.transform(table.values[-cfg.model.lookback :]).astype("float32")[None])
     marks = torch.from_numpy(time_features(table.index[-cfg.model.lookback :])[None])
-    served = serving(cfg, table) if onnx_model is None else None
+    served = None if onnx_model is not None else _untrained(cfg, table, data) if why else serving(cfg, table)
+    reason = f"{why}; best on validation" if why else "best on validation"
     if served is not None and served.is_anchor:
-        return _anchor(cfg, table, data, served)
+        return _anchor(cfg, table, data, served, reason)
     if served is not None and served.which == MEDIAN:
-        return _median(cfg, table, data, served, series, marks)
+        return _median(cfg, table, data, served, series, marks, reason)
     model, which = _model(served, cfg, onnx_model)
-    stamps = next_stamps(table, cfg.model.horizon)
+    stamps, note = next_stamps(table, cfg.model.horizon), f"{reason}, MASE {_scores(served)}" if why else ""
     if not cfg.model.quantiles:
         values = torch.as_tensor(data.scaler.inverse_transform(model(series, marks)[0].numpy()))
-        return Forecast(stamps, list(data.columns), values, which)
+        return Forecast(stamps, list(data.columns), values, which, note=note)
     quantiles, interval = conformal_interval(model, series, marks, data.val if conformal else None)
     quantiles = data.scaler.inverse_transform(quantiles.movedim(-1, 0)).movedim(0, -1)
     return Forecast(stamps, list(data.columns), quantiles[..., cfg.model.median_index], which,
-                    levels=cfg.model.quantiles, quantiles=quantiles, interval=interval)
+                    levels=cfg.model.quantiles, quantiles=quantiles, interval=interval, note=note)
+
+
+def _untrained(cfg: AgentConfig, table: SeriesTable, data: ClientData) -> Served:
+    """What a gateway with history but no model of its own serves, by the agent's rule on its
+    validation windows: the anchors and, where one was received, the fleet's model (never a model
+    nobody trained)."""
+    fleet, training = fleet_model(cfg, table), cfg.training
+    anchors = training.anchors or RECIPE_ANCHORS
+    log.info("%s: no model trained yet; scoring %s on %d validation windows to choose what to serve",
+             cfg.client_id, ", ".join([*([FLEET] if fleet else []), *anchors]), len(data.val))
+    return select(data, {} if fleet is None else {FLEET: fleet}, anchors, training.median, training.selection_days,
+                  present(data))
 
 
 def _model(served: Served | None, cfg: AgentConfig, onnx_model: Path | None) -> tuple[nn.Module, str]:
@@ -163,22 +179,22 @@ def _model(served: Served | None, cfg: AgentConfig, onnx_model: Path | None) -> 
     return OnnxForecaster(Path(onnx_model), cfg.model.quantiles, cfg.model.horizon), str(onnx_model)
 
 
-def _anchor(cfg: AgentConfig, table: SeriesTable, data: ClientData, served: Served) -> Forecast:
+def _anchor(cfg: AgentConfig, table: SeriesTable, data: ClientData, served: Served, reason: str) -> Forecast:
     """The anchor that validated best, fitted on the gateway's training rows and run over its whole history."""
     values = _anchor_values(served.which, data, cfg.model.horizon)
     return Forecast(next_stamps(table, cfg.model.horizon), list(data.columns), torch.as_tensor(values), served.which,
-                    anchor=f"best on validation, MASE {_scores(served)}", interval=_points_only(cfg, "an anchor"))
+                    anchor=f"{reason}, MASE {_scores(served)}", interval=_points_only(cfg, "an anchor"))
 
 
 def _median(cfg: AgentConfig, table: SeriesTable, data: ClientData, served: Served, series: torch.Tensor,
-            marks: torch.Tensor) -> Forecast:
+            marks: torch.Tensor, reason: str) -> Forecast:
     """The median of the members' forecasts in the data's units (the median commutes with the
     per-feature scaling of the models' inputs)."""
     members = [torch.as_tensor(_anchor_values(name, data, cfg.model.horizon) if model is None else
                                data.scaler.inverse_transform(model.eval()(series, marks)[0].numpy()), dtype=torch.float64)
                for name, model in served.members.items()]
     return Forecast(next_stamps(table, cfg.model.horizon), list(data.columns), median_forecast(torch.stack(members)),
-                    MEDIAN, anchor=f"median of {', '.join(served.members)}; best on validation, MASE {_scores(served)}",
+                    MEDIAN, anchor=f"median of {', '.join(served.members)}; {reason}, MASE {_scores(served)}",
                     interval=_points_only(cfg, "the median"))
 
 

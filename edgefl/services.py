@@ -240,15 +240,21 @@ def agent_forecast(
         "--conformal", help="a quantile model's interval calibrated on this gateway's validation windows")] = False,
 ) -> None:
     """Print the forecast of the local model for the horizon after the latest window; a quantile
-    model's with its interval (lowest to highest level)."""
-    from rich.console import Console
-    from rich.table import Table
+    model's with its interval (lowest to highest level). Before any training: what the gateway
+    would serve by its rule (an anchor, or the fleet's model once received), saying so."""
+    import logging
 
     from edge_agent.forecast import forecast
+    from edgefl.forecast_view import print_forecast
+    from edgefl.progress import heartbeat
 
     cfg = _agent_config(config)
+    stages = logging.getLogger("edgefl.agent")  # what edge_agent.forecast is doing, as plain lines
+    stages.setLevel(logging.INFO)
+    stages.addHandler(logging.StreamHandler())
     try:
-        result = forecast(cfg, onnx, conformal)
+        with heartbeat(lambda line: console.print(line, soft_wrap=True), f"{cfg.client_id}: forecast"):
+            result = forecast(cfg, onnx, conformal)
     except (DataError, ValueError) as err:
         fail(str(err))
     console.print(f"{cfg.client_id}: forecast by {result.served_by}", soft_wrap=True)
@@ -257,14 +263,7 @@ def agent_forecast(
     if csv:
         print("\n".join(result.csv_lines()))
         return
-    table = Table(title=f"{cfg.client_id}: next {len(result.stamps)} steps, by {result.served_by}",
-                  caption=escape(f"median [q{result.levels[0]:g}, q{result.levels[-1]:g}]") if result.levels else None)
-    table.add_column("time", no_wrap=True)
-    for column in result.columns:
-        table.add_column(column, justify="right")
-    for step, stamp in enumerate(result.stamps):
-        table.add_row(stamp, *map(escape, result.cells(step)))
-    Console().print(table)
+    print_forecast(cfg.client_id, result, console.width)
 
 
 @agent_app.command("checkpoint")

@@ -138,3 +138,21 @@ def test_the_zero_shot_foundation_stays_point_only_and_says_so(tmp_path: Path, a
     assert result.zero_shot and result.quantiles is None and result.levels == ()
     assert result.interval == "point forecast only: the zero-shot foundation predicts no quantiles"
     assert result.csv_lines()[0] == "time," + ",".join(COLUMNS)
+
+
+def test_before_training_the_forecast_says_so_serves_no_untrained_model_and_fits_80_columns(
+    trained_agent: Path, tmp_path: Path, amsterdam, monkeypatch
+) -> None:
+    monkeypatch.setenv("COLUMNS", "80")
+    untrained = agent_toml(tmp_path, write_gateway_csv(tmp_path / "gw.csv", amsterdam, 2000))
+    proc = edgefl("agent", "forecast", "-c", str(untrained))
+    assert proc.returncode == 0, proc.stderr
+    assert "agent01: no model trained yet; scoring seasonal_naive" in proc.stderr
+    served = next(line for line in proc.stderr.splitlines() if "forecast by the" in line)
+    assert f"no model trained yet in {tmp_path / 'state'}; best on validation" in served
+    assert "federated" not in served and "local" not in served
+    assert "…" not in proc.stdout and max(map(len, proc.stdout.splitlines())) <= 80
+    trained = edgefl("agent", "forecast", "-c", str(trained_agent))  # intervals: wider cells, more tables
+    assert trained.returncode == 0 and "…" not in trained.stdout, trained.stderr
+    assert max(map(len, trained.stdout.splitlines())) <= 80
+    assert all(column in trained.stdout for column in COLUMNS)
