@@ -63,16 +63,25 @@ class Timeline:
 
     def local_forecasts(self, seed: int, fed, every: int) -> np.ndarray:
         """The site's local-only model (bench/value.py's Local-only), trained on the rows held once
-        they are enough for local training and again every ``every`` days; NaN before."""
+        they are enough for local training and again every ``every`` days; NaN before. Where the
+        rows held have too many gaps for a window of each split (the agent would wait too), the
+        last model trained serves on."""
         from coordinator.simulation.baselines import TrainingBudget, run_local_only
 
         out = self.per_day(lambda day: None)
         first = math.ceil(min_training_rows(self.lookback, self.horizon) / self.period)
+        trained = None
         for start in range(first, self.days + 1, every):
-            data = prepare_client(self.own_table(start * self.period), self.lookback, self.horizon)
-            model = run_local_only([data], self.recipe, TrainingBudget.matching(fed)).models[0].eval()
-            days = range(start, min(start + every, self.days + 1))
-            self.per_day(lambda day: self.site.model_forecasts(model, day, data.scaler), days, out)
+            try:
+                data = prepare_client(self.own_table(start * self.period), self.lookback, self.horizon)
+            except DataError:
+                data = None
+            if data is not None:
+                trained = run_local_only([data], self.recipe, TrainingBudget.matching(fed)).models[0].eval(), data.scaler
+            if trained is not None:
+                model, scaler = trained
+                days = range(start, min(start + every, self.days + 1))
+                self.per_day(lambda day: self.site.model_forecasts(model, day, scaler), days, out)
         return out
 
     def own_table(self, held: int) -> SeriesTable:
