@@ -7,6 +7,7 @@ a queue, which the owning service drains on its main thread.
 from __future__ import annotations
 
 import logging
+import math
 import queue
 import socket
 import ssl
@@ -97,7 +98,8 @@ class Connection:
         self.client.on_disconnect = self._on_disconnect
         self.client.on_message = self._on_message
         self.on_connected: list = []
-        self._failure: tuple[str, float] | None = None  # the last connect failure logged, and when
+        self._failing = False  # a connect failure was logged since the last session
+        self._logged: dict[str, float] = {}  # each failure cause, when it was last logged
 
     def start(self) -> None:
         """Connect (clean_start=False, session expiry) and run the network loop in the background."""
@@ -135,9 +137,10 @@ class Connection:
             hint = " (check [broker] username and password)" if reason_code.value in AUTH_FAILURES else ""
             self._log_failure(f"the broker refused the connection: {reason_code}{hint}")
             return
-        if self._failure is not None:
+        if self._failing:
             log.info("connected to the broker at %s", self.address)
-            self._failure = None
+            self._failing = False
+            self._logged.clear()
         for topic in self.subscriptions:
             client.subscribe(topic, qos=QOS)
         self.connected.set()
@@ -149,20 +152,21 @@ class Connection:
         self._log_failure(connect_failure(self.broker))
 
     def _log_failure(self, cause: str) -> None:
-        """One line naming the broker and the cause, at once; the same cause again at most once
-        every ``REPEAT_FAILURE_LOG_S`` while paho keeps retrying."""
+        """One line naming the broker and the cause, at once; each cause again at most once every
+        ``REPEAT_FAILURE_LOG_S`` while paho keeps retrying."""
         now = time.monotonic()
-        if self._failure is None or self._failure[0] != cause or now - self._failure[1] >= REPEAT_FAILURE_LOG_S:
+        self._failing = True
+        if now - self._logged.get(cause, -math.inf) >= REPEAT_FAILURE_LOG_S:
             log.error("cannot connect to the MQTT broker at %s: %s (retrying)", self.address, cause)
-            self._failure = (cause, now)
+            self._logged[cause] = now
 
     def _check_first_connect(self) -> None:
-        if not self.connected.is_set() and self._failure is None:
+        if not self.connected.is_set() and not self._failing:
             self._log_failure(connect_failure(self.broker))
 
     def _on_disconnect(self, _client, _userdata, _flags, reason_code, _props) -> None:
         if not self.connected.is_set():
-            if self._failure is None or time.monotonic() - self._failure[1] > 1.0:
+            if not self._failing:  # after a refusal the drop is its consequence, not a second cause
                 self._log_failure(f"the connection dropped before the broker accepted it ({reason_code})")
         elif reason_code.is_failure:
             log.warning("lost the connection to the broker at %s: %s (reconnecting)", self.address, reason_code)

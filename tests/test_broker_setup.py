@@ -136,6 +136,25 @@ def test_a_wrong_password_or_an_unreachable_broker_is_logged_within_5_s(fleet, c
     assert f"127.0.0.1:{closed}" in line and "refused" in line and seconds < 5, (line, seconds)
 
 
+def test_a_wrong_password_is_one_line_while_paho_retries(fleet, caplog) -> None:
+    """Refused three times (about 7 s of retries): one line, and no second cause for the drop
+    that follows each refusal."""
+    port, _ = fleet
+    connection = Connection(BrokerConfig(port=port, username="agent01", password="wrong"), client_id="probe",
+                            will_topic="probe/status", subscriptions=[])
+    refusals: list[int] = []
+    refuse = connection.client.on_connect
+    connection.client.on_connect = lambda *args: (refusals.append(1), refuse(*args))
+    with caplog.at_level(logging.INFO, logger="edgefl.mqtt"):
+        connection.start()
+        try:
+            wait_until(lambda: len(refusals) >= 3, "three refused connects", timeout=60)
+        finally:
+            connection.stop()
+    lines = [record.getMessage() for record in caplog.records]
+    assert len(lines) == 1 and "Not authorized" in lines[0], lines
+
+
 def test_an_agent_cannot_publish_on_another_agents_topic(fleet) -> None:
     port, written = fleet
     coordinator_creds = load_config(written["coordinator.toml"], CoordinatorConfig).broker
