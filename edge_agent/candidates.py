@@ -5,7 +5,11 @@ candidate's validation score, ``serving.<candidate>`` = 1 the one it serves
 
 from __future__ import annotations
 
+import math
+from statistics import fmean
+
 SERVING_PREFIX, VALIDATION_PREFIX = "serving.", "val."
+FEDERATED, LOCAL, MEDIAN = "federated", "local", "median"  # the candidates that are not anchors
 
 
 def served_name(metrics: dict[str, float]) -> str | None:
@@ -17,3 +21,26 @@ def served_name(metrics: dict[str, float]) -> str | None:
 def validation_scores(metrics: dict[str, float]) -> dict[str, float]:
     """Every candidate's validation score a gateway reported (``val.<name>``), by candidate."""
     return {key[len(VALIDATION_PREFIX):]: value for key, value in metrics.items() if key.startswith(VALIDATION_PREFIX)}
+
+
+def quality(metrics: dict[str, float]) -> dict[str, str | float | None] | None:
+    """What a gateway serves and how it validates beside the free forecasts: the served candidate
+    and its score, the federated model's, and the best anchor's (name and score; the lowest of its
+    anchors); None where it reports no validation scores."""
+    scores = {name: score for name, score in validation_scores(metrics).items() if math.isfinite(score)}
+    if not scores:
+        return None
+    anchors = {name: score for name, score in scores.items() if name not in (FEDERATED, LOCAL, MEDIAN)}
+    best = min(anchors, key=anchors.__getitem__) if anchors else None
+    served = served_name(metrics)
+    return {"serves": served, "served": scores.get(served) if served else None, "federated": scores.get(FEDERATED),
+            "best_anchor": best, "anchor": anchors.get(best) if best else None}
+
+
+def fleet_quality(reports: list[dict[str, float]]) -> dict[str, float | None]:
+    """The fleet's mean validation score of what its gateways serve, of the federated model and of
+    each gateway's best anchor, over the gateways that report each (``quality``)."""
+    rows = [row for row in map(quality, reports) if row is not None]
+    return {key: (fmean(values) if values else None)
+            for key in ("served", "federated", "anchor")
+            for values in [[row[key] for row in rows if row[key] is not None]]}

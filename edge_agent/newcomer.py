@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from edge_agent.anchors import filled, make_anchor
+from edge_agent.candidates import FEDERATED
 from edge_agent.choice import choose, recent_score
 from edge_agent.data.arrays import StandardScaler, time_features
 from edge_agent.learners.head import client_model
@@ -27,7 +28,7 @@ from edge_agent.models import ModelConfig
 from edge_agent.tensors import TensorDict
 from edge_agent.scoring import seasonal_naive_mae, spread
 
-FLEET = "federated"
+FLEET = FEDERATED
 
 
 def seasonal_fill(rows: np.ndarray, lookback: int, period: int) -> np.ndarray:

@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from edge_agent.anchors import fitted_forecasts, lookback_rule
+from edge_agent.candidates import MEDIAN  # the candidate that combines the others (models.combination)
 from edge_agent.choice import choose, daily_picks, recent_score
 from edge_agent.data import ClientData, WindowSet
 from edge_agent.metrics import pinball_terms
@@ -35,7 +36,6 @@ from edge_agent.train import Batch, Metrics, forecast_metrics, forecasts
 
 SPLITS = ("train", "val", "test")
 KNOWN_SPLITS = ("val", "test")  # the windows whose outcomes a choice may read, each once known
-MEDIAN = "median"  # the candidate that combines the others (``edge_agent.models.combination``)
 
 
 def split_windows(client: ClientData, split: str) -> WindowSet:

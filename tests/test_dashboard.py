@@ -6,6 +6,7 @@ reported and then imputed by its twin, a garbage message counted under its reaso
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 from pathlib import Path
@@ -40,13 +41,17 @@ def round_shown(page: Page) -> int:
     return int(page.get_attribute("#round-panel", "data-round"))
 
 
+CHEAP_ANCHORS = ("seasonal_naive", "window_average")  # so each gateway reports what it serves and its MASE
+
+
 def station_config(folder: Path, port: int, index: int, site: str) -> Path:
     """An agent on a bundled weather station: its hello carries the station's coordinates."""
     path = folder / f"agent{index}.toml"
     path.write_text(dump_toml({
         "fleet": "test", "client_id": f"client{index:02d}", "state_dir": str(folder / f"agent{index}"), "seed": SEED,
         "client_index": index, "data": {"site": site, "columns": ["ghi", "temp_air", "wind_speed"]}, "model": MODEL,
-        "training": {**TRAINING, "stride": 97}, "broker": {"port": port, "keepalive_s": 60},  # frozen, it stays online
+        "training": {**TRAINING, "stride": 97, "anchors": list(CHEAP_ANCHORS)},
+        "broker": {"port": port, "keepalive_s": 60},  # frozen, it stays online
     }))
     return path
 
@@ -107,6 +112,14 @@ def test_the_dashboard_shows_clients_rounds_a_frozen_agent_imputed_and_a_rejecti
         expect(page.locator('#stations circle[data-client="client02"]')).to_have_attribute("data-state", "imputed")
         expect(page.locator('#rejections-by-code tr[data-code="bad_magic"] td[data-field="count"]')).to_have_text("1")
         expect(page.locator('#rejections-by-client tr[data-client="client01"] td[data-field="count"]')).to_have_text("1")
+        for client in ("client00", "client01"):  # forecast quality: what each serves beside its best anchor
+            row = f'#clients tr[data-client="{client}"]'
+            expect(page.locator(f'{row} td[data-field="served_mase"]')).to_have_text(re.compile(r"^\d+\.\d{3}$"))
+            expect(page.locator(f'{row} td[data-field="best_anchor"]')).to_have_text(
+                re.compile(rf"^({'|'.join(CHEAP_ANCHORS)}) \(\d+\.\d{{3}}\)$"))
+            expect(page.locator(f'{row} td[data-field="vs_anchor"]')).to_have_text(re.compile(r"^[+-]?\d+\.\d%$"))
+        for line in ("served", "federated", "anchor"):
+            expect(page.locator(f"#quality polyline.{line}")).not_to_have_attribute("data-rounds", "0")
         page.screenshot(path=str(tmp_path / "dashboard.png"), full_page=True)
     finally:
         os.kill(agents[2].pid, signal.SIGCONT)

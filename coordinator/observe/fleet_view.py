@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from coordinator.store import RoundRow, Store, UpdateRow
-from edge_agent.candidates import served_name
+from edge_agent.candidates import fleet_quality, quality
 
 RECENT_REJECTIONS = 20
 REJECTING_CLIENTS = 100  # the most-refused clients listed (the total counts all)
@@ -83,7 +83,8 @@ class FleetView:
                 "clients": len(metrics.get("clients", [])), "imputed": metrics.get("imputed", []),
                 "dropped": metrics.get("dropped", []), "rejected": sorted(metrics.get("rejected", {})),
                 "twin": metrics.get("twin"), "closed_by": metrics.get("closed_by"),
-                "update_bytes": store.update_bytes(row.round)}
+                "update_bytes": store.update_bytes(row.round),
+                "validation": fleet_quality([update.metrics for update in store.updates(row.round)])}
 
     def _current_round(self, store: Store, latest: RoundRow | None, recent: "Recent") -> dict | None:
         if latest is None:
@@ -106,7 +107,7 @@ class FleetView:
                 "latitude": client.latitude, "longitude": client.longitude, "online": client.online,
                 "last_seen": client.last_seen, "last_round": last.get(name), "reported": name in reported,
                 "state": "offline" if not client.online else outcome.get(name, "online"),
-                "serves": _serves(metrics.get(name, {})),
+                **_serves(metrics.get(name, {})),
             })
         return rows
 
@@ -158,7 +159,9 @@ def _finite(value: float | None) -> float | None:
     return value if value is not None and math.isfinite(value) else None
 
 
-def _serves(metrics: dict) -> str | None:
+def _serves(metrics: dict) -> dict:
     """Which model the gateway said it serves (federated, local or an anchor; only gateways that
-    choose among several say)."""
-    return served_name(metrics)
+    choose among several say), its validation MASE and its best anchor's."""
+    row = quality(metrics) or {}
+    return {"serves": row.get("serves"), "served_mase": row.get("served"), "best_anchor": row.get("best_anchor"),
+            "anchor_mase": row.get("anchor")}

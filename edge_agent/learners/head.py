@@ -10,7 +10,7 @@ from typing import ClassVar
 
 import torch
 
-from edge_agent.candidates import SERVING_PREFIX, VALIDATION_PREFIX
+from edge_agent.candidates import FEDERATED, LOCAL, SERVING_PREFIX, VALIDATION_PREFIX
 from edge_agent.data import TIME_FEATURES, ClientData
 from edge_agent.learners.base import Learner
 from edge_agent.learners.companion import LocalCompanion
@@ -97,9 +97,9 @@ class HeadLearner(Learner):
         (``training.anchors``, or ``anchors`` where given) or the median of them all
         (``training.median``, or ``median`` where given), chosen at row ``at`` of its data (None: its
         present when ``live``, else before its test windows; ``edge_agent.selection``)."""
-        models = {"federated": self.federated_model(round_index)}
+        models = {FEDERATED: self.federated_model(round_index)}
         if self.alone is not None and math.isfinite(self.alone.best_val):
-            models["local"] = self.alone.best_model()
+            models[LOCAL] = self.alone.best_model()
         t = self.training
         clock = present(self.data) if at is None and self.live else at
         return select(self.data, models, t.anchors if anchors is None else anchors,

@@ -117,6 +117,10 @@ function showClients(clients) {
     cell(row, client.last_round, "last_round");
     cell(row, ago(client.last_seen), "last_seen");
     cell(row, client.serves, "serves");
+    cell(row, fixed(client.served_mase), "served_mase");
+    cell(row, client.best_anchor === null ? null : `${client.best_anchor} (${fixed(client.anchor_mase)})`, "best_anchor");
+    const ratio = client.served_mase !== null && client.anchor_mase ? client.served_mase / client.anchor_mase - 1 : null;
+    cell(row, ratio === null ? null : `${ratio > 0 ? "+" : ""}${(100 * ratio).toFixed(1)}%`, "vs_anchor");
     cell(row, client.latitude === null ? null : `${client.latitude.toFixed(3)}, ${client.longitude.toFixed(3)}`, "position");
   }
   $("clients").tBodies[0].replaceWith(body);
@@ -134,10 +138,10 @@ function showCounts(table, counts, key) {
   $(table).tBodies[0].replaceWith(body);
 }
 
-function axes(svg, rounds, maximum, label) {
+function axes(svg, rounds, maximum, label, minimum = 0) {
   svg.append(svgElement("line", { x1: 40, y1: 180, x2: 410, y2: 180, class: "axis" }),
              svgElement("line", { x1: 40, y1: 10, x2: 40, y2: 180, class: "axis" }),
-             svgElement("text", { x: 2, y: 16 }, label(maximum)), svgElement("text", { x: 2, y: 180 }, label(0)),
+             svgElement("text", { x: 2, y: 16 }, label(maximum)), svgElement("text", { x: 2, y: 180 }, label(minimum)),
              svgElement("text", { x: 40, y: 196 }, `round ${rounds[0].round}`),
              svgElement("text", { x: 350, y: 196 }, `round ${rounds[rounds.length - 1].round}`));
 }
@@ -154,6 +158,32 @@ function showLoss(rounds) {
   const curve = svgElement("polyline", { points: coords.join(" "), class: "curve" });
   curve.dataset.rounds = points.length;
   svg.append(curve);
+}
+
+const QUALITY = ["served", "federated", "anchor"];  // each round's fleet-mean validation MASE
+
+function showQuality(rounds) {
+  const svg = $("quality");
+  svg.replaceChildren();
+  const points = rounds.filter((r) => r.validation && QUALITY.some((k) => r.validation[k] !== null));
+  if (!points.length) return;
+  const values = points.flatMap((r) => QUALITY.map((k) => r.validation[k])).filter((v) => v !== null);
+  const spread = Math.max(...values) - Math.min(...values) || 0.01;  // the curves' differences fill the height
+  const low = Math.max(Math.min(...values) - 0.1 * spread, 0), top = Math.max(...values) + 0.1 * spread;
+  const step = 370 / Math.max(points.length - 1, 1);
+  axes(svg, points, top, (v) => v.toPrecision(3), low);
+  for (const key of QUALITY) {
+    const coords = points.map((r, i) => [i, r.validation[key]]).filter(([, v]) => v !== null)
+      .map(([i, v]) => `${(40 + i * step).toFixed(1)},${(180 - ((v - low) / (top - low)) * 165).toFixed(1)}`);
+    const curve = svgElement("polyline", { points: coords.join(" "), class: `curve ${key}` });
+    curve.dataset.rounds = coords.length;
+    curve.append(svgElement("title", {}, `${key}: ${fixed(points[points.length - 1].validation[key])} in round ${points[points.length - 1].round}`));
+    svg.append(curve);
+  }
+}
+
+function fixed(value) {
+  return value === null || value === undefined ? null : value.toFixed(3);
 }
 
 function showBytes(rounds, current) {
@@ -180,6 +210,7 @@ function show(view) {
   showLegend(view.clients);
   showClients(view.clients);
   showLoss(view.rounds);
+  showQuality(view.rounds);
   showBytes(view.rounds, view.round);
   $("rejections-total").textContent = view.rejections.total;
   showCounts("rejections-by-code", view.rejections.by_code, "code");
