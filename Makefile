@@ -3,7 +3,7 @@ PYTHON ?= python3.11
 VENV   := .venv
 BIN    := $(VENV)/bin
 
-.PHONY: demo test bench-quick robustness clean mosquitto iptables chromium neurobench lava-venv arm-check \
+.PHONY: demo docs test bench-quick robustness clean mosquitto iptables chromium neurobench lava-venv arm-check \
 	python-versions wheels
 
 $(BIN)/python:
@@ -26,6 +26,10 @@ $(VENV)/.installed-bench: pyproject.toml $(VENV)/.installed
 
 demo: $(VENV)/.installed mosquitto
 	$(BIN)/edgefl demo --rounds 5 --out runs/demo
+
+# The documentation site (mkdocs-material comes with the test extra), built strictly into site/.
+docs: $(VENV)/.installed-test
+	$(BIN)/python -m mkdocs build --strict --site-dir site
 
 test: $(VENV)/.installed-test mosquitto chromium neurobench
 	$(BIN)/python -m pytest

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import os
+import shlex
 import subprocess
 import sys
 import time
@@ -21,6 +22,7 @@ from coordinator.store import RoundRow as StoredRound, Store
 from edge_agent.candidates import served_name, validation_scores
 from edge_agent.config import dump_toml
 from edge_agent.data import list_sites
+from edgefl.init_fleet import edgefl_command
 
 DEMO_MODEL = {"backbone": "dlinear"}  # the recipe: ModelConfig's defaults
 DEMO_TRAINING = {"local_epochs": 1, "stride": 13}  # the recipe's batches, keep_local and anchors (AgentTraining)
@@ -196,8 +198,10 @@ def look_next(fleet: DemoFleet, curve: Path, forecasts: Path) -> list[str]:
         "look next:",
         f"  training loss and validation MASE per round: {curve}",
         f"  each station's last test days, measured and forecast: {forecasts}",
-        f"  rounds, clients and what each station serves: edgefl coordinator status -c {fleet.coordinator_config}",
-        f"  a station's forecast of its next day: edgefl agent forecast -c {fleet.agent_config(fleet.sites[0])}",
+        "  rounds, clients and what each station serves: "
+        + shlex.join([*edgefl_command(), "coordinator", "status", "-c", str(fleet.coordinator_config)]),
+        "  a station's forecast of its next day: "
+        + shlex.join([*edgefl_command(), "agent", "forecast", "-c", str(fleet.agent_config(fleet.sites[0]))]),
         f"  logs of the coordinator and of every station: {fleet.logs}",
         f"  dashboard: {fleet.dashboard} was live while the rounds ran (it stops with the coordinator)",
     ]

@@ -28,8 +28,10 @@ class Fleet:
 
 
 def edgefl_command() -> list[str]:
-    """How to run edgefl here: the console script where it is on PATH, else this Python."""
-    script = shutil.which("edgefl")
+    """How to run this edgefl from any shell (no virtualenv active): the console script installed
+    beside this Python, else the one on PATH, else this Python with ``-m edgefl.cli``."""
+    beside = Path(sys.executable).parent / "edgefl"
+    script = str(beside) if beside.is_file() else shutil.which("edgefl")
     return [script] if script else [sys.executable, "-m", "edgefl.cli"]
 
 

@@ -3,7 +3,9 @@ stations' agents for two rounds (every agent imports torch and trains: two keep 
 
 from __future__ import annotations
 
+import os
 import re
+import shlex
 import subprocess
 import sys
 import time
@@ -12,6 +14,7 @@ from pathlib import Path
 from PIL import Image
 
 from coordinator.store import Store
+from edgefl.init_fleet import edgefl_command
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 SITES = ("sand_point", "greensboro")  # the first two bundled sites (list_sites): --stations 2
@@ -66,10 +69,11 @@ def test_a_piped_demo_says_each_stage_and_round_as_it_happens_then_draws_and_poi
     assert sorted(panels(forecasts).removeprefix("panels: ").split(", ")) == sorted(SITES)
 
     after = lines[index_of(lines, "look next:"):]
-    command = f"edgefl coordinator status -c {out / 'broker' / 'coordinator.toml'}"
-    for expected in (str(curve), str(forecasts), command, f"edgefl agent forecast -c {out / 'broker'}",
+    edgefl = shlex.join(edgefl_command())  # the install's own script: runs with no virtualenv active
+    command = f"{edgefl} coordinator status -c {out / 'broker' / 'coordinator.toml'}"
+    for expected in (str(curve), str(forecasts), command, f"{edgefl} agent forecast -c {out / 'broker'}",
                      str(out / "logs"), "dashboard: http://127.0.0.1:"):
         assert any(expected in line for line in after), expected
-    shown = subprocess.run([sys.executable, "-m", "edgefl.cli", *command.split()[1:]], capture_output=True, text=True,
-                           timeout=120)
+    bare = {key: value for key, value in os.environ.items() if key != "VIRTUAL_ENV"} | {"PATH": "/usr/bin:/bin"}
+    shown = subprocess.run(shlex.split(command), capture_output=True, text=True, timeout=120, env=bare)
     assert shown.returncode == 0 and "closed" in shown.stdout, shown.stderr
