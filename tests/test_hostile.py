@@ -212,10 +212,12 @@ def hello_of(coordinator: Coordinator, client: str) -> Incoming:
     return message(client, "hello", encode(header))
 
 
-def update_of(coordinator: Coordinator, client: str) -> Incoming:
-    header = UpdateHeader(fleet="test", sender=client, round=1, n_samples=50, campaign=coordinator.campaign,
-                          global_sha256=coordinator.announced_digest(1))
-    return message(client, "update", encode(header, coordinator.initial))
+def update_of(coordinator: Coordinator, client: str, number: int = 1,
+              params: dict[str, torch.Tensor] | None = None) -> Incoming:
+    """``client``'s update of round ``number`` (default: the initial global state, unchanged)."""
+    header = UpdateHeader(fleet="test", sender=client, round=number, n_samples=50, campaign=coordinator.campaign,
+                          global_sha256=coordinator.announced_digest(number))
+    return message(client, "update", encode(header, coordinator.initial if params is None else params))
 
 
 def stored_updates(coordinator: Coordinator, number: int = 1) -> list[str]:
