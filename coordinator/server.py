@@ -3,8 +3,9 @@
 Round state machine: announce round r (retained, global shared parameters as body) -> collect
 updates until every online client has sent one (and at least ``min_clients``) or the deadline
 passes with a quorum (the round policy, ``coordinator.strategies.participation``; fewer than
-``min_clients`` on-time updates left after the engine's screen: the round waits on) -> impute the registered clients that did not report from their digital
-twins (FedDTW; ``twin = "drop"`` leaves them out) -> aggregate -> persist (one transaction) ->
+``min_clients`` on-time updates left after the engine's screen: the round waits on) -> impute
+the registered clients that did not report from their digital twins (FedDTW; ``twin = "drop"``
+leaves them out) -> aggregate -> persist (one transaction) ->
 announce r + 1. An update for a closed round is kept as late: twin history, and a stand-in for
 its client at the next close (``coordinator.twins.late``). Every message
 is acknowledged to the broker only after its effect is on disk, so after ``kill -9`` the broker

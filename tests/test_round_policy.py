@@ -21,11 +21,12 @@ FLEET = ("a", "b", "c", "d")
 
 
 def test_the_quorum_leaves_a_straggler_slot_from_three_participants() -> None:
-    """0.8 of 4 rounded up is 4; the rule leaves one out from 3 participants on, never below
-    min_clients: a 4-client round with one silent device closes at quorum + grace."""
+    """0.8 of 4 rounded up is 4; the rule leaves one out from 3 participants on (unless quorum
+    is 1), never below min_clients: a 4-client round with one silent device closes at quorum + grace."""
     policy = RoundPolicy(ParticipationSettings(), 1, SEED)
     assert [policy.quorum(n) for n in (1, 2, 3, 4, 5, 10, 100)] == [1, 2, 2, 3, 4, 8, 80]
     assert RoundPolicy(ParticipationSettings(), 4, SEED).quorum(4) == 4
+    assert RoundPolicy(ParticipationSettings(quorum=1.0), 1, SEED).quorum(4) == 4  # opting out: wait for all
     silent = Progress(3, 1, 100.0, 104.0)  # 3 of 4 reported 4 s after the announcement
     assert policy.close_reason(silent, 4, 400.0, 105.9) is None
     assert policy.close_reason(silent, 4, 400.0, 106.0) == "quorum + grace"

@@ -6,7 +6,8 @@ Each round asks ``fraction`` of the eligible clients (online, allowed, not exclu
 drawn without replacement from the run's participation stream (seeded by fleet seed and round,
 so the coordinator and a simulation of the same roster draw the same clients). A round closes
 when every participant reported; or once ``quorum`` of them reported (from 3 participants on at
-most all but one, so one straggler never holds a small fleet to the deadline) and a grace period
+most all but one unless ``quorum = 1``, so one straggler does not hold a small fleet to the
+deadline) and a grace period
 passed, ``grace`` times the time the quorum took; or at the deadline; never with fewer than
 ``min_clients`` on-time updates, counted after the screen. A client that missed
 ``exclude_after`` rounds in a row it was asked to is left out for ``exclude_after`` rounds, then
@@ -35,7 +36,8 @@ class ParticipationSettings(BaseModel):
     fraction: float = Field(1.0, gt=0, le=1, description="share of the eligible online clients asked to train "
                             "each round (a seeded draw; at least min_clients)")
     quorum: float = Field(0.8, gt=0, le=1, description="share of a round's participants whose updates let it "
-                          "close after the grace period")
+                          "close after the grace period (rounded up; from 3 participants on at most all but one, "
+                          "unless 1: wait for all)")
     grace: float = Field(0.5, ge=0, description="after the quorum, wait at most this multiple of the time the "
                          "quorum took for the other participants")
     exclude_after: int = Field(3, ge=1, description="a client that missed this many rounds in a row it was asked "
@@ -89,9 +91,10 @@ class RoundPolicy:
 
     def quorum(self, participants: int) -> int:
         """Updates needed before the grace period starts: ``quorum`` of the participants rounded
-        up, from ``STRAGGLER_FROM`` participants on at most all but one, never below ``min_clients``."""
+        up, from ``STRAGGLER_FROM`` participants on at most all but one (unless ``quorum`` is 1:
+        wait for all), never below ``min_clients``."""
         share = math.ceil(self.settings.quorum * participants)
-        if participants >= STRAGGLER_FROM:
+        if participants >= STRAGGLER_FROM and self.settings.quorum < 1.0:
             share = min(share, participants - 1)
         return max(self.min_clients, share)
 
