@@ -56,6 +56,7 @@ def run_job(model: str, seed: int, scenario: str, method: str, cfg: dict, thread
     fed = FederationConfig(
         rounds=cfg["rounds"], local_epochs=cfg["local_epochs"], batch_size=cfg["batch_size"], lr=cfg["lr"],
         seed=seed, twin="drop" if method == "fpr" else method, personal_epochs=cfg.get("personal_epochs", 0),
+        late_updates="history",  # the paper's DU scenario discards late updates (twin history only)
     )
     matrix = None if scenario == "fpr" else participation(
         scenario, cfg["rounds"], len(clients), cfg["absence"], seed, cfg["clusters"], cfg["stretch"]

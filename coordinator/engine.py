@@ -8,8 +8,11 @@ combines the on-time and imputed updates that passed, and those on-time updates 
 history. Late updates join that history when they arrive, but only from a client that is
 sometimes on time: one with an accepted on-time update at most ``twin_max_age`` rounds before
 the late update's round (any earlier one when ``twin_max_age`` is unset), so a device that never
-reports on time cannot steer the aggregate through its twin. Updates are ordered by client id,
-so the same updates give bit-identical results wherever the round closes.
+reports on time cannot steer the aggregate through its twin. Such a kept late update also stands
+in for its client at the next close, if the client has no on-time update there (``late_updates
+= "next_round"``, ``twins.late``). A close that needs ``need`` on-time updates and has fewer
+after the screen raises ``TooFewScreened`` before anything changes. Updates are ordered by
+client id, so the same updates give bit-identical results wherever the round closes.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from coordinator.strategies import ClientInfo, ClientUpdate, RobustSettings, Str
 from coordinator.strategies.bounds import screen
 from coordinator.twins import TwinHistory, TwinSettings, impute_missing, make_forecaster
 from coordinator.twins.history import TensorStorage
+from coordinator.twins.late import LateUpdates
 from edge_agent.tensors import TensorDict
 
 
@@ -32,7 +36,8 @@ class RoundResult:
     entered as their twins' forecasts; ``dropped`` ones were missing with no (recent enough)
     history; ``rejected`` maps the clients whose update or forecast failed screening to a code
     (``not_finite``, ``norm_outlier``, ``against_median``, ``unregistered``); ``clipped`` ones
-    entered with their delta scaled back. ``loss`` is the sample-weighted training loss the accepted on-time clients
+    entered with their delta scaled back; ``stale`` ones entered as their late update of an earlier
+    round (``twins.late``). ``loss`` is the sample-weighted training loss the accepted on-time clients
     reported (NaN without any); ``weight`` is the sample count the aggregate stands for (the
     bounded counts of the on-time and imputed updates it combined: what a site reports upward)."""
 
@@ -48,6 +53,17 @@ class RoundResult:
     rejected: dict[str, str] = field(default_factory=dict)
     clipped: tuple[str, ...] = ()
     weight: int = 0
+    stale: tuple[str, ...] = ()
+
+
+class TooFewScreened(Exception):
+    """A close whose on-time updates that passed the screen are fewer than it needs: nothing was
+    aggregated and nothing changed; ``rejected`` says why the others were left out."""
+
+    def __init__(self, round_number: int, passed: int, need: int, rejected: dict[str, str]):
+        super().__init__(f"round {round_number}: {passed} on-time updates passed the screen, {need} needed "
+                         f"(left out: {rejected})")
+        self.passed, self.need, self.rejected = passed, need, rejected
 
 
 class RoundEngine:
@@ -61,18 +77,22 @@ class RoundEngine:
         ``state_keys``: the global state's tensor names, known before a close (a service resuming
         takes late updates before its first close); else learnt from the first close."""
         self.strategy, self.max_age, self.robust = strategy, twins.twin_max_age, robust
+        self.late = LateUpdates() if twins.late_updates == "next_round" else None
         self.forecaster = make_forecaster(twins.twin)
         self.history = TwinHistory(self.forecaster.window, history)
         self.on_time = dict(on_time or {})
         self.state_keys: frozenset[str] = frozenset(state_keys)
 
-    def observe_late(self, client_id: str, round_number: int, params: TensorDict) -> bool:
-        """An update that arrived after its round closed: twin history only, and only from a
+    def observe_late(self, update: ClientUpdate, round_number: int, trained_from: TensorDict) -> bool:
+        """An update for ``round_number`` that arrived after the round closed, trained from the
+        global state ``trained_from``: twin history, and held for the next close, only from a
         client recently on time (see the module docstring). Returns whether it was kept."""
-        last = self.on_time.get(client_id)
+        last = self.on_time.get(update.client_id)
         if last is None or (self.max_age is not None and last < round_number - self.max_age):
             return False
-        self._observe(client_id, round_number, params)
+        self._observe(update.client_id, round_number, update.params)
+        if self.late is not None:
+            self.late.hold(update, round_number, trained_from)
         return True
 
     def _observe(self, client_id: str, round_number: int, params: TensorDict) -> None:
@@ -82,30 +102,39 @@ class RoundEngine:
             self.history.observe(client_id, round_number, _model_part(params, self.state_keys))
 
     def close(self, round_number: int, current: TensorDict, on_time: Sequence[ClientUpdate],
-              roster: Sequence[ClientInfo]) -> RoundResult:
+              roster: Sequence[ClientInfo], need: int = 0) -> RoundResult:
         """Close ``round_number`` whose global state was ``current``; ``roster`` is every
-        registered client. With no update left after screening the global state stays as it was."""
+        registered client; ``need``: the on-time updates that must pass the screen (else
+        ``TooFewScreened``). With no update left after screening the global state stays as it was."""
         on_time = sorted(on_time, key=lambda u: u.client_id)
         self.state_keys = frozenset(current)
         reported = {u.client_id for u in on_time}
         clients = {c.client_id: c for c in roster}
-        missing = sorted((c.client_id, c.n_samples) for c in roster if c.client_id not in reported)
-        imputation = impute_missing(missing, self.history, self.forecaster, round_number, self.max_age)
-        screened = screen(current, [*on_time, *imputation.updates], clients, self.robust)
+        missing = {c.client_id for c in roster if c.client_id not in reported}
+        stale = self.late.stand_ins(round_number, current, missing) if self.late is not None else []
+        missing -= {u.client_id for u in stale}
+        imputation = impute_missing(sorted((c, clients[c].n_samples) for c in missing), self.history, self.forecaster,
+                                    round_number, self.max_age)
+        screened = screen(current, [*on_time, *stale, *imputation.updates], clients, self.robust)
         accepted = [u for u in screened.accepted if u.client_id in reported]
+        if len(accepted) < need:
+            raise TooFewScreened(round_number, len(accepted), need, screened.rejected)
         imputed = [u for u in screened.accepted if u.client_id not in reported]
+        state, personal, metrics = current, {}, {}
         if screened.accepted:
             aggregate = self.strategy.aggregate(round_number, current, accepted, imputed, clients)
             state, personal, metrics = aggregate.global_state, aggregate.personal, aggregate.metrics
-        else:
-            state, personal, metrics = current, {}, {}
         for update in accepted:
             self._observe(update.client_id, round_number, update.params)
             self.on_time[update.client_id] = round_number
+        if self.late is not None:
+            self.late = LateUpdates()  # a new object: a caller that rolls back keeps the old one
+        stood_in = {u.client_id for u in stale}
         return RoundResult(round_number, state, personal, tuple(u.client_id for u in accepted),
-                           tuple(u.client_id for u in imputed), tuple(imputation.dropped), _mean_loss(accepted),
-                           self.forecaster.name, metrics, screened.rejected, screened.clipped,
-                           sum(u.n_samples for u in screened.accepted))
+                           tuple(u.client_id for u in imputed if u.client_id not in stood_in),
+                           tuple(imputation.dropped), _mean_loss(accepted), self.forecaster.name, metrics,
+                           screened.rejected, screened.clipped, sum(u.n_samples for u in screened.accepted),
+                           tuple(u.client_id for u in imputed if u.client_id in stood_in))
 
 
 def _model_part(params: TensorDict, state: frozenset[str]) -> TensorDict:

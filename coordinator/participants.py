@@ -1,21 +1,24 @@
 """The service side of the round policy (``coordinator.strategies.participation``): who the open
 round asked, kept in the store so a restarted coordinator asks the same clients; how far the
-round has come; and each client's streak of missed rounds."""
+round has come (what the screen left out of a close attempt does not count); and each client's
+record of missed rounds (``Standing``), kept in the store with each close."""
 
 from __future__ import annotations
 
 import json
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass
 
 from coordinator.access import Access
+from coordinator.engine import TooFewScreened
 from coordinator.store import RoundRow, Store
 from coordinator.strategies import RoundPolicy
-from coordinator.strategies.participation import Progress
+from coordinator.strategies.participation import Progress, Standing
 
 log = logging.getLogger("edgefl.coordinator")
 ASKED = "asked"  # store meta: the open round's participants, as first announced
+STANDING = "standing"  # store meta: each client's record of missed rounds as of the last close
 PROGRESS_EVERY_S = 0.5  # without new messages, a round's progress is read from the store this often
 
 
@@ -30,18 +33,26 @@ class OpenRound:
     quorum_at: float | None = None
     progress: Progress | None = None  # as last read from the store
     read_at: float = 0.0
+    left_out: frozenset[str] = frozenset()  # on-time updates the screen left out of a close attempt
 
 
 class Participants:
-    """The open round's participants and progress, and the clients' missed-round streaks."""
+    """The open round's participants and progress, and the clients' records of missed rounds."""
 
     def __init__(self, policy: RoundPolicy, store: Store, access: Access):
         self.policy, self.store, self.access = policy, store, access
         self._open: OpenRound | None = None
-        # from the last closed rounds: after a restart an excluded client is asked again (it was not
-        # asked in the rounds read, so it missed none of them)
-        rows = store.closed_rounds(policy.settings.exclude_after)
-        self.missed = policy.missed([(r.metrics.get("asked", []), r.metrics.get("reported", [])) for r in rows])
+        self.standing = self._saved_standing()
+
+    def _saved_standing(self) -> dict[str, Standing]:
+        """The records as of the last close; a store from before they were kept: folded from its
+        last ``exclude_after`` closed rounds."""
+        saved = self.store.meta(STANDING)
+        if saved is not None:
+            return {client: Standing(*fields) for client, fields in json.loads(saved).items()}
+        rows = self.store.closed_rounds(self.policy.settings.exclude_after)
+        return self.policy.standings([(r.round, r.metrics.get("asked", []), r.metrics.get("reported", []))
+                                      for r in rows])
 
     @property
     def sampling(self) -> bool:
@@ -56,13 +67,13 @@ class Participants:
         if saved is not None and saved["round"] == row.round:
             asked = saved["clients"]
         else:
-            excluded = self.policy.excluded(self.missed)
+            excluded = self.policy.excluded(self.standing, row.round)
             eligible = [c for c in self.store.online_clients() if self.access.allows(c) and c not in excluded]
             asked = self.policy.participants(row.round, eligible)
             with self.store.savepoint():
                 self.store.set_meta(ASKED, json.dumps({"round": row.round, "clients": asked}))
             if excluded:
-                log.info("round %d: not asking %d clients that missed %d rounds in a row: %s", row.round,
+                log.info("round %d: not asking %d clients that missed %d or more rounds in a row: %s", row.round,
                          len(excluded), self.policy.settings.exclude_after, sorted(excluded)[:20])
         self._open = OpenRound(row.round, frozenset(asked), time.time())
         return self._open
@@ -84,28 +95,33 @@ class Participants:
     def _progress(self, row: RoundRow, state: OpenRound, fresh: bool) -> Progress:
         """Read again after new messages (``fresh``) or every ``PROGRESS_EVERY_S``: who is still
         expected is every participant online without an update (with ``fraction = 1``: every
-        allowed online client not excluded, joiners too)."""
+        allowed online client not excluded, joiners too); updates the screen left out do not count."""
         now = time.time()
         if state.progress is not None and not fresh and now - state.read_at < PROGRESS_EVERY_S:
             return state.progress
-        reported, pending = self.store.quorum_state(row.round)
+        stored, pending = self.store.quorum_state(row.round)
+        reported = stored - len(state.left_out)
         if self.sampling:
             expected = pending & state.asked
         else:
-            excluded = self.policy.excluded(self.missed)
+            excluded = self.policy.excluded(self.standing, row.round)
             expected = {c for c in pending if c not in excluded and self.access.allows(c)}
         if state.quorum_at is None and reported >= self.policy.quorum(len(state.asked)):
             state.quorum_at = now
         state.progress, state.read_at = Progress(reported, len(expected), state.opened_at, state.quorum_at), now
         return state.progress
 
-    def closed(self, row: RoundRow, reported: list[str]) -> dict:
-        """A round closed with updates from ``reported``: the streaks move on; returns what the
-        round's metrics record of it."""
-        asked = sorted(self.of(row).asked)
-        self.missed = self.policy.missed([(asked, reported)], self.missed)
-        return {"asked": asked, "reported": reported, "sampled": self.sampling}
+    def left_out(self, row: RoundRow, clients: set[str], short: TooFewScreened) -> None:
+        """A close attempt's screen left out these clients' on-time updates (``short``): they do
+        not count toward ``min_clients`` or the quorum any more, the round waits for others."""
+        state = self.of(row)
+        state.left_out, state.progress = frozenset(clients), None
+        log.warning("round %d: %s; not aggregated, waiting for more updates", row.round, short)
 
-    def heard_from(self, client: str) -> None:
-        """A message of ``client`` (hello, late update): asked again from the next round on."""
-        self.missed.pop(client, None)
+    def closed(self, row: RoundRow, reported: list[str]) -> dict:
+        """A round closed with on-time updates from ``reported``: the records move on (kept in the
+        store, in the close's transaction); returns what the round's metrics record of it."""
+        asked = sorted(self.of(row).asked)
+        self.standing = self.policy.standings([(row.round, asked, reported)], self.standing)
+        self.store.set_meta(STANDING, json.dumps({c: astuple(r) for c, r in sorted(self.standing.items())}))
+        return {"asked": asked, "reported": reported, "sampled": self.sampling}

@@ -2,9 +2,12 @@
 
 Round state machine: announce round r (retained, global shared parameters as body) -> collect
 updates until every online client has sent one (and at least ``min_clients``) or the deadline
-passes with a quorum -> impute the registered clients that did not report from their digital
-twins (FedDTW; ``twin = "drop"`` leaves them out) -> aggregate -> persist (one transaction) ->
-announce r + 1. An update for a closed round is kept as late: twin history only. Every message
+passes with a quorum (the round policy, ``coordinator.strategies.participation``; fewer than
+``min_clients`` on-time updates left after the engine's screen: the round waits on) -> impute
+the registered clients that did not report from their digital twins (FedDTW; ``twin = "drop"``
+leaves them out) -> aggregate -> persist (one transaction) ->
+announce r + 1. An update for a closed round is kept as late: twin history, and a stand-in for
+its client at the next close (``coordinator.twins.late``). Every message
 is acknowledged to the broker only after its effect is on disk, so after ``kill -9`` the broker
 redelivers what was not yet stored and the store already holds what was. Messages that
 arrive together are validated and committed as one batch (group commit: one database commit,
@@ -22,7 +25,7 @@ from pathlib import Path
 
 from coordinator.access import Access
 from coordinator.config import CoordinatorConfig
-from coordinator.engine import RoundEngine, RoundResult
+from coordinator.engine import RoundEngine, RoundResult, TooFewScreened
 from coordinator.intake import (
     STORAGE_ERRORS, Effects, Refusal, check_replay, check_sender, guarded, record, stale_round, with_retries,
 )
@@ -149,10 +152,23 @@ class Coordinator:
             log.info("fleet %s: campaign %s opened round 1", self.cfg.fleet, self.campaign)
             self.on_event("campaign", {"campaign": self.campaign})
         elif latest.closed_at is None:
+            self._hold_late()
             accepted = [u.client_id for u in self.store.updates(latest.round)]
             log.info("resuming round %d with %d accepted updates %s", latest.round, len(accepted), accepted)
             self.on_event("resumed", {"round": latest.round, "accepted": accepted})
         return latest
+
+    def _hold_late(self) -> None:
+        """After a restart: the late updates received since the last close, to the engine again
+        (twin history is written again as it was; each is held for the next close)."""
+        closed = self.store.closed_rounds(1)
+        for row in self.store.late_since(closed[0].closed_at if closed else 0.0):
+            self._observe_late(ClientUpdate(row.client_id, self.store.load_update(row), row.n_samples, row.metrics),
+                               row.round)
+
+    def _observe_late(self, update: ClientUpdate, number: int) -> bool:
+        """``update`` of closed round ``number`` to the engine, with the global state it was trained from."""
+        return self.engine.observe_late(update, number, self.store.load_file(self.store.round(number).global_file))
 
     def _await_fleet(self, row: RoundRow, stop: Callable[[], bool]) -> RoundRow:
         """Hold a fresh round 1 until ``start_clients`` have registered, so the first round is
@@ -215,7 +231,12 @@ class Coordinator:
     def _close_if_time(self, row: RoundRow, fresh: bool) -> RoundRow:
         progress, why = self.participants.close_reason(row, fresh)
         if why is not None:
-            return self._close(row, self.store.updates(row.round), why)
+            updates = self.store.updates(row.round)
+            try:
+                return self._close(row, updates, why)
+            except TooFewScreened as short:
+                self._short(row, short, {u.client_id for u in updates})
+                return row
         now = time.time()
         if now < row.deadline:
             return row
@@ -224,6 +245,13 @@ class Coordinator:
         log.warning("round %d: deadline passed with %d/%d updates; waiting until %.0f",
                     row.round, progress.reported, self.cfg.min_clients, deadline)
         return self.store.round(row.round)
+
+    def _short(self, row: RoundRow, short: TooFewScreened, reported: set[str]) -> None:
+        """A close attempt whose screen left fewer than ``min_clients`` on-time updates: nothing
+        aggregated; the round waits on (``Participants.left_out``), to its deadline, then extended."""
+        self.participants.left_out(row, reported & set(short.rejected), short)
+        self.on_event("short", {"round": row.round, "passed": short.passed, "need": short.need,
+                                "rejected": short.rejected})
 
     def _close(self, row: RoundRow, updates: list, why: str) -> RoundRow:
         """Aggregate and store the round, then send personal messages and the next announcement."""
@@ -239,13 +267,13 @@ class Coordinator:
         """Run the round engine on ``updates`` and make its result durable (one transaction: the
         twins' history too), opening the next round with ``next_deadline`` unless it is None. If the
         store fails, the strategy, twins and round policy are as before, to close again later."""
-        before = self.strategy.state_dict(), dict(self.engine.on_time), dict(self.participants.missed)
+        before = self.strategy.state_dict(), dict(self.engine.on_time), self.participants.standing, self.engine.late
         try:
             with self.store.batch():
                 result = self._aggregate_in_batch(row, updates, why, next_deadline)
         except STORAGE_ERRORS:
             self.strategy.load_state_dict(before[0])
-            self.engine.on_time, self.participants.missed = before[1], before[2]
+            self.engine.on_time, self.participants.standing, self.engine.late = before[1:]
             raise
         self.storage_retry.succeeded()
         self._report_close(row.round, result, why)
@@ -260,11 +288,13 @@ class Coordinator:
         self._decoded.clear()
         roster = [ClientInfo(c.client_id, c.n_samples, c.latitude, c.longitude) for c in self.store.clients().values()
                   if self.access.allows(c.client_id) and self.participants.takes_part(row, c.client_id)]
-        result = self.engine.close(row.round, self.store.load_file(row.global_file), on_time, roster)
+        result = self.engine.close(row.round, self.store.load_file(row.global_file), on_time, roster,
+                                   need=self.cfg.min_clients)
         self.store.save_strategy_state(row.round, self.strategy.state_dict())
         for client, tensors in result.personal.items():
             self.store.save_personal(row.round, client, tensors)
         metrics = {"clients": list(result.on_time), "imputed": list(result.imputed), "dropped": list(result.dropped),
+                   "stale": list(result.stale),
                    **self.participants.closed(row, [u.client_id for u in updates]),
                    "twin": result.twin, "loss": result.loss, "closed_by": why, "rejected": result.rejected,
                    "clipped": list(result.clipped), "weight": result.weight, **result.metrics}
@@ -464,7 +494,7 @@ class Coordinator:
             raise ProtocolError("bad_signature", self._model_difference(hello))
         self.store.register(hello)
         self.store.log("hello", hello.sender, None, True)
-        return [self._reply(hello.sender, "hello", 0, True), partial(self.participants.heard_from, hello.sender),
+        return [self._reply(hello.sender, "hello", 0, True),
                 partial(self.on_event, "registered", {"client": hello.sender})]
 
     def _model_difference(self, hello: HelloHeader) -> str:
@@ -501,7 +531,7 @@ class Coordinator:
             header.round, client, header.n_samples, body, header.body_sha256, header.metrics, late=late
         )
         if late:
-            return [*self._late(client, header.round, tensors), partial(self.participants.heard_from, client)]
+            return self._late(ClientUpdate(client, tensors, header.n_samples, header.metrics), header.round)
         self.store.log("update", client, current.round, True)
         return [partial(self._decoded.__setitem__, (current.round, client), tensors),
                 self._reply(client, "update", current.round, True),
@@ -520,9 +550,11 @@ class Coordinator:
             self._digests[number] = body_digest(self.store.load_file(row.global_file))
         return self._digests[number]
 
-    def _late(self, client: str, number: int, tensors: TensorDict) -> Effects:
-        """A stored update for a closed round: twin history only, from a client sometimes on time."""
-        if self.engine.observe_late(client, number, tensors):
+    def _late(self, update: ClientUpdate, number: int) -> Effects:
+        """A stored update for a closed round: twin history and a stand-in at the next close, from
+        a client sometimes on time."""
+        client = update.client_id
+        if self._observe_late(update, number):
             code, reason = "late", "the round had closed: kept as twin history"
         else:
             code, reason = "late_no_twin", "the round had closed and the client has no recent on-time update: not used"

@@ -375,11 +375,16 @@ class Store:
         return [(r, c, bool(late), at) for r, c, late, at in self.db.execute(query)]
 
     def updates(self, number: int, include_late: bool = False) -> list[UpdateRow]:
-        rows = self.db.execute(
-            "SELECT round, client_id, n_samples, file, sha256, metrics FROM updates "
-            "WHERE round=? AND (late=0 OR ?=1) ORDER BY client_id",
-            (number, int(include_late)),
-        )
+        return self._update_rows("round=? AND (late=0 OR ?=1) ORDER BY client_id", (number, int(include_late)))
+
+    def late_since(self, at: float) -> list[UpdateRow]:
+        """The late updates received after ``at`` whose bodies are kept, oldest round first."""
+        return self._update_rows("late=1 AND received_at>? AND body_deleted_at IS NULL ORDER BY round, client_id",
+                                 (at,))
+
+    def _update_rows(self, where: str, args: tuple) -> list[UpdateRow]:
+        rows = self.db.execute(f"SELECT round, client_id, n_samples, file, sha256, metrics FROM updates WHERE {where}",
+                               args)
         return [UpdateRow(*r[:5], json.loads(r[5])) for r in rows]
 
     def update_bytes(self, number: int) -> int:

@@ -143,10 +143,9 @@ def _print_status(cfg) -> None:
                    title=f"fleet {cfg.fleet}, campaign {store.campaign()}")
     for row in store.rounds():
         on_time, received = len(store.updates(row.round)), len(store.updates(row.round, include_late=True))
-        imputed = row.metrics.get("imputed", [])
         rounds.add_row(
             str(row.round), "closed" if row.closed_at else "open", str(on_time), str(received - on_time),
-            f"{', '.join(imputed)} ({row.metrics['twin']})" if imputed else "-",
+            _stand_ins(row.metrics),
             ", ".join(row.metrics.get("dropped", [])) or "-",
             f"{row.metrics['loss']:.4f}" if row.metrics else "-", row.metrics.get("closed_by", "-"),
         )
@@ -166,6 +165,14 @@ def _print_status(cfg) -> None:
                         f"{leader_of(store, cfg.fleet) or 'no coordinator'}", soft_wrap=True)
     for event in store.events(accepted=False)[-10:]:
         Console().print(f"rejected {event['kind']} from {event['client_id']} (round {event['round']}): {event['reason']}")
+
+
+def _stand_ins(metrics: dict) -> str:
+    """Who stood in for a round's missing clients: twins (named by forecaster) and late updates."""
+    parts = [f"{', '.join(metrics['imputed'])} ({metrics['twin']})"] if metrics.get("imputed") else []
+    if metrics.get("stale"):
+        parts.append(f"{', '.join(metrics['stale'])} (late update)")
+    return "; ".join(parts) or "-"
 
 
 def _ago(at: float | None) -> str:

@@ -33,8 +33,8 @@ OPTIONS = ModelOptions({
                   "projection", "head", "seasonal_base", "loss", "quantiles"),
     AgentTraining: ("local_epochs", "batch_size", "lr", "min_steps", "max_steps", "stride", "personal_epochs", "alternate",
                     "prox_mu", "keep_local", "anchors", "median", "selection_days"),
-    FederationConfig: ("rounds", "seed", "twin", "twin_max_age", "strategy", "server.lr", "server.momentum",
-                       "game.variant", "participation.fraction"),
+    FederationConfig: ("rounds", "seed", "twin", "twin_max_age", "late_updates", "strategy", "server.lr",
+                       "server.momentum", "game.variant", "participation.fraction"),
     GapPolicy: ("fill", "max_fill_steps"),
 }, names={"game.variant": "aggregator", "participation.fraction": "fraction"})
 

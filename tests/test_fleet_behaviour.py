@@ -17,7 +17,7 @@ from coordinator.server import FINISHED_EXIT_CODE
 from coordinator.simulation.participation import policy_driven
 from coordinator.store import Store
 from coordinator.strategies import ParticipationSettings, RoundPolicy
-from coordinator.strategies.participation import Progress
+from coordinator.strategies.participation import Progress, Standing
 from edge_agent.learners import fleet_template
 from edge_agent.protocol import MAX_PARTICIPANTS, HelloHeader
 from edge_agent.session import REFUSED_EXIT_CODE
@@ -26,7 +26,6 @@ from tests.fleet import MODEL, SEED, agent_config, coordinator_config, start, wa
 from tests.test_hostile import HOSTILE, TOPICS, Device
 from tests.test_service import assert_rounds_equal, finish, replay, served_rounds, start_fleet
 
-POLICY = {"quorum": 0.75, "grace": 0.5}
 GIVE_UP = {"give_up_after_s": 4.0}  # refused for good, an agent exits after 4 s (30 s by default)
 
 
@@ -40,11 +39,11 @@ def closed_rounds(db: Path) -> list:
 
 def test_a_registered_device_that_never_reports_cannot_stall_the_rounds(tmp_path: Path, mosquitto) -> None:
     """Three agents and a fourth registered device that keeps its retained ``online`` and never
-    sends an update: rounds close at quorum + grace until it is excluded (3 rounds missed in a
-    row). Each round takes at most 1.5x the time the same fleet without the device would have
+    sends an update, default round policy (quorum 0.8: 3 of these 4): rounds close at quorum +
+    grace, not at the deadline, until it is excluded (3 rounds missed in a row). Each round takes at most 1.5x the time the same fleet without the device would have
     taken, which closes once its last agent reported: measured per round, from the store's
     arrival times, so the comparison holds however loaded the machine is."""
-    coordinator, agents, db = start_fleet(tmp_path, mosquitto.port, 3, 4, participation=POLICY, start_clients=4,
+    coordinator, agents, db = start_fleet(tmp_path, mosquitto.port, 3, 4, start_clients=4,
                                           linger_s=3.0)  # the device never says goodbye
     device = Device(mosquitto.port)
     device.client.publish(TOPICS.agent(HOSTILE, "status"), b"online", qos=1, retain=True)
@@ -156,7 +155,7 @@ def test_an_agent_on_another_model_is_told_which_fields_differ_and_a_finished_ca
 def test_the_round_policy_draws_closes_and_excludes_as_documented() -> None:
     """The policy alone: a seeded draw of ceil(fraction x eligible) clients (at least
     min_clients, at most MAX_PARTICIPANTS), the close rules in their order, and the streaks of
-    missed rounds that exclude a client until it reports again."""
+    missed rounds that leave a client out for as many rounds (until it reports on time again)."""
     policy = RoundPolicy(ParticipationSettings(fraction=0.1, quorum=0.8, grace=0.5, exclude_after=2), 3, SEED)
     fleet = [f"gw{i:04d}" for i in range(1000)]
     first = policy.participants(1, reversed(fleet))
@@ -164,13 +163,13 @@ def test_the_round_policy_draws_closes_and_excludes_as_documented() -> None:
     assert first != policy.participants(2, fleet) and len(policy.participants(1, fleet[:20])) == 3
     assert len(RoundPolicy(ParticipationSettings(fraction=0.99), 1, SEED).participants(1, fleet)) == MAX_PARTICIPANTS
     assert RoundPolicy(ParticipationSettings(), 1, SEED).participants(5, fleet[:7]) == fleet[:7]
-    assert policy.quorum(10) == 8 and policy.quorum(2) == 3
+    assert policy.quorum(10) == 8 and policy.quorum(2) == 3 and policy.quorum(4) == 3
     opened = 100.0
     assert policy.close_reason(Progress(2, 8, opened, None), 10, 200.0, 150.0) is None  # below min_clients
     assert policy.close_reason(Progress(10, 0, opened, 104.0), 10, 200.0, 104.0) == "all participants reported"
     assert policy.close_reason(Progress(8, 2, opened, 104.0), 10, 200.0, 105.9) is None  # grace: 0.5 x 4 s
     assert policy.close_reason(Progress(8, 2, opened, 104.0), 10, 200.0, 106.0) == "quorum + grace"
     assert policy.close_reason(Progress(5, 5, opened, None), 10, 200.0, 200.0) == "deadline"
-    missed = policy.missed([(["a", "b", "c"], ["a"]), (["a", "b"], ["a", "c"])])
-    assert missed == {"b": 2, "c": 1} and policy.excluded(missed) == {"b"}
-    assert policy.missed([(["b"], ["b"])], missed) == {"c": 1}
+    standing = policy.standings([(1, ["a", "b", "c"], ["a"]), (2, ["a", "b"], ["a", "c"])])
+    assert standing == {"b": Standing(2, 1, 5)} and policy.excluded(standing, 4) == {"b"}
+    assert policy.excluded(standing, 5) == set() and policy.standings([(3, [], ["b"])], standing) == {}

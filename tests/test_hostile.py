@@ -141,7 +141,8 @@ def test_a_hostile_device_cannot_stop_the_fleet(tmp_path: Path, mosquitto) -> No
     in round 3 an on-time update scaled x1000 claiming 10**9 samples, which the round's screening
     leaves out. Every round aggregates the two honest clients only and the run finishes."""
     paths = write_client_csvs(tmp_path, 2)
-    config = coordinator_config(tmp_path, mosquitto.port, 3, min_clients=2, start_clients=3, round_timeout_s=5.0)
+    config = coordinator_config(tmp_path, mosquitto.port, 3, min_clients=2, start_clients=3, round_timeout_s=5.0,
+                                participation={"quorum": 1.0})  # each round waits for the device's messages
     template = fleet_template(load_config(config, CoordinatorConfig), SEED)
     coordinator = start(tmp_path, "coordinator", "coordinator", "serve", "-c", str(config))
     agents = [start(tmp_path, f"agent{i}", "agent", "run", "-c", str(agent_config(tmp_path, mosquitto.port, i, p)))
@@ -212,10 +213,12 @@ def hello_of(coordinator: Coordinator, client: str) -> Incoming:
     return message(client, "hello", encode(header))
 
 
-def update_of(coordinator: Coordinator, client: str) -> Incoming:
-    header = UpdateHeader(fleet="test", sender=client, round=1, n_samples=50, campaign=coordinator.campaign,
-                          global_sha256=coordinator.announced_digest(1))
-    return message(client, "update", encode(header, coordinator.initial))
+def update_of(coordinator: Coordinator, client: str, number: int = 1,
+              params: dict[str, torch.Tensor] | None = None) -> Incoming:
+    """``client``'s update of round ``number`` (default: the initial global state, unchanged)."""
+    header = UpdateHeader(fleet="test", sender=client, round=number, n_samples=50, campaign=coordinator.campaign,
+                          global_sha256=coordinator.announced_digest(number))
+    return message(client, "update", encode(header, coordinator.initial if params is None else params))
 
 
 def stored_updates(coordinator: Coordinator, number: int = 1) -> list[str]:

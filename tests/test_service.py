@@ -248,11 +248,11 @@ def test_every_round_with_a_frozen_agent_equals_the_simulation_of_what_happened(
     tmp_path: Path, mosquitto, twin: str
 ) -> None:
     """client02 is frozen (SIGSTOP) after its second on-time update and stays connected (keepalive
-    60 s), so the next round waits for it until its deadline and closes without it: imputed by
-    its twin (or dropped). Thawed, it sends that round's update late (twin history only). Whatever
-    the timing on a loaded machine, every round's global state equals the in-process simulation
-    of the participation the store recorded. (So a silent agent does not hold a round past its
-    deadline either.) Every twin forecaster is checked against the simulation in-process
+    60 s), so the next round waits for it only until quorum + grace (2 of 3; or its deadline,
+    whichever comes first) and closes without it: imputed by its twin (or dropped). Thawed, it sends that round's update late (twin history,
+    and a stand-in at the next close where it has no on-time update). Whatever the timing on a
+    loaded machine, every round's global state equals the in-process simulation of the
+    participation the store recorded. Every twin forecaster is checked against the simulation in-process
     (tests/test_twins.py); here the service's two paths, dropped and imputed, at 80 s each."""
     rounds = 5
     coordinator, agents, db = start_fleet(
@@ -272,7 +272,8 @@ def test_every_round_with_a_frozen_agent_equals_the_simulation_of_what_happened(
     store = Store(db)
     try:
         record = store.round(missed_after(store, "client02", seen)[0]).metrics
-        assert record["closed_by"] == "deadline" and record["twin"] == twin
+        # quorum + grace, or the 6 s deadline where the quorum itself took over 4 s (a loaded machine)
+        assert record["closed_by"] in ("quorum + grace", "deadline") and record["twin"] == twin
         assert record["imputed" if twin != "drop" else "dropped"] == ["client02"]
         assert any(e["code"] == "late" and e["client_id"] == "client02" for e in store.events(accepted=True))
         assert len(store.tensors.names("twins/client02")) == make_forecaster(twin).window

@@ -8,7 +8,7 @@ import torch
 
 from coordinator.simulation.federation import FederationConfig, head_learners, run_federation
 from coordinator.simulation.participation import SCENARIOS, Participation, participation
-from coordinator.strategies import weighted_mean
+from coordinator.strategies import ClientUpdate, weighted_mean
 from coordinator.store import Store
 from coordinator.twins import TWIN_FORECASTERS, TwinHistory, impute_missing, make_forecaster
 from edge_agent.data import prepare_client, synthetic_clients
@@ -179,20 +179,42 @@ def test_missing_client_is_imputed_with_its_weight_and_recorded(fleet) -> None:
     assert all(torch.equal(expected[k], result.shared[k]) for k in expected)
 
 
-def test_late_updates_are_discarded_from_aggregation_but_feed_the_twin(fleet) -> None:
-    """Client 1 is on time in round 1, late in rounds 2 and 3: its round-2 update, arriving in
-    round 3, is not in round 2's aggregate but is its round-3 twin."""
+def late_fleet_round_3(fleet, late_updates: str):
+    """Client 1 is on time in round 1, late in rounds 2 and 3 (its round-2 update arrives in
+    round 3): the simulated run, and the updates of rounds 1 and 2 and round 3's on-time ones
+    built by hand (round 2 aggregates clients 0 and 2 and client 1's round-1 twin)."""
     cfg = small_config("dlinear")
-    fed = FederationConfig(rounds=3, batch_size=32, seed=4, twin="stale", test_every_round=False)
+    fed = FederationConfig(rounds=3, batch_size=32, seed=4, twin="stale", test_every_round=False,
+                           late_updates=late_updates)
     late = custom([[1, 1, 1], [1, 0, 1], [1, 0, 1]], late=[[0, 0, 0], [0, 1, 0], [0, 1, 0]])
     result = run_federation(fleet, cfg, fed, participation=late)
-    assert result.records[1].late == (fleet[1].name,) and result.records[2].imputed == (fleet[1].name,)
+    assert result.records[1].late == (fleet[1].name,)
     learners = head_learners(fleet, cfg, fed, fed.seed)
     first = train_clients(learners, initial_shared_state(cfg, fed.seed), 1)
-    second = train_clients(learners, weighted_mean(first), 2)
+    g1 = weighted_mean(first)
+    second = train_clients(learners, g1, 2)
     g2 = weighted_mean([second[0], second[2], first[1]])  # the late update of client 1 is not in round 2
-    third = train_clients(learners, g2, 3, [0, 2])
-    expected = weighted_mean([*third, second[1]])  # ...but is its round-3 twin
+    return result, g1, g2, second[1], train_clients(learners, g2, 3, [0, 2])
+
+
+def test_late_updates_kept_as_history_only_feed_the_twin(fleet) -> None:
+    """``late_updates = "history"`` (FedDTW's DU scenario): client 1's late round-2 update is
+    not in round 2's aggregate but is its round-3 twin."""
+    result, _, _, late, third = late_fleet_round_3(fleet, "history")
+    assert result.records[2].imputed == (fleet[1].name,) and result.records[2].stale == ()
+    expected = weighted_mean([*third, late])
+    assert all(torch.equal(expected[k], result.shared[k]) for k in expected)
+
+
+def test_a_late_update_counts_in_the_next_close_rebased_and_weighted_by_staleness(fleet) -> None:
+    """By default a late update is not lost: client 1's round-2 update, arriving in round 3,
+    stands in for it there (not its twin): its change to round 2's global applied to round 3's,
+    weight n/sqrt(2) (one round late)."""
+    result, g1, g2, late, third = late_fleet_round_3(fleet, "next_round")
+    assert result.records[2].stale == (fleet[1].name,) and result.records[2].imputed == ()
+    rebased = {k: g2[k] + (late.params[k] - g1[k]) for k in g1}
+    stand_in = ClientUpdate(late.client_id, rebased, round(late.n_samples / 2 ** 0.5))
+    expected = weighted_mean([*third, stand_in])
     assert all(torch.equal(expected[k], result.shared[k]) for k in expected)
 
 

@@ -62,7 +62,7 @@ class RoundRecord:
     ``test`` is None when the federation was told not to evaluate the test split every round.
     ``imputed`` clients entered aggregation as forecasts of the ``twin`` forecaster; ``dropped``
     ones were missing and had no (recent enough) history; ``late`` ones trained but arrived after
-    the round closed (twin history only); ``serving_local`` ones serve their local-only model
+    the round closed (twin history, and a stand-in at the next close: ``stale``); ``serving_local`` ones serve their local-only model
     (``keep_local``); ``serving`` says what every client serves (federated, local or an anchor); ``rejected`` ones failed the engine's
     screening (client id -> code). ``wire_bytes`` is the mean number of bytes a client that
     trained exchanged with the coordinator (update up, global state and personal message down).
@@ -83,6 +83,7 @@ class RoundRecord:
     rejected: dict[str, str] = field(default_factory=dict)
     wire_bytes: float = 0.0
     serving: dict[str, str] = field(default_factory=dict)
+    stale: tuple[str, ...] = ()
 
 
 @dataclass
@@ -153,7 +154,8 @@ def run_federation(
         serving = {c.name: choice.which for c, choice in zip(clients, choices)}
         local = tuple(name for name, which in serving.items() if which == "local")
         records.append(RoundRecord(r.round, r.loss, val, test, done.seconds, r.on_time, r.imputed, r.dropped,
-                                   done.late, r.twin, local, r.rejected, mean_bytes(done.bytes_per_client), serving))
+                                   done.late, r.twin, local, r.rejected, mean_bytes(done.bytes_per_client), serving,
+                                   r.stale))
         states.append(r.global_state)
         if val.score < best["val"] or fed.tested_round == "last":
             best.update(val=val.score, round=r.round, served=[frozen(choice) for choice in choices],

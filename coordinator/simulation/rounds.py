@@ -57,8 +57,8 @@ def run_rounds(learners: Sequence[Learner], roster: Sequence[ClientInfo], engine
                tamper: Tamper | None = None) -> TensorDict:
     """Run ``participation.rounds`` rounds: each round's clients load the global state and train
     (as an agent does on a round announcement), each update passes ``tamper`` (if given) as it
-    leaves the client, the on-time updates close the round, late ones reach the twins' history
-    in the round they arrive; then every learner installs the new global state and its personal
+    leaves the client, the on-time updates close the round, late ones reach the engine in the
+    round they arrive (twin history, and a stand-in at that round's close: ``RoundEngine``); then every learner installs the new global state and its personal
     message, if any. Returns the last global state."""
     state, pending = initial, defaultdict(list)
     for number in range(1, participation.rounds + 1):
@@ -76,9 +76,9 @@ def run_rounds(learners: Sequence[Learner], roster: Sequence[ClientInfo], engine
                 on_time.append(update)
             else:
                 late.append(update.client_id)
-                pending[participation.arrival_round(number, i)].append((number, update))
-        for trained_in, update in pending.pop(number, []):
-            engine.observe_late(update.client_id, trained_in, update.params)
+                pending[participation.arrival_round(number, i)].append((number, update, state))
+        for trained_in, update, trained_from in pending.pop(number, []):
+            engine.observe_late(update, trained_in, trained_from)
         result = engine.close(number, state, on_time, [roster[i] for i in participation.asked_in(number)])
         state = result.global_state
         for learner, client in zip(learners, roster):

@@ -5,12 +5,15 @@ Each round asks ``fraction`` of the eligible clients (online, allowed, not exclu
 ``min_clients`` and at most ``MAX_PARTICIPANTS`` of them (the ids travel in the announcement),
 drawn without replacement from the run's participation stream (seeded by fleet seed and round,
 so the coordinator and a simulation of the same roster draw the same clients). A round closes
-when every participant reported; or once ``quorum`` of them reported and a grace period passed,
-``grace`` times the time the quorum took (so a silent device delays a round by at most that
-share); or at the deadline. A client that missed ``exclude_after`` rounds in a row it was asked
-to is not asked again until it sends a message (a hello or a late update): a device that keeps
-its retained ``online`` and never sends cannot stall the fleet.
-"""
+when every participant reported; or once ``quorum`` of them reported (from 3 participants on at
+most all but one unless ``quorum = 1``, so one straggler does not hold a small fleet to the
+deadline) and a grace period
+passed, ``grace`` times the time the quorum took; or at the deadline; never with fewer than
+``min_clients`` on-time updates, counted after the screen. A client that missed
+``exclude_after`` rounds in a row it was asked to is left out for ``exclude_after`` rounds, then
+asked once more; each further miss doubles the time out. Only an on-time update that reaches the
+close clears that record: a hello or a late update does not, so a device that keeps its retained
+``online`` and never sends on time cannot stall the fleet, however often it says hello."""
 
 from __future__ import annotations
 
@@ -21,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from edge_agent.protocol import MAX_PARTICIPANTS
+from edge_agent.protocol import MAX_PARTICIPANTS, MAX_ROUND
 from edge_agent.seeds import Stream, seed_for
 
 
@@ -33,16 +36,31 @@ class ParticipationSettings(BaseModel):
     fraction: float = Field(1.0, gt=0, le=1, description="share of the eligible online clients asked to train "
                             "each round (a seeded draw; at least min_clients)")
     quorum: float = Field(0.8, gt=0, le=1, description="share of a round's participants whose updates let it "
-                          "close after the grace period")
+                          "close after the grace period (rounded up; from 3 participants on at most all but one, "
+                          "unless 1: wait for all)")
     grace: float = Field(0.5, ge=0, description="after the quorum, wait at most this multiple of the time the "
                          "quorum took for the other participants")
-    exclude_after: int = Field(3, ge=1, description="a client that missed this many rounds in a row is not asked "
-                               "again until it sends a message")
+    exclude_after: int = Field(3, ge=1, description="a client that missed this many rounds in a row it was asked "
+                               "to is left out for as many rounds, then asked once more, the time out doubling "
+                               "with each further miss; only an on-time update clears that (not a hello)")
 
     @property
     def sampling(self) -> bool:
         """Whether rounds name their participants (else every eligible client trains)."""
         return self.fraction < 1.0
+
+
+STRAGGLER_FROM = 3  # from this many participants on, the quorum leaves one of them out
+
+
+@dataclass(frozen=True)
+class Standing:
+    """A client's record of missed rounds: how many in a row it was asked to and missed, how many
+    times it was left out since its last on-time update, and the first round it may be asked again."""
+
+    missed: int = 0
+    strikes: int = 0
+    back: int = 0
 
 
 @dataclass(frozen=True)
@@ -72,8 +90,13 @@ class RoundPolicy:
         return sorted(pool[i] for i in rng.choice(len(pool), count, replace=False))
 
     def quorum(self, participants: int) -> int:
-        """Updates needed before the grace period starts."""
-        return max(self.min_clients, math.ceil(self.settings.quorum * participants))
+        """Updates needed before the grace period starts: ``quorum`` of the participants rounded
+        up, from ``STRAGGLER_FROM`` participants on at most all but one (unless ``quorum`` is 1:
+        wait for all), never below ``min_clients``."""
+        share = math.ceil(self.settings.quorum * participants)
+        if participants >= STRAGGLER_FROM and self.settings.quorum < 1.0:
+            share = min(share, participants - 1)
+        return max(self.min_clients, share)
 
     def close_reason(self, progress: Progress, participants: int, deadline: float, now: float) -> str | None:
         """Why the round closes now, or None while it stays open (the deadline without
@@ -88,17 +111,27 @@ class RoundPolicy:
                 return "quorum + grace"
         return "deadline" if now >= deadline else None
 
-    def missed(self, rounds: Sequence[tuple[Sequence[str], Sequence[str]]],
-               before: dict[str, int] | None = None) -> dict[str, int]:
-        """Rounds missed in a row per client after closed rounds' (asked, reported) in order,
-        continuing the streaks ``before``."""
-        streak = dict(before or {})
-        for asked, on_time in rounds:
-            reported = set(on_time)
-            for client in asked:
-                streak[client] = 0 if client in reported else streak.get(client, 0) + 1
-        return {client: count for client, count in streak.items() if count}
+    def standings(self, rounds: Sequence[tuple[int, Sequence[str], Sequence[str]]],
+                  before: dict[str, Standing] | None = None) -> dict[str, Standing]:
+        """The clients' records after closed rounds' (number, asked, reported on time), in order,
+        continuing ``before``: an on-time update clears a record (asked or not), a miss adds to it."""
+        standing = dict(before or {})
+        for number, asked, on_time in rounds:
+            for client in on_time:
+                standing.pop(client, None)
+            for client in set(asked) - set(on_time):
+                standing[client] = self._missed(number, standing.get(client, Standing()))
+        return standing
 
-    def excluded(self, missed: dict[str, int]) -> set[str]:
-        """The clients not asked any more (until they send a message)."""
-        return {client for client, count in missed.items() if count >= self.settings.exclude_after}
+    def _missed(self, number: int, record: Standing) -> Standing:
+        """A client's record after it missed round ``number``: from ``exclude_after`` misses in a
+        row on, left out for ``exclude_after`` rounds, twice as long after each further miss."""
+        missed = record.missed + 1
+        if missed < self.settings.exclude_after:
+            return Standing(missed, record.strikes, record.back)
+        out = min(self.settings.exclude_after * 2 ** record.strikes, MAX_ROUND)
+        return Standing(missed, record.strikes + 1, number + 1 + out)
+
+    def excluded(self, standing: dict[str, Standing], round_number: int) -> set[str]:
+        """The clients not asked in ``round_number``."""
+        return {client for client, record in standing.items() if record.back > round_number}

@@ -5,6 +5,8 @@ Adding a forecaster is one module plus one line in ``TWIN_FORECASTERS``.
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, Field, field_validator
 
 from coordinator.twins.base import TensorDict, TwinForecaster
@@ -34,6 +36,10 @@ class TwinSettings(BaseModel):
 
     twin: str = Field("drop", description=f"how missing clients are imputed: {sorted(TWIN_FORECASTERS)}")
     twin_max_age: int | None = Field(None, ge=1, description="impute only clients seen within this many rounds")
+    late_updates: Literal["next_round", "history"] = Field(
+        "next_round", description="next_round: a late update stands in for its client in the next close where the "
+        "client has no on-time update (its delta applied to the current global, weight n_samples/sqrt(1+rounds "
+        "late)), else its twin; history: twin history only (FedDTW's delayed-update scenario)")
 
     @field_validator("twin")
     @classmethod
