@@ -111,7 +111,7 @@ def host_bundle(config: Path) -> tuple[dict, float]:
     learner = make_learner(cfg, table)
     learner.train(1)
     folder = cfg.state_dir / "serving"
-    write_bundle(learner, cfg.client_id, 1, cfg.sensors.step_delta, folder)
+    write_bundle(learner, cfg.client_id, 1, cfg.sensors.step_ns, folder)
     lookback = MODEL["lookback"]
     offline = OnnxServing(folder).forecast(table.index[-lookback:].as_unit("ns").asi8, table.values[-lookback:])
     return offline, time.monotonic() - started
