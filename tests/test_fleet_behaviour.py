@@ -100,7 +100,7 @@ def test_a_revoked_gateway_is_refused_at_once_and_an_agent_refused_for_good_exit
     config = tmp_path / "coordinator.toml"
     wait_for(lambda: len(closed_rounds(db)) >= 2, 180, "two closed rounds")
     config.write_text(config.read_text().replace('"client01",', ""))
-    written_at = time.time()
+    written_at, closed_at_edit = time.time(), len(closed_rounds(db))
     assert load_config(config, CoordinatorConfig).allowed_clients == ["client00"]
     assert agents[1].wait(120) == REFUSED_EXIT_CODE
     left_at = len(closed_rounds(db))
@@ -121,7 +121,9 @@ def test_a_revoked_gateway_is_refused_at_once_and_an_agent_refused_for_good_exit
     assert refused and {e["code"] for e in refusals} <= {"not_allowed", "unregistered"}, refusals
     # not training while refused; hellos after 1-2, 2-4, 4-8 s... (equal jitter), giving up after 4 s
     assert sum(e["kind"] == "hello" for e in refused) <= 3 and len(refused) <= 10, refused
-    assert min(e["at"] for e in refused) < written_at + 10  # the file is read again within a second
+    # the file is read again within a second: client01's next message, in the round open at the edit
+    # or the one after (its training may still run), is refused; a loaded machine makes that late
+    assert min(e["round"] for e in refused) <= closed_at_edit + 2, (closed_at_edit, refused)
     assert not [a for a in arrivals if a[1] == "client01" and a[3] > written_at + 2]  # nothing accepted after
     first_refused = min(e["round"] for e in refused)
     assert all(row.metrics["reported"] == ["client00"] for row in rows if row.round >= first_refused)
