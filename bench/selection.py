@@ -35,7 +35,7 @@ import numpy as np
 
 from common import ROOT, commit
 from value import load_windows
-from value_report import NEWCOMER, SERVED_BY, SERVED_FEDERATED
+from value_report import SERVED, SERVED_FEDERATED
 
 from edge_agent.choice import choose, recent_score
 
@@ -200,7 +200,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     args = parser.parse_args()
     runs, value_config = load_windows(args.windows)
-    runs = [r for r in runs if r["method"] not in (NEWCOMER, *SERVED_BY.values())]
+    runs = [r for r in runs if r["method"] != SERVED]
     rows = study(runs)
     table = markdown(rows)
     result = {"rows": rows, "config": {"rules": list(RULES), "commit": commit(),

@@ -25,7 +25,6 @@ anchor, and the largest excess of one gateway over its own best anchor. Usage:
     python bench/value.py --quick     # DLinear recipe, 3 datasets x 4 histories x 3 seeds (30 min, 2 cores)
     python bench/value.py             # + a spiking backbone, MSTL, FedRep, 20 station clients
     python bench/value.py --quick --report-only   # value.md and value.png again from value.json
-    python bench/value.py --quick --newcomers 14,30   # + K-day gateways joining a fleet that holds the whole split
     python bench/value.py --quick --windows /tmp/w.npz   # also keep every run's per-window errors there
     python bench/value.py --quick --report-only --windows /tmp/w.npz   # re-choose "served" without retraining
 """
@@ -41,8 +40,7 @@ from pathlib import Path
 from common import bench_parser, commit, configure, run_config, run_parallel, write_report
 from datasets import bench_fleet, dataset_interval
 from sealed import SEALED, SEALED_DECLARED, SEALED_FROZEN_AT
-from value_report import (FEDERATED, NEWCOMER, POOLED, SERVED, SERVED_BY, SERVED_FEDERATED, markdown, plot, summarize,
-                          verdicts)
+from value_report import FEDERATED, POOLED, SERVED, SERVED_FEDERATED, markdown, plot, summarize, verdicts
 
 from edge_agent.recipe import ANCHORS, TRAINING
 
@@ -52,10 +50,10 @@ QUICK = {
     "max_windows": None, "val_stride": 1,
     "origins_every": "1h",  # validation and test windows start at most every hour (every row of hourly data)
     "anchors": list(ANCHORS),  # the recipe's: every anchor a gateway compares itself with
-    "learned": ["local", "fedavg", "centralized"], "newcomers": [],
+    "learned": ["local", "fedavg", "centralized"],
     "pooled_days": [14, 30],  # Centralized where its bound decides a verdict (the scarce cells)
 }
-FULL = {**QUICK, "backbones": ["dlinear", "spikernn"], "clients": 20, "rounds": 20, "newcomers": [14, 30],
+FULL = {**QUICK, "backbones": ["dlinear", "spikernn"], "clients": 20, "rounds": 20,
         "anchors": QUICK["anchors"] + ["mstl"], "learned": QUICK["learned"] + ["fedrep"], "pooled_days": [14, 30, 90, 0]}
 SEALED_QUICK_DAYS = [14, 30, 0]
 """The sealed quick mode's histories: 90 days left out to stay within 30 minutes (a training step on
@@ -107,8 +105,6 @@ def run_job(dataset: str, days: int, backbone: str | None, method: str | None, s
     if backbone is None:
         per_method = {method: anchored(fleet, method)}
         cached_anchors(fleet, dataset, days, [method], save=True)
-    elif method == NEWCOMER:
-        per_method = {NEWCOMER: newcomers(fleet, dataset, backbone, seed, cfg)}
     else:
         cached_anchors(fleet, dataset, days, cfg["anchors"], save=False)
         per_method, models = {}, {}
@@ -176,16 +172,6 @@ def trained(fleet: list, model, method: str, seed: int, cfg: dict) -> tuple[dict
     return per_client, result.models
 
 
-def newcomers(fleet: list, dataset: str, backbone: str, seed: int, cfg: dict) -> dict:
-    """FedAvg for the gateways that just joined: every second client (odd positions) keeps only its
-    K days, the others hold the whole training split, as in a fleet that has run for a year; scored
-    on the newcomers only, beside their own K-day Local-only model and anchors (same windows)."""
-    established = clients(dataset, 0, tuple(sorted((k, v) for k, v in cfg.items() if not isinstance(v, list))))
-    mixed = [old if index % 2 == 0 else new for index, (old, new) in enumerate(zip(established, fleet))]
-    scores = learned(mixed, model_config(backbone, dataset), "fedavg", seed, cfg)
-    return {client.name: scores[client.name] for client in fleet[1::2]}
-
-
 def learned(fleet: list, model, method: str, seed: int, cfg: dict) -> dict:
     """Per-client scores of one learned method with ``model`` (a ModelConfig)."""
     return trained(fleet, model, method, seed, cfg)[0]
@@ -231,9 +217,7 @@ def jobs(cfg: dict) -> list[tuple]:
     workers finish together."""
     cells = [(d, k) for k in sorted(cfg["history_days"], key=lambda k: -(k or 10**6)) for d in cfg["datasets"]]
     return ([(d, k, None, a, None, cfg) for d, k in cells for a in cfg["anchors"]]
-            + [(d, k, b, None, s, cfg) for d, k in cells for b in cfg["backbones"] for s in cfg["seeds"]]
-            + [(d, k, b, NEWCOMER, s, cfg) for d, k in cells if k in cfg.get("newcomers", ())
-               for b in cfg["backbones"] for s in cfg["seeds"]])
+            + [(d, k, b, None, s, cfg) for d, k in cells for b in cfg["backbones"] for s in cfg["seeds"]])
 
 
 def served_runs(runs: list[dict], cfg: dict) -> list[dict]:
@@ -242,24 +226,23 @@ def served_runs(runs: list[dict], cfg: dict) -> list[dict]:
     local-only model, the anchors, the median where run) with the lowest MASE over the latest
     ``SELECTION_DAYS`` days of windows whose outcome is known by then (validation windows, then
     the test windows already past), the rule of ``edge_agent.selection.select`` applied every
-    day; its test scores are those of the forecasts it served. A newcomer's (``served_newcomer``)
-    has its newcomer FedAvg model as the federated candidate and no median (the median's
-    members are the K-day fleet's models, not the newcomer's)."""
+    day; its test scores are those of the forecasts it served. (A gateway joining a fleet with
+    history: bench/time_to_value.py.)"""
     anchors = [r for r in runs if r["backbone"] is None]
     out = []
     for r in runs:
-        if r["method"] not in SERVED_BY:
+        if r["method"] != SERVED_FEDERATED:
             continue
         key = (r["dataset"], r["history_days"], r["backbone"], r["seed"])
         same = {x["method"]: x for x in runs if (x["dataset"], x["history_days"], x["backbone"], x["seed"]) == key}
         cell = [a for a in anchors if (a["dataset"], a["history_days"]) == (r["dataset"], r["history_days"])]
         candidates = {"federated": r, "local": same["local"], **{a["method"]: a for a in cell}}
-        if "median" in same and r["method"] == SERVED_FEDERATED:
+        if "median" in same:
             candidates["median"] = same["median"]
         per_client = {client: served_client({name: run["clients"][client] for name, run in candidates.items()
                                              if client in run["clients"]})
                       for client in r["clients"]}
-        out.append({**r, "method": SERVED_BY[r["method"]], "clients": per_client})
+        out.append({**r, "method": SERVED, "clients": per_client})
     return out
 
 
@@ -338,13 +321,9 @@ def main() -> None:
                         "--out/value.json, or with --windows re-choose what is served from the saved runs")
     parser.add_argument("--windows", type=Path, help="an .npz of every run's per-window errors: written after "
                         "training, read by --report-only")
-    parser.add_argument("--newcomers", help="history days of the newcomer cells, e.g. 14,30 (default: none in quick "
-                        "mode, 14 and 30 in full mode; each adds a federation per seed)")
     parser.add_argument("--sealed", action="store_true", help="the sealed datasets (bench/sealed.py), frozen "
                         "before any of their numbers was looked at and used for no choice: value_sealed.json")
     args, cfg, started = configure(parser, QUICK, FULL)
-    if args.newcomers:
-        cfg["newcomers"] = [int(days) for days in args.newcomers.split(",")]
     if args.sealed:
         cfg["datasets"] = list(SEALED)
         cfg["history_days"] = SEALED_QUICK_DAYS if args.quick else cfg["history_days"]
@@ -355,7 +334,7 @@ def main() -> None:
         return
     if args.report_only:
         runs, config = load_windows(args.windows)
-        runs = [run for run in runs if run["method"] not in SERVED_BY.values()]
+        runs = [run for run in runs if run["method"] != SERVED]
         config = {**config, "reselected_at": commit()}
     else:
         with tempfile.TemporaryDirectory() as cache:

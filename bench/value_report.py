@@ -11,8 +11,6 @@ from common import panel_row, save_figure
 FEDERATED = ("fedavg", "fedrep")  # fedrep: personal_epochs from the config fit the personal part first
 POOLED = "centralized"  # every gateway's data in one place: the most a federation of them could learn
 SERVED, SERVED_FEDERATED = "served", "fedavg"  # what the product serves, and its federated candidate
-NEWCOMER = "fedavg_newcomer"  # FedAvg for a K-day gateway in a fleet whose other half holds the whole split
-SERVED_BY = {SERVED_FEDERATED: SERVED, NEWCOMER: "served_newcomer"}  # federated candidate -> what is served with it
 
 
 def summarize(runs: list[dict], cfg: dict) -> list[dict]:
@@ -49,9 +47,7 @@ def summarize(runs: list[dict], cfg: dict) -> list[dict]:
             row["clients_better_than_local"] = sum(
                 s["mase"] < local[dataset, days, backbone, r["seed"]][c]["mase"]
                 for r in group for c, s in r["clients"].items())
-        if method == NEWCOMER:
-            row["same_gateways"] = same_gateways(runs, group, anchor_names)
-        if method in SERVED_BY.values():
+        if method == SERVED:
             counts: dict[str, int] = {}
             for r in group:
                 for s in r["clients"].values():
@@ -71,32 +67,11 @@ def against_val_anchor(group: list[dict], val_anchor: dict[tuple, tuple[float, f
             "worst_gateway_vs_val_anchor": max(excess)}
 
 
-def same_gateways(runs: list[dict], group: list[dict], anchor_names: set[str]) -> dict:
-    """Local-only (same seeds) and every anchor on exactly the gateways of the newcomer runs
-    ``group``: means over those gateways (and seeds), and the best anchor among them."""
-    import numpy as np
-
-    first = group[0]
-    gateways = list(first["clients"])
-    cell = [r for r in runs if (r["dataset"], r["history_days"]) == (first["dataset"], first["history_days"])]
-    seeds = {r["seed"] for r in group}
-    local = [np.mean([r["clients"][c]["mase"] for c in gateways]) for r in cell
-             if r["method"] == "local" and r["backbone"] == first["backbone"] and r["seed"] in seeds]
-    everyone_short = [np.mean([r["clients"][c]["mase"] for c in gateways]) for r in cell
-                      if r["method"] == "fedavg" and r["backbone"] == first["backbone"] and r["seed"] in seeds]
-    anchors = {r["method"]: float(np.mean([r["clients"][c]["mase"] for c in gateways])) for r in cell
-               if r["method"] in anchor_names and all(c in r["clients"] for c in gateways)}
-    best = min(anchors, key=anchors.__getitem__)
-    return {"gateways": len(gateways), "local": float(np.mean(local)), "fedavg_everyone_short": float(np.mean(everyone_short)),
-            "best_anchor": best, "best_anchor_mase": anchors[best]}
-
-
 def verdicts(rows: list[dict], cfg: dict) -> dict:
     """The issue's goals, each with the numbers that decide it."""
     import numpy as np
 
-    out: dict = {"served_at_most_best_anchor": [], "federated_pays_when_scarce": [], "learned_beats_anchors_full": [],
-                 "federated_pays_a_newcomer": []}
+    out: dict = {"served_at_most_best_anchor": [], "federated_pays_when_scarce": [], "learned_beats_anchors_full": []}
     for dataset in cfg["datasets"]:
         for days in cfg["history_days"]:
             cell = [r for r in rows if (r["dataset"], r["history_days"]) == (dataset, days)]
@@ -119,18 +94,6 @@ def verdicts(rows: list[dict], cfg: dict) -> dict:
                         "dataset": dataset, "history_days": days, "backbone": backbone, "federated": fed["method"],
                         "vs_local": gain_local, "vs_best_anchor": gain_anchor,
                         "met": gain_local >= 0.05 and gain_anchor >= 0.05, **pooling_bound(by, anchor)})
-                if NEWCOMER in by:
-                    new, same = by[NEWCOMER], by[NEWCOMER]["same_gateways"]
-                    gain_local, gain_anchor = 1 - new["mase"] / same["local"], 1 - new["mase"] / same["best_anchor_mase"]
-                    served_new = by[SERVED_BY[NEWCOMER]]
-                    out["federated_pays_a_newcomer"].append({
-                        "dataset": dataset, "history_days": days, "backbone": backbone, "gateways": same["gateways"],
-                        "fedavg_newcomer": new["mase"], "served_newcomer": served_new["mase"],
-                        "served_newcomer_worst_vs_best_anchor": served_new["worst_client_vs_best_anchor"],
-                        "local": same["local"],
-                        "fedavg_everyone_short": same["fedavg_everyone_short"], "best_anchor": same["best_anchor"],
-                        "best_anchor_mase": same["best_anchor_mase"], "vs_local": gain_local,
-                        "vs_best_anchor": gain_anchor, "met": gain_local >= 0.05 and gain_anchor >= 0.05})
                 if days == 0:
                     best = min((by[m] for m in cfg["learned"] if m in by and m != POOLED), key=lambda r: r["mase"])
                     out["learned_beats_anchors_full"].append({
@@ -141,8 +104,6 @@ def verdicts(rows: list[dict], cfg: dict) -> dict:
         "served_at_most_best_anchor_everywhere": all(v["met"] for v in out["served_at_most_best_anchor"]),
         "datasets_where_federated_pays_when_scarce": sorted({v["dataset"] for v in scarce if v["met"]}),
         "datasets_where_pooling_pays_when_scarce": sorted({v["dataset"] for v in scarce if v.get("pooled_met")}),
-        "datasets_where_federated_pays_a_newcomer": sorted(
-            {v["dataset"] for v in out["federated_pays_a_newcomer"] if v["met"]}),
         "datasets_where_learned_beats_anchors_by_10pct": sorted(
             {v["dataset"] for v in out["learned_beats_anchors_full"] if v["met"]}),
         "cells": int(np.prod([len(cfg["datasets"]), len(cfg["history_days"])])),
@@ -210,46 +171,14 @@ def markdown(summary: dict) -> str:
         lines.append(f"| {s['dataset']} | {days} | {s['backbone'] or '-'} | {s['method']} | {s['mase']:.4f} ± "
                      f"{s['mase_spread']:.4f} | {s['mse']:.4f} | {s['mae']:.4f} | {local} | "
                      f"{s['clients_better_than_best_anchor']}/{s['client_runs']} | {s['worst_client_vs_best_anchor']:+.1%} |")
-    lines += newcomer_table(summary["verdicts"]["federated_pays_a_newcomer"])
     v = summary["verdicts"]["summary"]
     lines += ["", f"served <= best anchor and no gateway > +2% over its own best anchor, in every cell: "
               f"{v['served_at_most_best_anchor_everywhere']}; federated beats Local and the best anchor by >= 5% "
               f"at K = 14 or 30 on: {v['datasets_where_federated_pays_when_scarce'] or 'no dataset'} (Centralized, "
-              f"every gateway's data pooled, on: {v.get('datasets_where_pooling_pays_when_scarce') or 'no dataset'}), "
-              f"and for a "
-              f"newcomer on: {v.get('datasets_where_federated_pays_a_newcomer') or 'no dataset'}; a learned "
+              f"every gateway's data pooled, on: {v.get('datasets_where_pooling_pays_when_scarce') or 'no dataset'}); a learned "
               f"model beats the best anchor by >= 10% with the full history on: "
               f"{v['datasets_where_learned_beats_anchors_by_10pct'] or 'no dataset'}."]
     return "\n".join(lines) + "\n"
-
-
-def newcomer_table(cells: list[dict]) -> list[str]:
-    """A gateway with K days joining a fleet whose other half holds the whole training split: its
-    FedAvg model and what it serves beside its own Local-only model and best anchor (the same
-    gateways and windows)."""
-    if not cells:
-        return []
-    lines = ["", "A newcomer: every second gateway keeps K days, the others the whole training split; scored on "
-             "the newcomers (test MASE, means over seeds; 'served' chooses daily among its FedAvg model, its "
-             "Local-only model and the anchors; 'worst' = the largest excess of one newcomer's served MASE over "
-             "its own best anchor's):", "",
-             "| dataset | K days | backbone | newcomers | best anchor | local | fedavg (everyone K days) | "
-             "fedavg (newcomer) | vs local | vs anchor | served (newcomer) | worst |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    for v in cells:
-        lines.append(f"| {v['dataset']} | {v['history_days']} | {v['backbone']} | {v['gateways']} | "
-                     f"{v['best_anchor']} {v['best_anchor_mase']:.3f} | {v['local']:.3f} | "
-                     f"{v.get('fedavg_everyone_short', float('nan')):.3f} | **{v['fedavg_newcomer']:.3f}** | "
-                     f"{-v['vs_local']:+.1%} | {-v['vs_best_anchor']:+.1%} | {served_newcomer(v)} |")
-    return lines
-
-
-def served_newcomer(cell: dict) -> str:
-    """The newcomer table's last two cells: what the newcomers serve and their worst excess ("-"
-    in a results file written before newcomers were served, 2406378)."""
-    if "served_newcomer" not in cell:
-        return "- | -"
-    return f"{cell['served_newcomer']:.3f} | {cell['served_newcomer_worst_vs_best_anchor']:+.1%}"
 
 
 def plot(summary: dict, path: Path) -> None:
