@@ -18,6 +18,13 @@ from edge_agent.newcomer import Newcomer, own_scale, received_model, recent_scor
 from edge_agent.selection import window_scores
 
 
+def days_held(table: SeriesTable, client, recipe, days: int) -> int:
+    """How many of ``days`` after joining (at the end of ``client``'s training split) the site's
+    table holds with each day's forecasts' outcomes: fewer where the dataset ends sooner."""
+    after = table.n_rows - len(client.history) - recipe.horizon
+    return max(0, min(days, after // client.period - 1))
+
+
 class Timeline:
     """A site that joins at the first row after its training split (``client``'s), with
     ``days`` days to serve: origins at every row of days 1..days after joining."""

@@ -66,12 +66,13 @@ def newcomer_job(dataset: str, position: int, states: dict, cfg: dict, threads: 
     """One joining site's daily MASE, joined and alone, for every seed's fleet."""
     import torch
 
-    from joining import Timeline
+    from joining import Timeline, days_held
 
     torch.set_num_threads(threads)
     started = time.perf_counter()
     recipe = model_config("dlinear", dataset)
-    timeline = Timeline(dataset_tables(dataset)[position], fleet(dataset)[position], recipe, cfg["days"])
+    table, client = dataset_tables(dataset)[position], fleet(dataset)[position]
+    timeline = Timeline(table, client, recipe, days_held(table, client, recipe, cfg["days"]))
     anchors = {name: timeline.anchor_forecasts(name) for name in cfg["anchors"]}
     runs = []
     for seed, state in states.items():
@@ -81,7 +82,8 @@ def newcomer_job(dataset: str, position: int, states: dict, cfg: dict, threads: 
         alone = [name for name in candidates if name != FLEET]
         runs.append({"seed": seed, **{side: timeline.served(candidates, reported, names, cfg["selection_days"])
                                       for side, names in (("joined", list(candidates)), ("alone", alone))}})
-    return {"dataset": dataset, "client": timeline.name, "runs": runs, "seconds": time.perf_counter() - started}
+    return {"dataset": dataset, "client": timeline.name, "days": timeline.days, "runs": runs,
+            "seconds": time.perf_counter() - started}
 
 
 def describe_fleet(result: dict) -> str:

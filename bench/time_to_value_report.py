@@ -9,20 +9,20 @@ import numpy as np
 
 from common import panel_row, save_figure
 
-ALL_DAYS = "1-30"
 
 
 def summarize(newcomers: list[dict], split: str, cfg: dict) -> list[dict]:
-    """One row per (dataset, day) and one per dataset over every day (``day`` "1-30"): joined and
-    alone MASE averaged over the joining sites and seeds, the gain, the seeds' half-range of the
-    gain and how many (site, seed) runs joining wins."""
+    """One row per (dataset, day) and one per dataset over every day (``day`` "1-30", or "1-D"
+    where the dataset ends D < 30 days after the sites join): joined and alone MASE averaged over
+    the joining sites and seeds, the gain, the seeds' half-range of the gain and how many (site,
+    seed) runs joining wins."""
     rows = []
     for dataset in cfg["datasets"]:
-        runs = [(n["client"], run) for n in newcomers if n["dataset"] == dataset for run in n["runs"]]
-        days = list(range(1, cfg["days"] + 1))
-        for day in [*days, ALL_DAYS]:
-            chosen = days if day == ALL_DAYS else [day]
-            rows.append(row(split, dataset, day, runs, chosen, cfg["seeds"]))
+        joining = [n for n in newcomers if n["dataset"] == dataset]
+        runs = [(n["client"], run) for n in joining for run in n["runs"]]
+        days = list(range(1, min(n.get("days", cfg["days"]) for n in joining) + 1))
+        rows += [row(split, dataset, day, runs, [day], cfg["seeds"]) for day in days]
+        rows.append(row(split, dataset, f"1-{days[-1]}", runs, days, cfg["seeds"]))
     return rows
 
 
@@ -41,14 +41,14 @@ def row(split: str, dataset: str, day, runs: list[tuple[str, dict]], days: list[
 
 
 def markdown(summary: dict) -> str:
-    """Days 1, 3, 7, 14 and 30 and the mean over days 1-30 per dataset."""
-    shown = [*summary["config"]["report_days"], ALL_DAYS]
+    """Days 1, 3, 7, 14 and 30 and the mean over every day (1-30, or fewer where a dataset ends) per dataset."""
+    shown = summary["config"]["report_days"]
     lines = [f"Time to value ({summary['split']} datasets; commit {summary['config']['commit'][:12]}, "
              f"{summary['config']['mode']} mode, seeds {summary['config']['seeds']}): MASE of what a joining "
              "gateway serves, joined and alone, mean over its sites and seeds.", "",
              "| dataset | day | joined | alone | gain | seeds ± | runs joining wins |", "|---|---|---|---|---|---|---|"]
     for r in summary["rows"]:
-        if r["day"] in shown:
+        if r["day"] in shown or isinstance(r["day"], str):
             lines.append(f"| {r['dataset']} | {r['day']} | {r['joined']:.4f} | {r['alone']:.4f} | {r['gain']:+.1%} | "
                          f"{r['gain_seed_half_range']:.1%} | {r['wins']}/{r['runs']} |")
     cpu = summary["cpu_seconds_per_round_per_gateway"]
@@ -62,7 +62,7 @@ def plot(summary: dict, path: Path) -> None:
     datasets = list(dict.fromkeys(r["dataset"] for r in summary["rows"]))
     fig, axes = panel_row(len(datasets), 3.6)
     for ax, dataset in zip(axes, datasets):
-        rows = [r for r in summary["rows"] if r["dataset"] == dataset and r["day"] != ALL_DAYS]
+        rows = [r for r in summary["rows"] if r["dataset"] == dataset and isinstance(r["day"], int)]
         days = [r["day"] for r in rows]
         ax.plot(days, [r["joined"] for r in rows], label="joined", color="tab:blue")
         ax.plot(days, [r["alone"] for r in rows], label="alone", color="tab:gray", linestyle="--")
