@@ -74,7 +74,8 @@ def prompt_fleet(work: Path) -> dict:
     """Prompt-mode settings around a freshly initialised foundation checkpoint in ``work``."""
     import torch
 
-    from edge_agent.models.foundation import FoundationConfig, FoundationModel, save_foundation
+    from edge_agent.models.foundation import FoundationModel, save_foundation
+    from edge_agent.models.foundation_config import FoundationConfig
 
     torch.manual_seed(0)
     path = work / "foundation.safetensors"

@@ -31,7 +31,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load as load_tensors
 from safetensors.torch import save as save_tensors
 
-from edge_agent.limits import MAX_JSON_DEPTH, NAME_PATTERN, json_depth
+from edge_agent.limits import MAX_JSON_DEPTH, MAX_ROUND, NAME_PATTERN, json_depth
 from edge_agent.tensors import Layout, LayoutError, TensorDict, check_layout, first_non_finite
 
 MAGIC = b"EDFL"
@@ -40,7 +40,6 @@ PREFIX = struct.Struct(">4sBI")
 CAMPAIGN_PATTERN = r"^[A-Za-z0-9_.-]{0,64}$"
 MAX_HEADER_BYTES = 64 * 1024
 MAX_INT_DIGITS = 20
-MAX_ROUND = 10**6
 MAX_SAMPLES = 10**9
 MAX_FEATURES = 10**6
 MAX_BODY_BYTES = 2**40

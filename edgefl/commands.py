@@ -195,7 +195,8 @@ def pretrain_command(
     from edge_agent.data.extra import EXTRA_VARIABLES, extra_series as load_extra
     from edge_agent.data.resample import mixed_fleet
     from edge_agent.data.variables import WEATHER_VARIABLES
-    from edge_agent.models.foundation import FoundationConfig, save_foundation
+    from edge_agent.models.foundation import save_foundation
+    from edge_agent.models.foundation_config import FoundationConfig
 
     with reported(DataError, ValueError, flags=flags_of("rounds", "local_epochs", "participation", "window", "stride",
                                                          "steps", "seed")):

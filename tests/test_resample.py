@@ -9,7 +9,7 @@ import pytest
 from edge_agent.data import DataError, SeriesTable, load_site
 from edge_agent.data.canonical import device_series
 from edge_agent.data.resample import mixed_fleet, resample_mean
-from edge_agent.models.foundation import FoundationConfig
+from edge_agent.models.foundation_config import FoundationConfig
 
 
 def hourly(values: list[list[float]], observed: list[list[bool]] | None = None) -> SeriesTable:

@@ -21,16 +21,18 @@ from pydantic import ConfigDict, Field
 from coordinator.engine import RoundEngine
 from coordinator.simulation.participation import Participation, sampled
 from coordinator.simulation.rounds import SimulatedRound, run_rounds
-from coordinator.strategies import ClientInfo, GBESettings, StrategySettings, make_strategy
-from coordinator.twins import TwinSettings
+from coordinator.strategies import ClientInfo, make_strategy
+from coordinator.strategy_settings import GBESettings, StrategySettings
+from coordinator.twin_settings import TwinSettings
 from edge_agent.data.canonical import DeviceSeries
 from edge_agent.learners import FoundationLearner, Learner
 from edge_agent.learners.fedal import FedalLearner, reconstruction_mse
 from edge_agent.learners.foundation import foundation_model, reconstruction_loss
 from edge_agent.models.fedal_settings import FedalClientSettings
-from edge_agent.models.foundation import FoundationConfig, FoundationModel
+from edge_agent.models.foundation import FoundationModel
+from edge_agent.models.foundation_config import FoundationConfig
 from edge_agent.tensors import TensorDict
-from edge_agent.train import LocalTraining
+from edge_agent.training_settings import LocalTraining
 
 
 class PretrainConfig(LocalTraining):
