@@ -41,9 +41,10 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
+from edge_agent.broker_settings import DEFAULT_MAX_PAYLOAD_BYTES
 from edge_agent.config import dump_toml
 from edge_agent.data import list_sites
-from edge_agent.mqtt import COORDINATOR_RECEIVE_WINDOW, DEFAULT_MAX_PAYLOAD_BYTES
+from edge_agent.mqtt import COORDINATOR_RECEIVE_WINDOW
 from edge_agent.models import ModelConfig
 from edge_agent.protocol import Topics
 from edge_agent.storage import write_bytes_atomically

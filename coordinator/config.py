@@ -13,9 +13,9 @@ from coordinator.pretraining import check_pretraining, with_fleet_foundation
 from coordinator.strategy_settings import StrategySettings
 from coordinator.throttle import IntakeLimits
 from coordinator.twin_settings import TwinSettings
+from edge_agent.broker_settings import DEFAULT_MAX_PAYLOAD_BYTES, BrokerConfig
 from edge_agent.config import FleetModel
 from edge_agent.limits import MAX_ROUND, NAME_PATTERN
-from edge_agent.mqtt import DEFAULT_MAX_PAYLOAD_BYTES, BrokerConfig
 
 
 class StoreSettings(BaseModel):

@@ -11,8 +11,8 @@ from typing import Annotated, Optional
 
 import typer
 
+from edge_agent.broker_settings import DEFAULT_MAX_PAYLOAD_BYTES
 from edge_agent.data import DataError
-from edge_agent.mqtt import DEFAULT_MAX_PAYLOAD_BYTES
 from edgefl.errors import LazyConsole, fail, flags_of, reported, say
 from edgefl.export_cli import energy_command, export_app
 from edgefl.extras import needs

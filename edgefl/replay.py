@@ -20,11 +20,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Optional
 
 import numpy as np
-import paho.mqtt.client as mqtt
 import typer
 
+from edge_agent.broker_settings import QOS, BrokerConfig
 from edge_agent.data import DataError, GapPolicy
-from edge_agent.mqtt import QOS, BrokerConfig
 from edgefl.errors import LazyConsole, fail, flags_of, reported
 
 if TYPE_CHECKING:
@@ -104,6 +103,8 @@ class Publisher:
     """A paho MQTT 5 client that publishes at QoS 1 and counts the broker's acknowledgements."""
 
     def __init__(self, broker: BrokerConfig):
+        import paho.mqtt.client as mqtt  # here: every other command (this module is the CLI's) starts without it
+
         self.broker, self.where = broker, f"{broker.host}:{broker.port}"
         self.sent = self.acked = 0
         self.refused: str | None = None

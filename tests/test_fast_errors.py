@@ -18,7 +18,7 @@ from edge_agent.registry import LazyRegistry
 from tests.fleet import agent_config, coordinator_config, edgefl_without
 
 REPO = Path(__file__).resolve().parent.parent
-HEAVY = ("torch", "pandas", "statsforecast", "onnxruntime", "matplotlib", "snntorch")
+HEAVY = ("torch", "pandas", "statsforecast", "onnxruntime", "matplotlib", "snntorch", "paho")  # paho: 7 MB with ssl
 WALL_S = 30.0  # generous: about 0.5 s idle here, several seconds on a loaded 2-core machine
 
 

@@ -31,7 +31,8 @@ def modules() -> dict[str, Path]:
 TORCH_FREE = ("edge_agent.config", "coordinator.config", "coordinator.simulation.federation_config",
               "edgefl.cli", "edgefl.commands", "edgefl.simulate_cli")
 """Modules that load no heavy library when imported: the configs, and the commands' modules."""
-HEAVY = {"torch", "pandas", "statsforecast", "onnxruntime", "matplotlib", "snntorch", "onnx", "nir", "h5py", "pvlib"}
+HEAVY = {"torch", "pandas", "statsforecast", "onnxruntime", "matplotlib", "snntorch", "onnx", "nir", "h5py", "pvlib",
+         "paho"}
 
 
 def executed(tree: ast.Module) -> list[ast.stmt]:

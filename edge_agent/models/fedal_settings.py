@@ -1,5 +1,6 @@
-"""FeDaL's device-side settings, apart from the learner so that ``agent.toml`` and
-``coordinator.toml`` (pretrain mode's ``fedal_client``) can name them without importing learners."""
+"""FeDaL's device-side settings (pretrain mode's ``fedal_client``: DBE, core-sets), apart from the
+learner, ``edge_agent.models.dbe`` and ``edge_agent.coreset``, so that ``agent.toml`` and
+``coordinator.toml`` are checked without importing torch."""
 
 from __future__ import annotations
 
