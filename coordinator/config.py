@@ -18,6 +18,9 @@ from edge_agent.config import FleetModel
 from edge_agent.limits import MAX_ROUND, NAME_PATTERN
 
 
+SQLITE_FILE = "coordinator.sqlite3"  # in state_dir, without [store] url
+
+
 class StoreSettings(BaseModel):
     """``[store]``: where the coordinator keeps its state. Without ``url``: SQLite and files in
     ``state_dir``; with a PostgreSQL URL: that database, so a standby coordinator can take over."""

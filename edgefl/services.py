@@ -140,12 +140,13 @@ def _print_status(cfg) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from coordinator.store import Store
-    from coordinator.store_backends import SQLITE_FILE
+    from coordinator.config import SQLITE_FILE
 
     if cfg.store.url is None and not (Path(cfg.state_dir) / SQLITE_FILE).exists():
         fail(f"state_dir {cfg.state_dir}: no coordinator state there ({SQLITE_FILE} is missing); check state_dir in "
              "the config, or start the coordinator (coordinator serve) first")
+    from coordinator.store import Store
+
     try:
         store = Store(cfg.state_dir, cfg.store.url)
     except StateDirError as err:

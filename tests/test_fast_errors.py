@@ -22,22 +22,27 @@ HEAVY = ("torch", "pandas", "statsforecast", "onnxruntime", "matplotlib", "snnto
 WALL_S = 30.0  # generous: about 0.5 s idle here, several seconds on a loaded 2-core machine
 
 
-def bad_configs(folder: Path) -> dict[str, Path]:
-    """An agent.toml and a coordinator.toml, each with the unknown table ``[modle]``."""
+def configs(folder: Path) -> dict[str, Path]:
+    """An agent.toml and a coordinator.toml, each with the unknown table ``[modle]``, and a good
+    coordinator.toml (``fleet``) whose state_dir is not there."""
+    (folder / "fleet").mkdir()
     agent = agent_config(folder, 1883, 0, folder / "data.csv")
     coordinator = coordinator_config(folder, 1883, 3)
     for path in (agent, coordinator):
         path.write_text(path.read_text() + "\n[modle]\nlookback = 3\n")
-    return {"agent": agent, "coordinator": coordinator}
+    return {"agent": agent, "coordinator": coordinator, "fleet": coordinator_config(folder / "fleet", 1883, 3)}
 
 
-CASES = [  # (arguments, with {agent}/{coordinator}/{tmp} filled in, the one error line expected)
+CASES = [  # (arguments, with {agent}/{coordinator}/{fleet}/{tmp} filled in, the one error line expected)
     (("agent", "run", "-c", "{agent}"), "error: {agent}: modle: unknown key; did you mean 'mode'?"),
     (("agent", "forecast", "-c", "{agent}"), "error: {agent}: modle: unknown key; did you mean 'mode'?"),
     (("agent", "checkpoint", "-c", "{agent}", "--out", "{tmp}/m"), "error: {agent}: modle: unknown key; did you "
                                                                    "mean 'mode'?"),
     (("coordinator", "serve", "-c", "{coordinator}"), "error: {coordinator}: modle: unknown key; did you mean "
                                                       "'mode'?"),
+    (("coordinator", "status", "-c", "{fleet}"), "error: state_dir {tmp}/fleet/coordinator: no coordinator state "
+     "there (coordinator.sqlite3 is missing); check state_dir in the config, or start the coordinator (coordinator "
+     "serve) first"),
     (("agent", "run", "-c", "{tmp}/missing.toml"), "error: {tmp}/missing.toml: file not found"),
     (("simulate", "--data", "{tmp}/nope.csv"), "error: nope.csv: file not found ({tmp}/nope.csv)"),
     (("simulate", "--backbone", "lstn"), "error: --backbone: backbone: unknown 'lstn'; choose one of "
@@ -59,7 +64,7 @@ CASES = [  # (arguments, with {agent}/{coordinator}/{tmp} filled in, the one err
 @pytest.mark.parametrize(("args", "expected"), CASES, ids=[" ".join(args[:2]) for args, _ in CASES])
 def test_a_bad_config_flag_or_file_is_one_line_before_any_heavy_library(tmp_path: Path, args: tuple[str, ...],
                                                                          expected: str) -> None:
-    names = {"tmp": str(tmp_path), **{role: str(path) for role, path in bad_configs(tmp_path).items()}}
+    names = {"tmp": str(tmp_path), **{role: str(path) for role, path in configs(tmp_path).items()}}
     start = time.monotonic()
     done = subprocess.run([sys.executable, *edgefl_without(HEAVY), *(a.format(**names) for a in args)],
                           capture_output=True, text=True, timeout=120, cwd=REPO)
