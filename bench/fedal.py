@@ -59,7 +59,7 @@ def fleet(held_out: tuple[str, ...], cfg_items: tuple) -> list:
 
 def settings(method: str, seed: int, cfg: dict):
     """The PretrainConfig of a method: FedAvg/FedProx/Standalone on FeDaL's patch masks, no DBE or core-sets."""
-    from coordinator.simulation.pretrain import PretrainConfig
+    from coordinator.simulation.pretrain_config import PretrainConfig
     from edge_agent.learners.fedal import FedalClientSettings
 
     plain = FedalClientSettings(dbe=None, coreset=None, prox_mu=cfg["prox_mu"] if method == "fedprox" else 0.0)

@@ -31,7 +31,8 @@ TASKS = {"task1": "single", "task2": "multivariate"}
 @functools.lru_cache(maxsize=1)
 def foundation(pretrain_rounds: int, stride: int, seed: int):
     """The pretrained foundation model, built once per worker (seeded, so identical everywhere)."""
-    from coordinator.simulation.pretrain import PretrainConfig, pretrain
+    from coordinator.simulation.pretrain import pretrain
+    from coordinator.simulation.pretrain_config import PretrainConfig
     from edge_agent.data import load_sites
     from edge_agent.data.canonical import device_series
     from edge_agent.models.foundation_config import FoundationConfig

@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 DEFAULT_MAX_PAYLOAD_BYTES = 64 * 1024 * 1024
 QOS = 1  # of every message the services and replay send
+COORDINATOR_RECEIVE_WINDOW = 256  # unacknowledged messages the broker may hand the coordinator at once
 
 
 class BrokerConfig(BaseModel):

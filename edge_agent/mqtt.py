@@ -27,7 +27,6 @@ CONNECT_TIMEOUT_S = 3.0  # a TCP/TLS connect that takes longer fails (and is ret
 PROBE_TIMEOUT_S = 1.5  # the probe that names a failure's cause
 AUTH_FAILURES = (0x86, 0x87)  # MQTT 5 CONNACK: bad user name or password, not authorized
 FIRST_CONNECT_WAIT_S = 3.0  # no session this long after start: say so, whatever paho is still waiting for
-COORDINATOR_RECEIVE_WINDOW = 256  # unacknowledged messages the broker may hand the coordinator at once
 
 
 @dataclass(frozen=True)

@@ -56,6 +56,13 @@ CASES = [  # (arguments, with {agent}/{coordinator}/{fleet}/{tmp} filled in, the
     (("energy", "--profile", "nope", "--checkpoint", "{tmp}/nope.pt", "--site", "pool", "--out", "{tmp}/e"),
      "error: unknown hardware profile 'nope'; available in hw_profiles: cmos45nm, jetson_orin_nano, loihi, "
      "truenorth"),
+    (("pretrain", "--steps", "1h,7x"), "error: --steps: '7x' is not a duration such as '1h', '15min', '30s' or "
+                                       "'1h30min'"),
+    (("pretrain", "--participation", "2"), "error: --participation: should be less than or equal to 1, got 2.0"),
+    (("init", "{tmp}/farm", "--fleet", "a b"), "error: fleet name 'a b' must match ^[A-Za-z0-9_.-]{{1,64}}$"),
+    (("broker-config", "--fleet", "a b", "--out", "{tmp}/setup"), "error: fleet name 'a b' must match "
+                                                                   "^[A-Za-z0-9_.-]{{1,64}}$"),
+    (("replay", "--csv", "{tmp}/nope.csv"), "error: nope.csv: file not found ({tmp}/nope.csv)"),
     (("energy", "--agent-config", "{agent}", "--out", "{tmp}/e"), "error: {agent}: modle: unknown key; did you "
                                                                   "mean 'mode'?"),
 ]

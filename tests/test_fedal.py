@@ -112,8 +112,10 @@ def test_core_sets_match_gradients_without_copying_a_real_window(station) -> Non
 
 
 def test_fedal_pretraining_on_a_mixed_fleet_is_reproducible_learns_and_broadcasts_a_bias_reference() -> None:
-    from coordinator.simulation.pretrain import PretrainConfig, pretrain
-    from edge_agent.data.extra import EXTRA_VARIABLES, particulates
+    from coordinator.simulation.pretrain import pretrain
+    from coordinator.simulation.pretrain_config import PretrainConfig
+    from edge_agent.data.extra import particulates
+    from edge_agent.data.variables import EXTRA_VARIABLES
     from edge_agent.data.resample import mixed_fleet
     from edge_agent.learners.fedal import FedalClientSettings
 

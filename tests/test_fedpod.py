@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from coordinator.simulation.pretrain import PretrainConfig, pretrain
+from coordinator.simulation.pretrain import pretrain
+from coordinator.simulation.pretrain_config import PretrainConfig
 from coordinator.simulation.prompts import PromptFederationConfig, evaluate_prompt_fleet, run_prompt_federation
 from coordinator.strategies import ClientInfo, ClientUpdate, make_strategy
 from coordinator.strategy_settings import GraphSettings

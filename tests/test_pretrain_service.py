@@ -17,7 +17,8 @@ from coordinator.config import CoordinatorConfig
 from coordinator.pretraining import FOUNDATION_FILE
 from coordinator.server import FINISHED_EXIT_CODE, Coordinator
 from coordinator.simulation.participation import recorded
-from coordinator.simulation.pretrain import PretrainConfig, pretrain
+from coordinator.simulation.pretrain import pretrain
+from coordinator.simulation.pretrain_config import PretrainConfig
 from coordinator.store import Store
 from coordinator.strategy_settings import GBESettings
 from edge_agent.agent import Agent

@@ -7,7 +7,8 @@ import json
 import pytest
 import torch
 
-from coordinator.simulation.pretrain import PretrainConfig, pretrain
+from coordinator.simulation.pretrain import pretrain
+from coordinator.simulation.pretrain_config import PretrainConfig
 from edge_agent.data import load_site, load_sites
 from edge_agent.data.canonical import device_series
 from edge_agent.models.foundation import content_hash
@@ -91,7 +92,7 @@ def test_task_one_forecasts_one_target_and_bad_configs_are_refused(foundation, s
 
 def test_the_agent_side_learner_adopts_personal_prompts_and_noises_its_upload(foundation, tmp_path) -> None:
     from edge_agent.config import AgentConfig
-    from edge_agent.learners import PromptLearner, fleet_template, make_learner
+    from edge_agent.learners import PromptLearner, make_learner
     from edge_agent.models.foundation import save_foundation
 
     digest = save_foundation(foundation, tmp_path / "fm.safetensors")
@@ -118,6 +119,9 @@ def test_the_agent_side_learner_adopts_personal_prompts_and_noises_its_upload(fo
 
 
 def test_a_restored_prompt_learner_keeps_its_prompts_and_regularization_targets(foundation, tmp_path) -> None:
+    from edge_agent.config import AgentConfig
+    from edge_agent.learners import make_learner
+    from edge_agent.models.foundation import save_foundation
 
     digest = save_foundation(foundation, tmp_path / "fm.safetensors")
     cfg = AgentConfig(fleet="f", client_id="a", state_dir=tmp_path / "a", data={"site": "miami"}, mode="prompt",
@@ -138,6 +142,7 @@ def test_a_restored_prompt_learner_keeps_its_prompts_and_regularization_targets(
 def test_settings_of_the_other_mode_are_refused_not_ignored(tmp_path) -> None:
     from coordinator.config import CoordinatorConfig
     from coordinator.simulation.federation_config import FederationConfig
+    from edge_agent.config import AgentConfig
 
     agent = {"fleet": "f", "client_id": "a", "state_dir": tmp_path, "data": {"site": "miami"}}
     with pytest.raises(ValueError, match="foundation: not used in mode 'head'"):
@@ -190,6 +195,9 @@ def test_a_point_config_keeps_its_wire_layout_and_signature(foundation) -> None:
 
 
 def test_a_quantile_and_a_point_prompt_agent_cannot_join_one_fleet(foundation, tmp_path) -> None:
+    from edge_agent.config import AgentConfig
+    from edge_agent.learners import fleet_template, make_learner
+    from edge_agent.models.foundation import save_foundation
 
     digest = save_foundation(foundation, tmp_path / "fm.safetensors")
     agent = {"fleet": "f", "client_id": "a", "state_dir": tmp_path / "a", "data": {"site": "miami"}, "mode": "prompt",

@@ -1,5 +1,6 @@
 """The training mode and prompt mode's settings (``mode``, ``foundation``, ``[prompt]`` of agent.toml
-and coordinator.toml): torch-free, so that configs are checked before the prompts (``edge_agent.models.prompts``) load."""
+and coordinator.toml): torch-free, so that configs are checked before the prompts
+(``edge_agent.models.prompts``) load."""
 
 from __future__ import annotations
 
