@@ -53,7 +53,8 @@ def honest_job(dataset: str, days: int, seed: int, threads: int) -> dict:
     import torch
     from value import QUICK as VALUE, anchored, clients, model_config, scored
 
-    from coordinator.simulation.federation import FederationConfig, run_federation
+    from coordinator.simulation.federation import run_federation
+    from coordinator.simulation.federation_config import FederationConfig
     from edge_agent.config import AgentTraining
     from edge_agent.train import forecasts
 

@@ -48,7 +48,7 @@ def fleet(held_out: tuple[str, ...], cfg_items: tuple) -> list:
     from edge_agent.data import list_sites, load_sites
     from edge_agent.data.canonical import device_series
     from edge_agent.data.resample import mixed_fleet
-    from edge_agent.models.foundation import FoundationConfig
+    from edge_agent.models.foundation_config import FoundationConfig
 
     cfg, fm = dict(cfg_items), FoundationConfig()
     tables = mixed_fleet(load_sites([s for s in list_sites() if s not in held_out]), cfg["steps"])
@@ -59,7 +59,7 @@ def fleet(held_out: tuple[str, ...], cfg_items: tuple) -> list:
 
 def settings(method: str, seed: int, cfg: dict):
     """The PretrainConfig of a method: FedAvg/FedProx/Standalone on FeDaL's patch masks, no DBE or core-sets."""
-    from coordinator.simulation.pretrain import PretrainConfig
+    from coordinator.simulation.pretrain_config import PretrainConfig
     from edge_agent.learners.fedal import FedalClientSettings
 
     plain = FedalClientSettings(dbe=None, coreset=None, prox_mu=cfg["prox_mu"] if method == "fedprox" else 0.0)
@@ -81,7 +81,8 @@ def communicated_bytes(devices: list, pcfg) -> int:
     """Float32 bytes over the run: the global model down and the model (+ core-set) up, per participant."""
     from coordinator.simulation.participation import sampled
     from edge_agent.learners.fedal import coreset_layout
-    from edge_agent.models.foundation import FoundationConfig, FoundationModel
+    from edge_agent.models.foundation import FoundationModel
+    from edge_agent.models.foundation_config import FoundationConfig
 
     fm = FoundationConfig()
     state = sum(v.numel() for v in FoundationModel(fm).state_dict().values())
@@ -96,7 +97,7 @@ def pretrain_job(method: str, fold: int, seed: int, cfg: dict, threads: int) -> 
     import torch
 
     from coordinator.simulation.pretrain import pretrain, pretrain_standalone, pretraining_learners
-    from edge_agent.models.foundation import FoundationConfig
+    from edge_agent.models.foundation_config import FoundationConfig
 
     torch.set_num_threads(threads)
     started, held_out = time.perf_counter(), tuple(cfg["folds"][fold])

@@ -43,7 +43,8 @@ def run_job(model: str, seed: int, scenario: str, method: str, cfg: dict, thread
     import torch
 
     from coordinator.simulation.participation import participation
-    from coordinator.simulation.federation import FederationConfig, run_federation
+    from coordinator.simulation.federation import run_federation
+    from coordinator.simulation.federation_config import FederationConfig
     from edge_agent.models import ModelConfig
 
     torch.set_num_threads(threads)

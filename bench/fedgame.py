@@ -65,8 +65,8 @@ def clients(dataset: str, horizon: int, cfg_items: tuple) -> list:
 
 def federation(method: str, aggregator: str, seed: int, cfg: dict):
     """The FederationConfig of a federated method (and aggregator, for Fed-GAME)."""
-    from coordinator.simulation.federation import FederationConfig
-    from coordinator.strategies import GameSettings
+    from coordinator.simulation.federation_config import FederationConfig
+    from coordinator.strategy_settings import GameSettings
 
     extra = {"fedavg": {}, "fedprox": {"prox_mu": cfg["prox_mu"]},
              "fedgame": {"strategy": "fedgame", "prox_mu": cfg["prox_mu"],

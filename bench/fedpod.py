@@ -31,10 +31,11 @@ TASKS = {"task1": "single", "task2": "multivariate"}
 @functools.lru_cache(maxsize=1)
 def foundation(pretrain_rounds: int, stride: int, seed: int):
     """The pretrained foundation model, built once per worker (seeded, so identical everywhere)."""
-    from coordinator.simulation.pretrain import PretrainConfig, pretrain
+    from coordinator.simulation.pretrain import pretrain
+    from coordinator.simulation.pretrain_config import PretrainConfig
     from edge_agent.data import load_sites
     from edge_agent.data.canonical import device_series
-    from edge_agent.models.foundation import FoundationConfig
+    from edge_agent.models.foundation_config import FoundationConfig
 
     fm = FoundationConfig()
     devices = [device_series(t, fm.variables, fm.window, stride) for t in load_sites()]
@@ -51,7 +52,7 @@ def run_job(variant: str, task: str, seed: int, cfg: dict, threads: int) -> dict
     from coordinator.simulation.prompts import PromptFederationConfig, mean_scores, run_prompt_federation
     from edge_agent.data import load_sites
     from edge_agent.learners.foundation import foundation_model
-    from edge_agent.models.prompts import PromptConfig
+    from edge_agent.models.prompt_settings import PromptConfig
 
     torch.set_num_threads(threads)
     started = time.perf_counter()
@@ -80,7 +81,7 @@ def anchor_job(task: str, cfg: dict, threads: int) -> dict:
     from common import ANCHORS
     from edge_agent.anchors import make_anchor
     from edge_agent.data import load_sites, prepare_client
-    from edge_agent.models.prompts import PromptConfig
+    from edge_agent.models.prompt_settings import PromptConfig
 
     started, prompt = time.perf_counter(), PromptConfig(task=TASKS[task])
     scores, chosen = [], {}

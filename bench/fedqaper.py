@@ -40,7 +40,8 @@ def run_job(backbone: str, variant: str, cfg: dict, threads: int) -> dict:
     import torch
 
     from coordinator.simulation.baselines import TrainingBudget, run_local_only
-    from coordinator.simulation.federation import FederationConfig, run_federation
+    from coordinator.simulation.federation import run_federation
+    from coordinator.simulation.federation_config import FederationConfig
     from edge_agent.models import BACKBONES, ModelConfig
 
     torch.set_num_threads(threads)

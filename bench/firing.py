@@ -44,7 +44,8 @@ def run_job(backbone: str, seed: int, cfg: dict, threads: int) -> dict:
     """One default-recipe federation of ``backbone``: its firing rates and test error."""
     import torch
 
-    from coordinator.simulation.federation import FederationConfig, run_federation
+    from coordinator.simulation.federation import run_federation
+    from coordinator.simulation.federation_config import FederationConfig
     from edge_agent.config import AgentTraining
     from edge_agent.models import ModelConfig
     from edgefl.simulate_cli import fleet_firing_rates

@@ -74,7 +74,8 @@ def prompt_fleet(work: Path) -> dict:
     """Prompt-mode settings around a freshly initialised foundation checkpoint in ``work``."""
     import torch
 
-    from edge_agent.models.foundation import FoundationConfig, FoundationModel, save_foundation
+    from edge_agent.models.foundation import FoundationModel, save_foundation
+    from edge_agent.models.foundation_config import FoundationConfig
 
     torch.manual_seed(0)
     path = work / "foundation.safetensors"
@@ -147,7 +148,7 @@ def run_fleet(agents: int, rounds: int, fleet_model: dict, spec: FleetSpec, work
     timed and measured (with ``profile``, the coordinator runs under pyinstrument and its text
     report is written there)."""
     from coordinator.broker_setup import MIN_QUEUED, QUEUED_PER_AGENT
-    from edge_agent.mqtt import COORDINATOR_RECEIVE_WINDOW
+    from edge_agent.broker_settings import COORDINATOR_RECEIVE_WINDOW
 
     size = len(spec.updates[0])
     with loopback_broker(work, max(MIN_QUEUED, QUEUED_PER_AGENT * agents), COORDINATOR_RECEIVE_WINDOW) as (port, bpid):

@@ -69,7 +69,8 @@ def run_job(aggregator: str, attack: str, attackers: int, seed: int, cfg: dict, 
     import torch
 
     from coordinator.simulation.attacks import claims_for, tamper_for
-    from coordinator.simulation.federation import FederationConfig, run_federation
+    from coordinator.simulation.federation import run_federation
+    from coordinator.simulation.federation_config import FederationConfig
     from edge_agent.models import ModelConfig
 
     torch.set_num_threads(threads)

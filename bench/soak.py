@@ -143,7 +143,7 @@ def run_soak(name: str, agents: int, seconds: float, plan: SoakPlan, fleet_model
              work: Path, keep_records: int = KEEP_RECORDS) -> dict:
     """One run: broker, coordinator, gateways; the soak, then the drain; its measures."""
     from coordinator.broker_setup import MIN_QUEUED, QUEUED_PER_AGENT
-    from edge_agent.mqtt import COORDINATOR_RECEIVE_WINDOW
+    from edge_agent.broker_settings import COORDINATOR_RECEIVE_WINDOW
 
     roles = HOSTILE if name == "hostile" else {}
     flipped = flipped_update(spec) if roles else b""

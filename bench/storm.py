@@ -26,7 +26,8 @@ from coordinator.broker_setup import free_port, start_mosquitto, wait_for_port  
 from coordinator.config import CoordinatorConfig  # noqa: E402
 from edge_agent.config import dump_toml  # noqa: E402
 from edge_agent.learners import fleet_template  # noqa: E402
-from edge_agent.protocol import HelloHeader, Topics, encode  # noqa: E402
+from edge_agent.protocol import HelloHeader, encode  # noqa: E402
+from edge_agent.topics import Topics
 
 MODEL = {"backbone": "dlinear", "lookback": 24, "horizon": 12, "d_qap": 16, "qap_heads": 2}
 DEVICE = "storm"

@@ -148,7 +148,7 @@ def anchored(fleet: list, anchor: str) -> dict:
 
 def federation(cfg: dict, seed: int, personal_epochs: int = 0):
     """The bench's rounds with the product's batch size, learning rate and steps per round."""
-    from coordinator.simulation.federation import FederationConfig
+    from coordinator.simulation.federation_config import FederationConfig
     from edge_agent.config import AgentTraining
 
     recipe = AgentTraining()

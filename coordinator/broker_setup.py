@@ -41,12 +41,11 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
+from edge_agent.broker_settings import COORDINATOR_RECEIVE_WINDOW, DEFAULT_MAX_PAYLOAD_BYTES
 from edge_agent.config import dump_toml
-from edge_agent.data import list_sites
-from edge_agent.mqtt import COORDINATOR_RECEIVE_WINDOW, DEFAULT_MAX_PAYLOAD_BYTES
 from edge_agent.models import ModelConfig
-from edge_agent.protocol import Topics
 from edge_agent.storage import write_bytes_atomically
+from edge_agent.topics import Topics
 
 COORDINATOR_USER = "coordinator"
 BROKER_ACCOUNT = "mosquitto"  # the account Debian's mosquitto package creates and drops to
@@ -216,6 +215,8 @@ def write_fleet_setup(
         written[f"{site}.toml"].parent.mkdir(exist_ok=True)
         credentials = {"username": site, "password": users[site], "tls_ca": broker["tls_ca"]}
         write_bytes_atomically(written[f"{site}.toml"], dump_toml(credentials).encode(), mode=SECRET_MODE)
+    from edge_agent.data import list_sites  # here: its module loads pandas, which the checks above need not
+
     stations = list_sites()
     for index, agent in enumerate(agent_ids):
         config = {

@@ -10,12 +10,15 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from coordinator.observe.settings import HttpSettings
 from coordinator.pretraining import check_pretraining, with_fleet_foundation
-from coordinator.strategies import StrategySettings
+from coordinator.strategy_settings import StrategySettings
 from coordinator.throttle import IntakeLimits
-from coordinator.twins import TwinSettings
+from coordinator.twin_settings import TwinSettings
+from edge_agent.broker_settings import DEFAULT_MAX_PAYLOAD_BYTES, BrokerConfig
 from edge_agent.config import FleetModel
-from edge_agent.mqtt import DEFAULT_MAX_PAYLOAD_BYTES, BrokerConfig
-from edge_agent.protocol import MAX_ROUND, NAME_PATTERN
+from edge_agent.limits import MAX_ROUND, NAME_PATTERN
+
+
+SQLITE_FILE = "coordinator.sqlite3"  # in state_dir, without [store] url
 
 
 class StoreSettings(BaseModel):

@@ -20,9 +20,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from coordinator.strategies import ClientInfo, ClientUpdate, RobustSettings, Strategy
+from coordinator.strategies import ClientInfo, ClientUpdate, Strategy
+from coordinator.strategy_settings import RobustSettings
 from coordinator.strategies.bounds import screen
-from coordinator.twins import TwinHistory, TwinSettings, impute_missing, make_forecaster
+from coordinator.twin_settings import TwinSettings
+from coordinator.twins import TwinHistory, impute_missing, make_forecaster
 from coordinator.twins.history import TensorStorage
 from coordinator.twins.late import LateUpdates
 from edge_agent.tensors import TensorDict

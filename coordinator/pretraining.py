@@ -1,15 +1,19 @@
 """Pretrain mode in the coordinator service: which strategies fit the fleet's device side, FeDaL's
 server taking its model from the fleet's ``foundation_model``, and the pretrained model written
-as a foundation checkpoint (``<state_dir>/foundation.safetensors``) after every round."""
+as a foundation checkpoint (``<state_dir>/foundation.safetensors``) after every round. The checks
+are torch-free (``coordinator.config`` runs them); writing loads the model."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from coordinator.strategies import GBESettings, StrategySettings
+from coordinator.strategy_settings import GBESettings, StrategySettings
 from edge_agent.config import FleetModel
-from edge_agent.models.foundation import FoundationConfig, FoundationModel, save_foundation
-from edge_agent.tensors import TensorDict
+from edge_agent.models.foundation_config import FoundationConfig
+
+if TYPE_CHECKING:
+    from edge_agent.tensors import TensorDict
 
 FOUNDATION_FILE = "foundation.safetensors"
 
@@ -54,6 +58,8 @@ def check_pretraining(fleet: FleetModel, cfg: StrategySettings) -> None:
 def write_foundation(state: TensorDict, cfg: FoundationConfig, folder: Path) -> tuple[Path, str]:
     """``state`` as a foundation checkpoint at ``folder / FOUNDATION_FILE`` (written atomically,
     so a crash leaves the previous round's); returns the path and its content hash."""
+    from edge_agent.models.foundation import FoundationModel, save_foundation
+
     model = FoundationModel(cfg)
     model.load_state_dict(state)
     path = Path(folder) / FOUNDATION_FILE

@@ -38,14 +38,16 @@ from coordinator.participants import Participants
 from coordinator.retry import StorageRetry
 from coordinator.strategies import ClientInfo, ClientUpdate, RoundPolicy, make_strategy
 from coordinator.throttle import IntakeThrottle
+from edge_agent.broker_settings import COORDINATOR_RECEIVE_WINDOW
 from edge_agent.config import differences, signed_settings
 from edge_agent.learners import fleet_template
-from edge_agent.mqtt import COORDINATOR_RECEIVE_WINDOW, Connection, Incoming
+from edge_agent.mqtt import Connection, Incoming
 from edge_agent.protocol import (
-    HelloHeader, PersonalHeader, ProtocolError, ReplyHeader, RoundHeader, Topics, UpdateHeader, body_digest,
+    HelloHeader, PersonalHeader, ProtocolError, ReplyHeader, RoundHeader, UpdateHeader, body_digest,
     check_tensors, claimed_round, decode, encode,
 )
 from edge_agent.tensors import TensorDict
+from edge_agent.topics import Topics
 
 log = logging.getLogger("edgefl.coordinator")
 SENDER = "coordinator"

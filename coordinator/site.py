@@ -31,11 +31,12 @@ from coordinator.server import SENDER, Coordinator
 from coordinator.store import RoundRow, Store
 from edge_agent.mqtt import Connection, Incoming
 from edge_agent.protocol import (
-    MAX_FEATURES, MAX_SAMPLES, HelloHeader, PersonalHeader, ProtocolError, ReplyHeader, RoundHeader, Topics,
-    UpdateHeader, check_tensors, decode, encode,
+    MAX_FEATURES, MAX_SAMPLES, HelloHeader, PersonalHeader, ProtocolError, ReplyHeader, RoundHeader, UpdateHeader,
+    check_tensors, decode, encode,
 )
 from edge_agent.session import RETRY, Session, settled
 from edge_agent.tensors import TensorDict, layout_of
+from edge_agent.topics import Topics
 
 log = logging.getLogger("edgefl.site")
 

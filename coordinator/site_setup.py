@@ -16,9 +16,9 @@ from pathlib import Path
 
 from coordinator.broker_setup import SECRET_MODE, acl_text, hand_to_broker, write_fleet_setup
 from coordinator.config import UPLINK
+from edge_agent.broker_settings import DEFAULT_MAX_PAYLOAD_BYTES
 from edge_agent.config import dump_toml
-from edge_agent.mqtt import DEFAULT_MAX_PAYLOAD_BYTES
-from edge_agent.protocol import Topics
+from edge_agent.topics import Topics
 from edge_agent.storage import write_bytes_atomically
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 from safetensors.torch import load as load_tensors
 from safetensors.torch import save as save_tensors
 
+from coordinator.config import SQLITE_FILE
 from edge_agent.storage import StateDirError
 from edge_agent.tensors import TensorDict
 
@@ -31,7 +32,6 @@ class LeaseLost(BaseException):
     nothing more (a ``BaseException`` so that no per-message guard takes it for a bad message)."""
 
 
-SQLITE_FILE = "coordinator.sqlite3"
 
 
 class SqliteDatabase:

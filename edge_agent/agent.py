@@ -33,7 +33,6 @@ from edge_agent.protocol import (
     ProtocolError,
     ReplyHeader,
     RoundHeader,
-    Topics,
     UpdateHeader,
     check_tensors,
     decode,
@@ -44,6 +43,7 @@ from edge_agent.session import RETRY, Refused, Session, settled
 from edge_agent.state import AgentState
 from edge_agent.storage import writable_folder
 from edge_agent.tensors import Layout, TensorDict, first_non_finite, l2_norm, layout_of
+from edge_agent.topics import Topics
 from edge_agent.training_child import RoundResult, TrainingChild
 
 log = logging.getLogger("edgefl.agent")

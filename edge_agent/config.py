@@ -8,12 +8,12 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from edge_agent.broker_settings import DEFAULT_MAX_PAYLOAD_BYTES, BrokerConfig
 from edge_agent.limits import NAME_PATTERN
 from edge_agent.models import ModelConfig
 from edge_agent.models.fedal_settings import FedalClientSettings
-from edge_agent.models.foundation import FoundationConfig
-from edge_agent.models.prompts import PromptModeSettings
-from edge_agent.mqtt import DEFAULT_MAX_PAYLOAD_BYTES, BrokerConfig
+from edge_agent.models.foundation_config import FoundationConfig
+from edge_agent.models.prompt_settings import PromptModeSettings
 from edge_agent.recipe import TRAINING as RECIPE
 from edge_agent.sensors.settings import SensorSettings, ServingSettings
 from edge_agent.toml_config import (  # noqa: F401  (re-exported: every config imports them from here)
@@ -23,7 +23,7 @@ from edge_agent.toml_config import (  # noqa: F401  (re-exported: every config i
     dump_toml,
     load_config,
 )
-from edge_agent.train import HeadTraining
+from edge_agent.training_settings import HeadTraining
 
 MODE_FIELDS = {"head": {"model"}, "prompt": {"foundation", "foundation_sha256", "prompt"},
                "pretrain": {"foundation_model", "fedal_client"}}

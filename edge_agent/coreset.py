@@ -12,24 +12,12 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from pydantic import BaseModel, ConfigDict, Field
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from edge_agent.models.fedal_settings import CoresetSettings
 from edge_agent.models.foundation import FoundationModel, masked_mse, patch_mask
 from edge_agent.privacy import fourier_magnitude_noise
 from edge_agent.seeds import derive_seed
-
-
-class CoresetSettings(BaseModel):
-    """Core-set size K, gradient-matching effort and the Fourier-magnitude noise level."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    size: int = Field(8, ge=1, le=256, description="K synthetic windows per client and round")
-    steps: int = Field(10, ge=0, description="gradient-matching steps per round")
-    real_batch: int = Field(32, ge=1, description="real windows per matching step")
-    lr: float = Field(0.05, gt=0.0, description="Adam step on the core-set values")
-    noise: float = Field(0.5, ge=0.0, description="sigma of the log-normal noise on Fourier magnitudes")
 
 
 def mask_batch(shape: tuple[int, ...], patch: int, rate: float, seed: int) -> torch.Tensor:

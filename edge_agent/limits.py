@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 
 NAME_PATTERN = r"^[A-Za-z0-9_.-]{1,64}$"
+MAX_ROUND = 10**6  # rounds of a campaign (configs) and round numbers on the wire
 MAX_JSON_DEPTH = 8
 _JSON_TOKEN = re.compile(rb'"(?:[^"\\]|\\.)*"|[\[\]{}]')
 

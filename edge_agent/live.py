@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-from edge_agent.sensors import SensorIngest
+from edge_agent.sensors.ingest import SensorIngest
 from edge_agent.sensors.settings import SensorSettings
 from edge_agent.serving.history import SensorHistory
 from edge_agent.toml_config import DataSource

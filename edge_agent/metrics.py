@@ -26,11 +26,6 @@ def _levels_like(levels: Sequence[float], forecast: torch.Tensor) -> torch.Tenso
     return torch.as_tensor(levels, dtype=forecast.dtype, device=forecast.device)
 
 
-def median_index(levels: Sequence[float]) -> int:
-    """Where level 0.5 sits: its quantile is the point forecast (MSE/MAE are of the median)."""
-    return list(levels).index(0.5)
-
-
 def pinball_terms(forecast: torch.Tensor, target: torch.Tensor, levels: Sequence[float]) -> torch.Tensor:
     """Elementwise pinball loss rho_tau(y - q_tau), shape (..., Q): sums of it stream over batches."""
     error = target.unsqueeze(-1) - forecast

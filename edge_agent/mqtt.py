@@ -1,4 +1,5 @@
-"""MQTT plumbing shared by agent and coordinator: broker settings and a persistent-session client.
+"""MQTT plumbing shared by agent and coordinator: a persistent-session client (its settings,
+``BrokerConfig``, are in the paho-free ``edge_agent.broker_settings``).
 
 Every message is sent and received on its own thread by paho; callbacks only move messages into
 a queue, which the owning service drains on its main thread.
@@ -14,45 +15,19 @@ import ssl
 import threading
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import paho.mqtt.client as mqtt
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from edge_agent.broker_settings import QOS, BrokerConfig
 
 log = logging.getLogger("edgefl.mqtt")
-QOS = 1
 REPEAT_FAILURE_LOG_S = 60.0  # the same connect failure is logged again at most this often
 CONNECT_TIMEOUT_S = 3.0  # a TCP/TLS connect that takes longer fails (and is retried): logged within 5 s
 PROBE_TIMEOUT_S = 1.5  # the probe that names a failure's cause
 AUTH_FAILURES = (0x86, 0x87)  # MQTT 5 CONNACK: bad user name or password, not authorized
 FIRST_CONNECT_WAIT_S = 3.0  # no session this long after start: say so, whatever paho is still waiting for
-DEFAULT_MAX_PAYLOAD_BYTES = 64 * 1024 * 1024
-COORDINATOR_RECEIVE_WINDOW = 256  # unacknowledged messages the broker may hand the coordinator at once
-
-
-class BrokerConfig(BaseModel):
-    """Where the broker is and how to log in; TLS is on when ``tls_ca`` is set."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    host: str = Field("127.0.0.1", description="MQTT broker host name or IP address")
-    port: int = Field(1883, ge=1, le=65535, description="MQTT broker TCP port")
-    username: str | None = Field(None, description="MQTT user name, given with password (absent: no login)")
-    password: str | None = Field(None, description="MQTT password, given with username")
-    tls_ca: Path | None = Field(None, description="CA certificate that signed the broker's certificate")
-    keepalive_s: int = Field(30, ge=5, description="MQTT keepalive in seconds: the broker drops a connection "
-                                                   "silent for 1.5 times this")
-    session_expiry_s: int = Field(7 * 24 * 3600, ge=0, description="how long the broker keeps our session")
-
-    @model_validator(mode="after")
-    def _check(self) -> "BrokerConfig":
-        if (self.username is None) != (self.password is None):
-            raise ValueError("username and password must be given together")
-        if self.tls_ca is not None and not self.tls_ca.is_file():
-            raise ValueError(f"tls_ca: file not found: {self.tls_ca}")
-        return self
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from edge_agent.metrics import median_index
+from edge_agent.levels import median_index
 from edge_agent.serving.onnx_serving import run_forecast
 
 LEVELS_KEY = "quantiles"  # model.onnx metadata: a quantile model's levels, comma-separated

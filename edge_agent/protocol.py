@@ -10,7 +10,7 @@ carries. Nothing is ever unpickled. Parsing is bounded before anything recursive
 header size, JSON nesting depth, integer digits, integer ranges (all within SQLite INTEGER),
 string lengths and the number of metrics (see the constants below), so no input a device can
 send makes the decoder raise anything but ``ProtocolError``. Topics live under
-``edgefl/<fleet>/``; see ``Topics``.
+``edgefl/<fleet>/``; see ``edge_agent.topics.Topics``.
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ import functools
 import hashlib
 import json
 import math
-import re
 import struct
 from typing import Annotated, Literal, Union
 
@@ -31,7 +30,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load as load_tensors
 from safetensors.torch import save as save_tensors
 
-from edge_agent.limits import MAX_JSON_DEPTH, NAME_PATTERN, json_depth
+from edge_agent.limits import MAX_JSON_DEPTH, MAX_ROUND, NAME_PATTERN, json_depth
 from edge_agent.tensors import Layout, LayoutError, TensorDict, check_layout, first_non_finite
 
 MAGIC = b"EDFL"
@@ -40,7 +39,6 @@ PREFIX = struct.Struct(">4sBI")
 CAMPAIGN_PATTERN = r"^[A-Za-z0-9_.-]{0,64}$"
 MAX_HEADER_BYTES = 64 * 1024
 MAX_INT_DIGITS = 20
-MAX_ROUND = 10**6
 MAX_SAMPLES = 10**9
 MAX_FEATURES = 10**6
 MAX_BODY_BYTES = 2**40
@@ -264,33 +262,3 @@ def signature(state: TensorDict, config_json: str) -> str:
     """A short hash identifying a model: its config plus the shared tensors' names/shapes/dtypes."""
     layout = sorted((k, tuple(v.shape), str(v.dtype)) for k, v in state.items())
     return hashlib.sha256(json.dumps([config_json, layout]).encode()).hexdigest()[:32]
-
-
-class Topics:
-    """Every topic of one fleet, under ``edgefl/<fleet>/``; on a site broker the central broker's
-    topics appear under ``under`` (e.g. ``uplink/``, remapped by the mosquitto bridge)."""
-
-    def __init__(self, fleet: str, under: str = ""):
-        if not re.match(NAME_PATTERN, fleet):
-            raise ValueError(f"fleet name {fleet!r} must match {NAME_PATTERN}")
-        self.root = f"{under}edgefl/{fleet}"
-
-    def agent(self, client_id: str, leaf: Literal["hello", "status", "update", "task"]) -> str:
-        return f"{self.root}/agents/{client_id}/{leaf}"
-
-    def agents(self, leaf: Literal["hello", "status", "update"]) -> str:
-        """Wildcard subscription over every agent's ``leaf`` topic."""
-        return f"{self.root}/agents/+/{leaf}"
-
-    @property
-    def round(self) -> str:
-        return f"{self.root}/round"
-
-    @property
-    def coordinator_status(self) -> str:
-        return f"{self.root}/coordinator/status"
-
-    def client_of(self, topic: str) -> str | None:
-        """The client id in an ``agents/<id>/...`` topic of this fleet, else None."""
-        parts = topic.removeprefix(f"{self.root}/agents/").split("/")
-        return parts[0] if len(parts) == 2 and topic.startswith(f"{self.root}/agents/") else None

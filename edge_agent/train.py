@@ -10,86 +10,17 @@ from typing import Protocol
 
 import numpy as np
 import torch
-from pydantic import BaseModel, ConfigDict, Field, field_validator
 from torch import nn
 from torch.nn import functional as F
 from torch.optim.adam import adam
 
-from edge_agent.anchors import ANCHORS
 from edge_agent.conformal import apply_offsets, fit_offsets
 from edge_agent.data import WindowSet
-from edge_agent.metrics import covered, median_index, pinball_loss, pinball_terms, widths
-from edge_agent.registry import registered
+from edge_agent.levels import median_index
+from edge_agent.metrics import covered, pinball_loss, pinball_terms, widths
 from edge_agent.scoring import Scale, scaled_errors
 
 Batch = tuple[torch.Tensor, torch.Tensor]  # (forecast, target) of one batch of windows
-
-
-class LocalTraining(BaseModel):
-    """How a client trains each round: epochs E, batch size and learning rate (FedQAPer A.2)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    local_epochs: int = Field(1, ge=1, description="local epochs E per round")
-    batch_size: int = Field(128, ge=1, description="training windows per optimizer step")
-    lr: float = Field(1e-3, gt=0, description="learning rate of the local optimizer (Adam)")
-
-
-class HeadTraining(LocalTraining):
-    """Head mode's local training and the remedies for FedAvg's averaging penalty (installing an
-    averaged shared part under a personal part trained against another one):
-
-    - ``personal_epochs``: first fit the personal part alone to the received shared part (FedRep,
-      Collins et al. 2021, section 3; the local adaptation step of personalized FL);
-    - ``alternate``: then train the shared part with the personal part frozen (FedRep's body
-      update) instead of both together (FedPer);
-    - ``prox_mu``: FedProx's proximal term mu/2 ||theta_s - theta_global||^2 (Li et al. 2020, eq. 2).
-
-    ``keep_local`` makes joining never worse than staying alone: the gateway also trains its own
-    local-only model (one epoch per round, nothing sent) and serves whichever validates better;
-    ``anchors`` adds the simple forecasts it can make alone to that choice, ``median`` their median
-    with the models, and ``selection_days`` makes it on recent windows (``edge_agent.selection``).
-
-    ``private_model`` is Fed-GAME's client (``edge_agent.learners.private``): the gateway's model
-    persists from round to round and only the proximal term (``prox_mu``) ties it to the
-    global state; the strategy's personalized difference moves it by ``personal_step``.
-    """
-
-    personal_epochs: int = Field(0, ge=0, description="epochs on the personal part alone before the shared part")
-    alternate: bool = Field(False, description="train the shared part with the personal part frozen (FedRep)")
-    prox_mu: float = Field(0.0, ge=0.0, description="FedProx proximal weight on the shared part")
-    keep_local: bool = Field(False, description="also train a local-only model and serve it where it validates better")
-    local_patience: int = Field(3, ge=1, description="early stopping of that local-only model (epochs)")
-    private_model: bool = Field(False, description="Fed-GAME client: keep a persistent private model, the global "
-                                "state only anchors the proximal term")
-    personal_step: float = Field(1.0, gt=0.0, le=1.0, description="Fed-GAME eq. 2: step towards the personalized "
-                                 "difference the coordinator sends")
-    anchors: tuple[str, ...] = Field((), description="anchors (edge_agent.anchors: seasonal_naive, window_average, "
-                                     "ets, ...) the gateway serves wherever one validates better than its models")
-    min_steps: int = Field(0, ge=0, description="at least this many optimizer steps per round: a short history "
-                           "gets more passes over its few windows (head mode)")
-    max_steps: int = Field(0, ge=0, description="at most this many optimizer steps per round and model (0: no bound): "
-                           "a long or finely sampled history trains on a random part of its windows each round, so a "
-                           "round's cost stays bounded (head mode)")
-    median: bool = Field(False, description="also serve the median of the models and the lookback anchors where it "
-                         "scores better (edge_agent.models.combination)")
-    selection_days: int = Field(0, ge=0, description="choose what to serve on the latest this many days of "
-                                "known outcomes (0: all of them)")
-
-    def epochs_over(self, size: int, epochs: int | None = None) -> int:
-        """The passes one round makes over ``size`` windows: ``epochs`` (default ``local_epochs``),
-        or more where those would take fewer than ``min_steps`` steps."""
-        per_epoch = max(1, math.ceil(size / self.batch_size))
-        return max(self.local_epochs if epochs is None else epochs, math.ceil(self.min_steps / per_epoch))
-
-    @field_validator("anchors")
-    @classmethod
-    def _known_anchors(cls, names: tuple[str, ...]) -> tuple[str, ...]:
-        for name in names:
-            registered(name, ANCHORS, "anchors")
-        if len(set(names)) != len(names):
-            raise ValueError(f"anchors: {list(names)} names one twice")
-        return names
 
 
 @dataclass(frozen=True)

@@ -11,8 +11,8 @@ from typing import Annotated, Optional
 
 import typer
 
+from edge_agent.broker_settings import DEFAULT_MAX_PAYLOAD_BYTES
 from edge_agent.data import DataError
-from edge_agent.mqtt import DEFAULT_MAX_PAYLOAD_BYTES
 from edgefl.errors import LazyConsole, fail, flags_of, reported, say
 from edgefl.export_cli import energy_command, export_app
 from edgefl.extras import needs
@@ -189,23 +189,34 @@ def pretrain_command(
     from rich.live import Live
     from rich.table import Table
 
-    from coordinator.simulation.pretrain import PretrainConfig, pretrain
-    from edge_agent.data import load_sites
-    from edge_agent.data.canonical import device_series
-    from edge_agent.data.extra import EXTRA_VARIABLES, extra_series as load_extra
-    from edge_agent.data.resample import mixed_fleet
-    from edge_agent.data.variables import WEATHER_VARIABLES
-    from edge_agent.models.foundation import FoundationConfig, save_foundation
+    from coordinator.simulation.pretrain_config import PretrainConfig
+    from edge_agent.data.variables import EXTRA_VARIABLES, WEATHER_VARIABLES
+    from edge_agent.models.foundation_config import FoundationConfig
+    from edge_agent.times import parse_duration
 
     with reported(DataError, ValueError, flags=flags_of("rounds", "local_epochs", "participation", "window", "stride",
                                                          "steps", "seed")):
+        resolutions = [s.strip() for s in steps.split(",")]
+        for step in resolutions:  # the flags are checked before the data (pandas, pvlib) and torch load
+            try:
+                parse_duration(step)
+            except ValueError as err:
+                raise ValueError(f"--steps: {err}") from None
         variables = WEATHER_VARIABLES + (EXTRA_VARIABLES if extra_series else ())
         fm = (FoundationConfig.paper if paper_sizes else FoundationConfig)(window=window, variables=variables)
         cfg = PretrainConfig(strategy=strategy.value, rounds=rounds, local_epochs=local_epochs, participation=participation,
                              stride=stride, seed=seed)
-        fleet = mixed_fleet(load_sites(), [s.strip() for s in steps.split(",")], per_variable)
+        from edge_agent.data import load_sites
+        from edge_agent.data.canonical import device_series
+        from edge_agent.data.extra import extra_series as load_extra
+        from edge_agent.data.resample import mixed_fleet
+
+        fleet = mixed_fleet(load_sites(), resolutions, per_variable)
         fleet += load_extra() if extra_series else []
         devices = [device_series(table, fm.variables, fm.window, stride) for table in fleet]
+    from coordinator.simulation.pretrain import pretrain
+    from edge_agent.models.foundation import save_foundation
+
     table = Table("round", "devices", "train loss", "val masked MSE", "seconds", title=f"foundation pretraining ({strategy.value})")
     with Live(table, console=console.rich, refresh_per_second=4):
         model, _ = pretrain(devices, fm, cfg, lambda r: table.add_row(

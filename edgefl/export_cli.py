@@ -30,30 +30,40 @@ AllowSilent = Annotated[bool, typer.Option(help="keep an export whose spike chec
 def model_and_data(
     checkpoint: Path | None, agent_config: Path | None, site: str | None, csv: Path | None
 ) -> tuple[Forecaster, ClientData]:
-    """The model to export and the data whose held-out windows verify it (same features)."""
+    """The model to export and the data whose held-out windows verify it (same features). The
+    flags, files and agent config are checked before torch and pandas are imported."""
     from edge_agent.config import AgentConfig, ConfigError, load_config
-    from edge_agent.data import DataError, build_pool, load_csv, load_site, load_sites, prepare_client
+    from edge_agent.data import DataError
+    from edge_agent.data.errors import file_not_found
+
+    try:
+        if agent_config is None and (checkpoint is None or (site is None) == (csv is None)):
+            raise ValueError("give --agent-config, or --checkpoint with one of --site / --csv")
+        for path in (checkpoint, csv):
+            if path is not None and not path.is_file():
+                raise file_not_found(path)
+        cfg = load_config(agent_config, AgentConfig) if agent_config is not None else None
+    except (ConfigError, DataError, ValueError) as err:
+        fail(str(err))
+    from edge_agent.data import build_pool, load_csv, load_site, load_sites, prepare_client
     from edge_agent.forecast import load_local_model
     from edge_agent.live import gateway_table
     from edge_agent.models import CheckpointError, load_checkpoint
 
     try:
-        if agent_config is not None:
-            cfg = load_config(agent_config, AgentConfig)
+        if cfg is not None:
             table = gateway_table(cfg)
             model = load_local_model(cfg, table).eval()
             columns: list[str] = []
-        elif checkpoint is not None and (site is None) != (csv is None):
+        else:
             model, columns = load_checkpoint(checkpoint)
             table = load_csv(csv) if csv else build_pool(load_sites()) if site == "pool" else load_site(site)
-        else:
-            raise ValueError("give --agent-config, or --checkpoint with one of --site / --csv")
         if columns and list(table.columns) != columns:
             table = table.select(columns)
         if table.n_features != model.n_features:
             raise ValueError(f"the model reads {model.n_features} features, the data has {table.n_features}")
         return model, prepare_client(table, model.cfg.lookback, model.cfg.horizon)
-    except (ConfigError, CheckpointError, DataError, ValueError) as err:
+    except (CheckpointError, DataError, ValueError) as err:
         fail(str(err))
 
 
@@ -140,15 +150,19 @@ def energy_command(
 ) -> None:
     """Count MACs/ACs per layer on real test windows and price them per hardware target; a
     neuromorphic target runs exactly the stack ``export lava``/``export nir`` deploy."""
-    from export.energy import chip_layers, energy_report
-    from export.opcount import count_ops
     from export.profiles import ProfileError, load_profile
-    from export.report import write
 
-    model, data = model_and_data(checkpoint, agent_config, site, csv)
     try:
         profiles = [load_profile(name) for name in profile]
         off_chip_host = load_profile(host) if host else None
+    except ProfileError as err:
+        fail(str(err))
+    model, data = model_and_data(checkpoint, agent_config, site, csv)
+    from export.energy import chip_layers, energy_report
+    from export.opcount import count_ops
+    from export.report import write
+
+    try:
         layers, windows = count_ops(model, data.test)
         reports = [energy_report(layers, windows, p, precision, chip_layers(model, p), off_chip_host) for p in profiles]
     except (ProfileError, NotImplementedError, ValueError) as err:

@@ -20,11 +20,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Optional
 
 import numpy as np
-import paho.mqtt.client as mqtt
 import typer
 
+from edge_agent.broker_settings import QOS, BrokerConfig
 from edge_agent.data import DataError, GapPolicy
-from edge_agent.mqtt import QOS, BrokerConfig
+from edge_agent.data.errors import file_not_found
 from edgefl.errors import LazyConsole, fail, flags_of, reported
 
 if TYPE_CHECKING:
@@ -104,6 +104,8 @@ class Publisher:
     """A paho MQTT 5 client that publishes at QoS 1 and counts the broker's acknowledgements."""
 
     def __init__(self, broker: BrokerConfig):
+        import paho.mqtt.client as mqtt  # here: every other command (this module is the CLI's) starts without it
+
         self.broker, self.where = broker, f"{broker.host}:{broker.port}"
         self.sent = self.acked = 0
         self.refused: str | None = None
@@ -212,6 +214,8 @@ def load_table(site: str | None, csv: Path | None, date_column: str | None, gaps
         raise DataError("give either --site NAME (see edgefl sites) or --csv PATH")
     if site is not None and gaps != GapPolicy():
         raise DataError("--fill and --max-fill-steps apply to --csv (the bundled weather sites have no gaps)")
+    if csv is not None and not csv.is_file():
+        raise file_not_found(csv)
     from edge_agent.data import load_csv, load_site  # here: pvlib (the sites) is heavy; edgefl's entry stays light
 
     return load_site(site) if site is not None else load_csv(csv, date_column, gaps=gaps)

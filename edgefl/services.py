@@ -55,13 +55,10 @@ HttpOption = Annotated[Optional[str], typer.Option(
     help="serve the dashboard, JSON API and /metrics here (instead of the config's http table)")]
 
 
-def _serve(config: Path, verbose: bool, http: str | None, settings: type, service: type) -> None:
-    """Load ``config`` as ``settings``, take the lead of its store (at once on SQLite; on
-    PostgreSQL once the lease is ours) and run ``service`` until it ends or is stopped."""
-    from coordinator.lease import take_lead
-    from coordinator.server import FINISHED_EXIT_CODE, CampaignFinished
+def _service_config(config: Path, verbose: bool, http: str | None, settings: type):
+    """``config`` loaded as ``settings``, ``--http`` applied; bad input ends the command (before the
+    service, which loads torch, is imported)."""
     from coordinator.observe.settings import HttpSettings
-    from coordinator.store_backends import LeaseLost
 
     setup_logging(verbose)
     cfg = _load(config, settings)
@@ -70,6 +67,16 @@ def _serve(config: Path, verbose: bool, http: str | None, settings: type, servic
             cfg = cfg.model_copy(update={"http": HttpSettings.parse_address(http, cfg.http)})
         except ValueError as err:
             fail(str(err))
+    return cfg
+
+
+def _serve(cfg, config: Path, service: type) -> None:
+    """Take the lead of ``cfg``'s store (at once on SQLite; on PostgreSQL once the lease is ours)
+    and run ``service`` until it ends or is stopped."""
+    from coordinator.lease import take_lead
+    from coordinator.server import FINISHED_EXIT_CODE, CampaignFinished
+    from coordinator.store_backends import LeaseLost
+
     stop = Stopper()
     try:
         store = take_lead(cfg, stop, _print_event)
@@ -90,9 +97,11 @@ def _serve(config: Path, verbose: bool, http: str | None, settings: type, servic
 def coordinator_serve(config: ConfigPath, verbose: bool = False, http: HttpOption = None) -> None:
     """Run the rounds of a fleet until the last one is aggregated (resumes after a crash)."""
     from coordinator.config import CoordinatorConfig
+
+    cfg = _service_config(config, verbose, http, CoordinatorConfig)
     from coordinator.server import Coordinator
 
-    _serve(config, verbose, http, CoordinatorConfig, Coordinator)
+    _serve(cfg, config, Coordinator)
 
 
 @aggregator_app.command("serve")
@@ -101,9 +110,11 @@ def aggregator_serve(config: ConfigPath, verbose: bool = False, http: HttpOption
     """Serve the central coordinator's rounds to this site's gateways and send one combined update
     per round up the bridge (resumes after a crash)."""
     from coordinator.config import AggregatorConfig
+
+    cfg = _service_config(config, verbose, http, AggregatorConfig)
     from coordinator.site import SiteAggregator
 
-    _serve(config, verbose, http, AggregatorConfig, SiteAggregator)
+    _serve(cfg, config, SiteAggregator)
 
 
 @coordinator_app.command("status")
@@ -129,12 +140,13 @@ def _print_status(cfg) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from coordinator.store import Store
-    from coordinator.store_backends import SQLITE_FILE
+    from coordinator.config import SQLITE_FILE
 
     if cfg.store.url is None and not (Path(cfg.state_dir) / SQLITE_FILE).exists():
         fail(f"state_dir {cfg.state_dir}: no coordinator state there ({SQLITE_FILE} is missing); check state_dir in "
              "the config, or start the coordinator (coordinator serve) first")
+    from coordinator.store import Store
+
     try:
         store = Store(cfg.state_dir, cfg.store.url)
     except StateDirError as err:
@@ -211,11 +223,11 @@ def _print_agent_event(kind: str, data: dict) -> None:
 @needs("gateway")
 def agent_run(config: ConfigPath, verbose: bool = False) -> None:
     """Train for every announced round and send the shared parameters to the coordinator."""
+    setup_logging(verbose)
+    cfg = _agent_config(config)
     from edge_agent.agent import Agent
     from export.bundle import write_bundle
 
-    setup_logging(verbose)
-    cfg = _agent_config(config)
     try:
         agent = Agent(cfg, on_event=_print_agent_event, write_bundle=write_bundle)
     except (DataError, ValueError, StateDirError) as err:
@@ -251,11 +263,11 @@ def agent_forecast(
     would serve by its rule (an anchor, or the fleet's model once received), saying so."""
     import logging
 
+    cfg = _agent_config(config)
     from edge_agent.forecast import forecast
     from edgefl.forecast_view import print_forecast
     from edgefl.progress import heartbeat
 
-    cfg = _agent_config(config)
     stages = logging.getLogger("edgefl.agent")  # what edge_agent.forecast is doing, as plain lines
     stages.setLevel(logging.INFO)
     stages.addHandler(logging.StreamHandler())
@@ -281,11 +293,11 @@ def agent_checkpoint(
     """Save the agent's current model (global shared + personal parts) as one checkpoint file."""
     from rich.console import Console
 
+    cfg = _agent_config(config)
     from edge_agent.forecast import load_local_model
     from edge_agent.live import gateway_table
     from edge_agent.models import save_checkpoint
 
-    cfg = _agent_config(config)
     try:
         table = gateway_table(cfg)
         model = load_local_model(cfg, table)

@@ -1,30 +1,34 @@
 """``edgefl simulate``: an in-process federation. Its model, training, strategy and gap options
 are declared once, by the fields of ModelConfig, AgentTraining, FederationConfig and GapPolicy
 (``edgefl.model_options``): the same keys as agent.toml and coordinator.toml. Loaded only when
-run (``edgefl.root``): the models it builds import torch."""
+run (``edgefl.root``); its options and files are checked before the simulation and the data
+loaders (torch, pandas) are imported."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
-from coordinator.simulation.federation import FederationConfig, run_federation
+from coordinator.simulation.federation_config import FederationConfig
 from edge_agent.config import AgentTraining
 from edge_agent.data import DataError, GapPolicy
-from edge_agent.data.table import SeriesTable
+from edge_agent.data.errors import file_not_found
 from edge_agent.models import ModelConfig
 from edge_agent.models.config import PAPER
 from edge_agent.times import interval_text
-from edge_agent.train import Metrics
 from edgefl.errors import flags_of, reported, say
 from edgefl.model_options import ModelOptions
 from edgefl.progress import live_rounds
 from edgefl.root import START
+
+if TYPE_CHECKING:
+    from edge_agent.data.table import SeriesTable
+    from edge_agent.train import Metrics
 
 app = typer.Typer()
 console = Console()
@@ -129,13 +133,11 @@ def simulate(
 ) -> None:
     """Run an in-process FedPer federation over feature-level non-IID clients (or one client per
     site of --data: a folder of CSVs, or --site-column) and print each round."""
-    from coordinator.simulation.participation import participation
-    from edge_agent.data import (build_pool, feature_clients, load_csv, load_gateways, load_sites, site_clients,
-                                 steps_per_day)
-
     flags = {**OPTIONS.flags, **flags_of("clients", "f_max", "dropout", "absence", "history_days")}
     with reported(DataError, ValueError, flags=flags):
         cfg, fed, gaps, stride = configs(ctx, paper, settings)
+        if data is not None and not data.exists():
+            raise file_not_found(data)
         if fed.participation.fraction < 1.0 and dropout != "fpr":
             raise ValueError("--fraction samples the clients of each round; --dropout makes the asked ones miss "
                              "rounds: choose one")
@@ -149,6 +151,10 @@ def simulate(
         if per_site and drawn:
             raise ValueError(f"{' and '.join(drawn)}: for the feature draw over one pooled CSV; per-site data "
                              "(a folder of CSVs or --site-column) has one client per site and no draw")
+        from coordinator.simulation.participation import participation
+        from edge_agent.data import (build_pool, feature_clients, load_csv, load_gateways, load_sites, site_clients,
+                                     steps_per_day)
+
         sites = [] if data else load_sites()
         tables = (load_gateways(data, date_column, site_column, gaps) if per_site else
                   [load_csv(data, date_column, gaps=gaps) if data else build_pool(sites)])
@@ -175,6 +181,8 @@ def simulate(
         f"features per client {min(counts)}..{max(counts)}; {sum(c.n_train for c in fleet)} train windows"
         f"{f' ({dropped} dropped at gaps)' if dropped else ''}; backbone {cfg.backbone} ({cfg.projection})"
     )
+    from coordinator.simulation.federation import run_federation
+
     table = round_table(cfg.quantiles is not None)
     with live_rounds(console, table) as show_round:
         result = run_federation(

@@ -21,12 +21,12 @@ from edge_agent.protocol import (
     HelloHeader,
     ReplyHeader,
     RoundHeader,
-    Topics,
     UpdateHeader,
     body_digest,
     decode,
     encode,
 )
+from edge_agent.topics import Topics
 from tests.fleet import agent_config, coordinator_config, write_client_csvs
 
 LIMIT = 100_000

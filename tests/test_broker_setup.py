@@ -16,8 +16,9 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
 from coordinator.broker_setup import COORDINATOR_USER, mosquitto_password_hash, write_fleet_setup
+from edge_agent.broker_settings import BrokerConfig
 from edge_agent.config import AgentConfig, dump_toml, load_config
-from edge_agent.mqtt import BrokerConfig, Connection
+from edge_agent.mqtt import Connection
 from coordinator.config import CoordinatorConfig
 from tests.broker import Mosquitto, free_port
 

@@ -13,8 +13,9 @@ import paho.mqtt.client as mqtt
 from coordinator.broker_setup import write_fleet_setup
 from coordinator.config import CoordinatorConfig
 from edge_agent.config import AgentConfig, load_config
-from edge_agent.mqtt import COORDINATOR_RECEIVE_WINDOW, Connection
-from edge_agent.protocol import Topics
+from edge_agent.broker_settings import COORDINATOR_RECEIVE_WINDOW
+from edge_agent.mqtt import Connection
+from edge_agent.topics import Topics
 from tests.broker import Mosquitto, free_port
 
 AGENTS = 100

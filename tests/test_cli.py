@@ -186,7 +186,7 @@ def test_pretrain_over_a_fleet_of_mixed_resolutions_and_quantities(tmp_path: Pat
 
 
 def test_fedal_pretraining_with_the_extra_real_series_writes_a_checkpoint_with_their_quantities(tmp_path: Path) -> None:
-    from edge_agent.data.extra import EXTRA_VARIABLES
+    from edge_agent.data.variables import EXTRA_VARIABLES
     from edge_agent.models.foundation import load_foundation
 
     out = tmp_path / "fm.safetensors"

@@ -16,7 +16,7 @@ import pytest
 from playwright.sync_api import Page, expect, sync_playwright
 
 from edge_agent.config import dump_toml
-from edge_agent.protocol import Topics
+from edge_agent.topics import Topics
 from tests.broker import free_port
 from tests.fleet import MODEL, SEED, TRAINING, coordinator_config, start, wait_for
 

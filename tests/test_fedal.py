@@ -6,13 +6,16 @@ from __future__ import annotations
 import pytest
 import torch
 
-from coordinator.strategies import ClientInfo, ClientUpdate, GBESettings
+from coordinator.strategies import ClientInfo, ClientUpdate
+from coordinator.strategy_settings import GBESettings
 from coordinator.strategies.fedal import FeDaL
-from edge_agent.coreset import CoresetSettings, learn_coreset, nearest_window_correlation, private_coreset
+from edge_agent.coreset import learn_coreset, nearest_window_correlation, private_coreset
 from edge_agent.data import load_site
 from edge_agent.data.canonical import device_series
-from edge_agent.models.dbe import DBESettings, DomainBiasElimination, decompose
-from edge_agent.models.foundation import FoundationConfig, FoundationModel
+from edge_agent.models.dbe import DomainBiasElimination, decompose
+from edge_agent.models.fedal_settings import CoresetSettings, DBESettings
+from edge_agent.models.foundation import FoundationModel
+from edge_agent.models.foundation_config import FoundationConfig
 
 SMALL = FoundationConfig(window=12, d_model=16, heads=2, layers=1, d_ff=32, dropout=0.0)
 
@@ -109,8 +112,10 @@ def test_core_sets_match_gradients_without_copying_a_real_window(station) -> Non
 
 
 def test_fedal_pretraining_on_a_mixed_fleet_is_reproducible_learns_and_broadcasts_a_bias_reference() -> None:
-    from coordinator.simulation.pretrain import PretrainConfig, pretrain
-    from edge_agent.data.extra import EXTRA_VARIABLES, particulates
+    from coordinator.simulation.pretrain import pretrain
+    from coordinator.simulation.pretrain_config import PretrainConfig
+    from edge_agent.data.extra import particulates
+    from edge_agent.data.variables import EXTRA_VARIABLES
     from edge_agent.data.resample import mixed_fleet
     from edge_agent.learners.fedal import FedalClientSettings
 

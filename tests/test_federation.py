@@ -6,8 +6,10 @@ import pytest
 import torch
 
 from coordinator.simulation.baselines import TrainingBudget, run_centralized, run_local_only
-from coordinator.simulation.federation import FederationConfig, head_learners, run_federation
-from coordinator.strategies import STRATEGIES, ClientUpdate, StrategySettings, weighted_mean
+from coordinator.simulation.federation import head_learners, run_federation
+from coordinator.simulation.federation_config import FederationConfig
+from coordinator.strategies import ClientUpdate, weighted_mean
+from coordinator.strategy_settings import STRATEGIES, StrategySettings
 from edge_agent.data import prepare_client, synthetic_clients
 from edge_agent.learners.head import initial_shared_state
 from tests.conftest import small_config, train_clients

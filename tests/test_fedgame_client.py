@@ -8,13 +8,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from coordinator.simulation.federation import FederationConfig, run_federation
-from coordinator.strategies import GameSettings
+from coordinator.simulation.federation import run_federation
+from coordinator.simulation.federation_config import FederationConfig
+from coordinator.strategy_settings import GameSettings
 from coordinator.strategies.fedgame import selected_names
 from edge_agent.data import load_site, prepare_client
 from edge_agent.learners import HeadLearner
 from edge_agent.learners.head import initial_shared_state
-from edge_agent.train import HeadTraining
+from edge_agent.training_settings import HeadTraining
 from tests.conftest import small_config
 
 CONFIG = small_config("dlinear", quantiles=(0.1, 0.5, 0.9))

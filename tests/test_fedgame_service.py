@@ -11,10 +11,11 @@ from pathlib import Path
 
 import torch
 
-from coordinator.simulation.federation import FederationConfig, run_federation
+from coordinator.simulation.federation import run_federation
+from coordinator.simulation.federation_config import FederationConfig
 from coordinator.simulation.participation import recorded
 from coordinator.store import Store
-from coordinator.strategies import GameSettings
+from coordinator.strategy_settings import GameSettings
 from coordinator.strategies.fedgame import FedGAME
 from edge_agent.learners.head import initial_shared_state
 from edge_agent.models import ModelConfig

@@ -6,15 +6,18 @@ from __future__ import annotations
 import pytest
 import torch
 
-from coordinator.simulation.pretrain import PretrainConfig, pretrain
+from coordinator.simulation.pretrain import pretrain
+from coordinator.simulation.pretrain_config import PretrainConfig
 from coordinator.simulation.prompts import PromptFederationConfig, evaluate_prompt_fleet, run_prompt_federation
-from coordinator.strategies import ClientInfo, ClientUpdate, GraphSettings, make_strategy
+from coordinator.strategies import ClientInfo, ClientUpdate, make_strategy
+from coordinator.strategy_settings import GraphSettings
 from coordinator.strategies.prompt_graph import DynamicGraphs, geo_graph, views_from_states
 from edge_agent.data import load_site, load_sites
 from edge_agent.data.canonical import device_series
 from edge_agent.learners.prompt import initial_prompt_state
-from edge_agent.models.foundation import FoundationConfig, content_hash
-from edge_agent.models.prompts import PromptConfig
+from edge_agent.models.foundation import content_hash
+from edge_agent.models.foundation_config import FoundationConfig
+from edge_agent.models.prompt_settings import PromptConfig
 
 FM = FoundationConfig(window=24, d_model=32, heads=2, layers=1, d_ff=64, dropout=0.1)
 SITES = ("amsterdam", "miami", "greensboro", "burlington")

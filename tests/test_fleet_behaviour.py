@@ -16,7 +16,8 @@ from coordinator.config import CoordinatorConfig
 from coordinator.server import FINISHED_EXIT_CODE
 from coordinator.simulation.participation import policy_driven
 from coordinator.store import Store
-from coordinator.strategies import ParticipationSettings, RoundPolicy
+from coordinator.strategies import RoundPolicy
+from coordinator.strategy_settings import ParticipationSettings
 from coordinator.strategies.participation import Progress, Standing
 from edge_agent.learners import fleet_template
 from edge_agent.protocol import MAX_PARTICIPANTS, HelloHeader

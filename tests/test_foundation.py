@@ -7,12 +7,12 @@ import pytest
 import torch
 from safetensors.torch import load_file, safe_open, save
 
-from coordinator.simulation.pretrain import PretrainConfig, pretrain
+from coordinator.simulation.pretrain import pretrain
+from coordinator.simulation.pretrain_config import PretrainConfig
 from edge_agent.learners.foundation import reconstruction_loss
 from edge_agent.data.canonical import device_series
 from edge_agent.data import load_sites
 from edge_agent.models.foundation import (
-    FoundationConfig,
     FoundationError,
     FoundationModel,
     content_hash,
@@ -21,6 +21,7 @@ from edge_agent.models.foundation import (
     masked_mse,
     save_foundation,
 )
+from edge_agent.models.foundation_config import FoundationConfig
 
 SMALL = FoundationConfig(window=12, d_model=16, heads=2, layers=1, d_ff=32, dropout=0.0)
 

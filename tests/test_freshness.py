@@ -19,7 +19,7 @@ from edge_agent.serving.freshness import freshness
 from edge_agent.serving.history import SensorHistory
 from edge_agent.serving.onnx_serving import OnnxServing, floored, never_negative
 from edge_agent.toml_config import LiveGatewayConfig
-from edge_agent.train import HeadTraining
+from edge_agent.training_settings import HeadTraining
 from export.bundle import write_bundle
 from tests.conftest import small_config
 from tests.fleet import wait_for

@@ -9,10 +9,11 @@ import safetensors.torch
 import torch
 
 from coordinator.engine import RoundEngine
-from coordinator.strategies import ClientInfo, ClientUpdate, RobustSettings, StrategySettings, make_strategy
+from coordinator.strategies import ClientInfo, ClientUpdate, make_strategy
+from coordinator.strategy_settings import RobustSettings, StrategySettings
 from coordinator.strategies.fedgame import selected_names
 from coordinator.strategies.game import GameAggregator, GameSettings, meta_loss
-from coordinator.twins import TwinSettings
+from coordinator.twin_settings import TwinSettings
 
 FEATURES, PER_GROUP = 40, 3
 

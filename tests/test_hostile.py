@@ -34,13 +34,13 @@ from edge_agent.protocol import (
     ProtocolError,
     ReplyHeader,
     RoundHeader,
-    Topics,
     UpdateHeader,
     body_digest,
     claimed_round,
     decode,
     encode,
 )
+from edge_agent.topics import Topics
 from tests.fleet import SEED, agent_config, coordinator_config, start, write_client_csvs
 
 TOPICS = Topics("test")

@@ -1,5 +1,7 @@
 """The package layout holds: no import cycle anywhere, and imports flow one way
-(``edgefl -> coordinator -> edge_agent``, ``export -> edge_agent``), function-level imports included."""
+(``edgefl -> coordinator -> edge_agent``, ``export -> edge_agent``), function-level imports included;
+the configs and the command modules import no heavy library when they are imported, so bad input
+is reported before torch loads."""
 
 from __future__ import annotations
 
@@ -26,12 +28,37 @@ def modules() -> dict[str, Path]:
     return {module_name(p): p for package in PACKAGES for p in (ROOT / package).rglob("*.py")}
 
 
-def imports(path: Path, known: dict[str, Path]) -> set[str]:
-    """First-party modules ``path`` imports anywhere in its body; ``from a import b`` counts as
-    an import of the submodule ``a.b`` when there is one, else of ``a``."""
+TORCH_FREE = ("edge_agent.config", "coordinator.config", "coordinator.simulation.federation_config",
+              "edgefl.cli", "edgefl.commands", "edgefl.simulate_cli")
+"""Modules that load no heavy library when imported: the configs, and the commands' modules."""
+HEAVY = {"torch", "pandas", "statsforecast", "onnxruntime", "matplotlib", "snntorch", "onnx", "nir", "h5py", "pvlib",
+         "paho"}
+
+
+def executed(tree: ast.Module) -> list[ast.stmt]:
+    """The statements that run when the module is imported: not function bodies, not ``if
+    TYPE_CHECKING:`` blocks."""
+    found, todo = [], list(tree.body)
+    while todo:
+        node = todo.pop()
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            todo += node.orelse
+        elif isinstance(node, (ast.If, ast.Try, ast.With, ast.ClassDef)):
+            todo += [child for child in ast.iter_child_nodes(node) if isinstance(child, ast.stmt)]
+            todo += [stmt for handler in getattr(node, "handlers", []) for stmt in handler.body]
+        elif not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            found.append(node)
+    return found
+
+
+def imports(path: Path, known: dict[str, Path], at_import: bool = False) -> set[str]:
+    """First-party modules ``path`` imports anywhere in its body (``at_import``: when it is
+    imported, and third-party ones too); ``from a import b`` counts as an import of the submodule
+    ``a.b`` when there is one, else of ``a``."""
     found = set()
     package = module_name(path) if path.name == "__init__.py" else module_name(path).rpartition(".")[0]
-    for node in ast.walk(ast.parse(path.read_text())):
+    tree = ast.parse(path.read_text())
+    for node in executed(tree) if at_import else ast.walk(tree):
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -40,7 +67,21 @@ def imports(path: Path, known: dict[str, Path]) -> set[str]:
                 anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
                 base = ".".join(anchor + ([base] if base else []))
             found.update(f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in node.names)
-    return {name for name in found if name.split(".")[0] in PACKAGES}
+    return found if at_import else {name for name in found if name.split(".")[0] in PACKAGES}
+
+
+def loaded_by(name: str, known: dict[str, Path]) -> dict[str, str]:
+    """Every module importing ``name`` loads -> the first-party module that imports it (its
+    packages' ``__init__`` included, as Python runs them first)."""
+    loaded, todo = {name: ""}, [name]
+    while todo:
+        module = todo.pop()
+        parents = [".".join(module.split(".")[:end]) for end in range(1, module.count(".") + 1)]
+        for target in [*parents, *(imports(known[module], known, at_import=True) if module in known else ())]:
+            if target not in loaded:
+                loaded[target] = module
+                todo += [target] if target in known else []
+    return loaded
 
 
 def graph() -> dict[str, set[str]]:
@@ -89,3 +130,24 @@ def test_the_checks_catch_a_cycle_and_a_wrong_direction() -> None:
     assert cycle_in({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert cycle_in({"a": {"b"}, "b": set()}) is None
     assert "edge_agent" not in ALLOWED["edge_agent"] - {"edge_agent"} and "coordinator" not in ALLOWED["edge_agent"]
+
+
+def test_configs_and_commands_import_no_heavy_library() -> None:
+    known = modules()
+    for name in TORCH_FREE:
+        loaded = loaded_by(name, known)
+        heavy = sorted(target for target in loaded if target.split(".")[0] in HEAVY)
+        chains = []
+        for target in heavy:
+            chain = [target]
+            while loaded[chain[-1]]:
+                chain.append(loaded[chain[-1]])
+            chains.append(" <- ".join(chain))
+        assert not chains, "\n".join(chains)
+
+
+def test_the_heavy_import_check_follows_packages_and_skips_function_bodies(tmp_path: Path) -> None:
+    tree = ast.parse("import os\nif TYPE_CHECKING:\n    import torch\ndef f():\n    import pandas\n"
+                     "try:\n    import numpy\nexcept ImportError:\n    import json\n")
+    assert sorted(ast.unparse(node) for node in executed(tree)) == ["import json", "import numpy", "import os"]
+    assert "edge_agent" in loaded_by("edge_agent.models.config", modules())

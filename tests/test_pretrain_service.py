@@ -17,16 +17,18 @@ from coordinator.config import CoordinatorConfig
 from coordinator.pretraining import FOUNDATION_FILE
 from coordinator.server import FINISHED_EXIT_CODE, Coordinator
 from coordinator.simulation.participation import recorded
-from coordinator.simulation.pretrain import PretrainConfig, pretrain
+from coordinator.simulation.pretrain import pretrain
+from coordinator.simulation.pretrain_config import PretrainConfig
 from coordinator.store import Store
-from coordinator.strategies import GBESettings
+from coordinator.strategy_settings import GBESettings
 from edge_agent.agent import Agent
 from edge_agent.config import AgentConfig, dump_toml, load_config
 from edge_agent.data import load_site
 from edge_agent.data.canonical import device_series
 from edge_agent.learners import fleet_template, make_learner
 from edge_agent.models.fedal_settings import FedalClientSettings
-from edge_agent.models.foundation import FoundationConfig, load_foundation
+from edge_agent.models.foundation import load_foundation
+from edge_agent.models.foundation_config import FoundationConfig
 from edge_agent.protocol import HelloHeader, UpdateHeader, encode
 from edge_agent.tensors import layout_of
 from tests.fleet import SEED, coordinator_config, start, wait_for

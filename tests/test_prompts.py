@@ -7,18 +7,14 @@ import json
 import pytest
 import torch
 
-from coordinator.simulation.pretrain import PretrainConfig, pretrain
+from coordinator.simulation.pretrain import pretrain
+from coordinator.simulation.pretrain_config import PretrainConfig
 from edge_agent.data import load_site, load_sites
 from edge_agent.data.canonical import device_series
-from edge_agent.models.foundation import FoundationConfig, content_hash
-from edge_agent.models.prompts import (
-    PromptConfig,
-    PromptedForecaster,
-    PromptLoss,
-    evaluate_prompts,
-    prompt_forecasts,
-    train_prompts,
-)
+from edge_agent.models.foundation import content_hash
+from edge_agent.models.foundation_config import FoundationConfig
+from edge_agent.models.prompt_settings import PromptConfig
+from edge_agent.models.prompts import PromptedForecaster, PromptLoss, evaluate_prompts, prompt_forecasts, train_prompts
 from edge_agent.protocol import signature
 from edge_agent.train import forecast_metrics
 
@@ -145,7 +141,7 @@ def test_a_restored_prompt_learner_keeps_its_prompts_and_regularization_targets(
 
 def test_settings_of_the_other_mode_are_refused_not_ignored(tmp_path) -> None:
     from coordinator.config import CoordinatorConfig
-    from coordinator.simulation.federation import FederationConfig
+    from coordinator.simulation.federation_config import FederationConfig
     from edge_agent.config import AgentConfig
 
     agent = {"fleet": "f", "client_id": "a", "state_dir": tmp_path, "data": {"site": "miami"}}

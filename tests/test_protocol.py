@@ -15,13 +15,13 @@ from edge_agent.protocol import (
     HelloHeader,
     ProtocolError,
     RoundHeader,
-    Topics,
     UpdateHeader,
     check_tensors,
     decode,
     encode,
     signature,
 )
+from edge_agent.topics import Topics
 
 LIMIT = 1 << 20
 TENSORS = {"shared.w": torch.arange(6, dtype=torch.float32).reshape(2, 3), "shared.b": torch.zeros(3)}

@@ -7,7 +7,8 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from coordinator.simulation.federation import FederationConfig, run_federation
+from coordinator.simulation.federation import run_federation
+from coordinator.simulation.federation_config import FederationConfig
 from edge_agent.data import TIME_FEATURES, load_site, prepare_client
 from edge_agent.models import BACKBONES, build_forecaster, load_checkpoint, save_checkpoint
 from edge_agent.models.heads import monotone_quantiles

@@ -9,11 +9,14 @@ import pytest
 import torch
 
 from coordinator.simulation.baselines import TrainingBudget, run_local_only
-from coordinator.simulation.federation import FederationConfig, head_learners, run_federation
-from coordinator.strategies import ClientUpdate, ServerSettings, StrategySettings, make_strategy, weighted_mean
+from coordinator.simulation.federation import head_learners, run_federation
+from coordinator.simulation.federation_config import FederationConfig
+from coordinator.strategies import ClientUpdate, make_strategy, weighted_mean
+from coordinator.strategy_settings import ServerSettings, StrategySettings
 from edge_agent.data import prepare_client, synthetic_clients
 from edge_agent.learners.head import client_model, initial_shared_state
-from edge_agent.train import HeadTraining, evaluate, forecast_loss
+from edge_agent.train import evaluate, forecast_loss
+from edge_agent.training_settings import HeadTraining
 from tests.conftest import small_config, train_clients
 
 

@@ -17,8 +17,8 @@ import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
+from edge_agent.broker_settings import BrokerConfig
 from edge_agent.data import load_site
-from edge_agent.mqtt import BrokerConfig
 from edgefl.commands import app
 from edgefl.replay import BrokerError, messages, pick_rows, rebase_shift, replay
 from tests.broker import Mosquitto, free_port

@@ -9,7 +9,7 @@ import pytest
 from edge_agent.data import DataError, SeriesTable, load_site
 from edge_agent.data.canonical import device_series
 from edge_agent.data.resample import mixed_fleet, resample_mean
-from edge_agent.models.foundation import FoundationConfig
+from edge_agent.models.foundation_config import FoundationConfig
 
 
 def hourly(values: list[list[float]], observed: list[list[bool]] | None = None) -> SeriesTable:
@@ -57,7 +57,8 @@ def test_mixed_clients_window_onto_the_foundation_layout() -> None:
 
 
 def test_the_extra_series_add_a_finer_resolution_and_other_physical_quantities() -> None:
-    from edge_agent.data.extra import EXTRA_VARIABLES, craig_co_half_hourly, particulates
+    from edge_agent.data.extra import craig_co_half_hourly, particulates
+    from edge_agent.data.variables import EXTRA_VARIABLES
 
     half_hourly, dust = craig_co_half_hourly(), particulates()
     assert half_hourly.n_rows == 2 * 8760 and (half_hourly.index[1] - half_hourly.index[0]) == pd.Timedelta("30min")

@@ -12,11 +12,12 @@ from pydantic import ValidationError
 
 from coordinator.engine import RoundEngine
 from coordinator.simulation.attacks import ATTACKS, INFLATED_SAMPLES, tamper_for
-from coordinator.simulation.federation import FederationConfig, run_federation
-from coordinator.strategies import ClientInfo, ClientUpdate, NoiseSettings, RobustSettings, StrategySettings
-from coordinator.strategies import make_strategy
+from coordinator.simulation.federation import run_federation
+from coordinator.simulation.federation_config import FederationConfig
+from coordinator.strategies import ClientInfo, ClientUpdate, make_strategy
+from coordinator.strategy_settings import NoiseSettings, RobustSettings, StrategySettings
 from coordinator.strategies.bounds import delta_norm, screen
-from coordinator.twins import TwinSettings
+from coordinator.twin_settings import TwinSettings
 from edge_agent.data import build_pool, feature_clients, load_sites
 from tests.conftest import small_config
 

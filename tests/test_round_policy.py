@@ -12,7 +12,8 @@ import torch
 
 from coordinator.server import Coordinator
 from coordinator.store import RoundRow
-from coordinator.strategies import ParticipationSettings, RoundPolicy
+from coordinator.strategies import RoundPolicy
+from coordinator.strategy_settings import ParticipationSettings
 from coordinator.strategies.participation import Progress, Standing
 from tests.fleet import SEED
 from tests.test_hostile import hello_of, message, offline_coordinator, update_of

@@ -94,7 +94,8 @@ def test_simulate_re_chooses_each_day_exactly_as_the_agent_chooses_at_that_momen
     """One rule, one cadence: the per-day choices behind ``simulate``'s served test scores equal
     what a live gateway's learner (``HeadLearner.serving_model``) chooses with its clock at the
     start of each of those days; with no clock it chooses at its present."""
-    from coordinator.simulation.federation import FederationConfig, run_federation
+    from coordinator.simulation.federation import run_federation
+    from coordinator.simulation.federation_config import FederationConfig
     from edge_agent.learners import HeadLearner
     from edge_agent.selection import present, served_days
 

@@ -12,7 +12,9 @@ import pandas as pd
 import pytest
 
 from edge_agent.data import DataError, GapPolicy
-from edge_agent.sensors import MAX_PAYLOAD_BYTES, UNKNOWN_TOPIC, BadReading, SensorIngest, SensorSettings, read
+from edge_agent.sensors.ingest import UNKNOWN_TOPIC, SensorIngest
+from edge_agent.sensors.payloads import MAX_PAYLOAD_BYTES, BadReading, read
+from edge_agent.sensors.settings import SensorSettings
 
 T0 = pd.Timestamp("2021-01-01", tz="UTC")
 ROOM = "zigbee2mqtt/room"

@@ -14,15 +14,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from coordinator.simulation.federation import FederationConfig, run_federation
+from coordinator.simulation.federation import run_federation
+from coordinator.simulation.federation_config import FederationConfig
 from coordinator.simulation.participation import recorded
 from coordinator.simulation.prompts import PromptFederationConfig, run_prompt_federation
-from coordinator.strategies import GraphSettings
+from coordinator.strategy_settings import GraphSettings
 from coordinator.store import Store
 from coordinator.twins import make_forecaster
 from edge_agent.data import load_site
 from edge_agent.models import ModelConfig
-from edge_agent.models.prompts import PromptConfig
+from edge_agent.models.prompt_settings import PromptConfig
 from edge_agent.candidates import served_name, validation_scores
 from tests.fleet import (
     MODEL,
@@ -290,7 +291,8 @@ def test_every_round_with_a_frozen_agent_equals_the_simulation_of_what_happened(
 
 def test_three_prompt_mode_agents_receive_their_own_personalized_prompts(tmp_path: Path, mosquitto) -> None:
     from edge_agent.config import dump_toml
-    from edge_agent.models.foundation import FoundationConfig, FoundationModel, load_foundation, save_foundation
+    from edge_agent.models.foundation import FoundationModel, load_foundation, save_foundation
+    from edge_agent.models.foundation_config import FoundationConfig
 
     torch.manual_seed(0)
     fm_path = tmp_path / "foundation.safetensors"

@@ -18,7 +18,7 @@ from edge_agent.learners import HeadLearner
 from export.bundle import write_bundle
 from edge_agent.serving.calendar import calendar_features
 from edge_agent.serving.onnx_serving import INFO_FILE, MODEL_FILE, OnnxServing
-from edge_agent.train import HeadTraining
+from edge_agent.training_settings import HeadTraining
 from tests.conftest import small_config
 
 

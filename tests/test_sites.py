@@ -18,9 +18,11 @@ from pydantic import ValidationError
 
 from coordinator.broker_setup import write_fleet_setup
 from coordinator.config import AggregatorConfig
-from coordinator.simulation.federation import FederationConfig, run_federation
+from coordinator.simulation.federation import run_federation
+from coordinator.simulation.federation_config import FederationConfig
 from coordinator.site_setup import parse_uplink, write_site_setup
-from coordinator.strategies import ClientInfo, ClientUpdate, RobustSettings
+from coordinator.strategies import ClientInfo, ClientUpdate
+from coordinator.strategy_settings import RobustSettings
 from coordinator.strategies.bounds import screen
 from coordinator.store import Store
 from edge_agent.config import dump_toml

@@ -6,11 +6,13 @@ import numpy as np
 import pytest
 import torch
 
-from coordinator.simulation.federation import FederationConfig, head_learners, run_federation
+from coordinator.simulation.federation import head_learners, run_federation
+from coordinator.simulation.federation_config import FederationConfig
 from coordinator.simulation.participation import SCENARIOS, Participation, participation
 from coordinator.strategies import ClientUpdate, weighted_mean
 from coordinator.store import Store
-from coordinator.twins import TWIN_FORECASTERS, TwinHistory, impute_missing, make_forecaster
+from coordinator.twin_settings import TWIN_FORECASTERS
+from coordinator.twins import TwinHistory, impute_missing, make_forecaster
 from edge_agent.data import prepare_client, synthetic_clients
 from edge_agent.learners.head import initial_shared_state
 from tests.conftest import small_config, train_clients

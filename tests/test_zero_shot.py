@@ -14,7 +14,8 @@ from edge_agent.config import AgentConfig
 from edge_agent.data import DataError, SeriesTable, load_site, min_training_rows
 from edge_agent.forecast import forecast
 from edge_agent.learners import make_learner
-from edge_agent.models.foundation import FoundationConfig, FoundationError, FoundationModel, save_foundation
+from edge_agent.models.foundation import FoundationError, FoundationModel, save_foundation
+from edge_agent.models.foundation_config import FoundationConfig
 from edge_agent.state import AgentState
 from edge_agent.zero_shot import zero_shot_forecast
 from tests.conftest import small_config

@@ -8,15 +8,15 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from coordinator.simulation.federation import FederationConfig, evaluate_fleet
+from coordinator.simulation.federation import evaluate_fleet
+from coordinator.simulation.federation_config import FederationConfig
 from edge_agent.data import ClientData
 from edge_agent.learners.companion import LocalCompanion
 from edge_agent.learners.head import client_model, initial_shared_state
 from edge_agent.models import Forecaster, ModelConfig
 from edge_agent.seeds import Stream, seed_for
-from edge_agent.train import (
-    HeadTraining, Metrics, early_stopping, evaluate, forecast_loss, make_optimizer, weighted_metrics,
-)
+from edge_agent.train import Metrics, early_stopping, evaluate, forecast_loss, make_optimizer, weighted_metrics
+from edge_agent.training_settings import HeadTraining
 
 
 @dataclass(frozen=True)

@@ -14,44 +14,20 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from typing import Literal
-
-from pydantic import ConfigDict, Field
-
 from coordinator.engine import RoundEngine
 from coordinator.simulation.participation import Participation, sampled
+from coordinator.simulation.pretrain_config import PretrainConfig
 from coordinator.simulation.rounds import SimulatedRound, run_rounds
-from coordinator.strategies import ClientInfo, GBESettings, StrategySettings, make_strategy
-from coordinator.twins import TwinSettings
+from coordinator.strategies import ClientInfo, make_strategy
+from coordinator.strategy_settings import StrategySettings
+from coordinator.twin_settings import TwinSettings
 from edge_agent.data.canonical import DeviceSeries
 from edge_agent.learners import FoundationLearner, Learner
 from edge_agent.learners.fedal import FedalLearner, reconstruction_mse
 from edge_agent.learners.foundation import foundation_model, reconstruction_loss
-from edge_agent.models.fedal_settings import FedalClientSettings
-from edge_agent.models.foundation import FoundationConfig, FoundationModel
+from edge_agent.models.foundation import FoundationModel
+from edge_agent.models.foundation_config import FoundationConfig
 from edge_agent.tensors import TensorDict
-from edge_agent.train import LocalTraining
-
-
-class PretrainConfig(LocalTraining):
-    """Rounds, local training and participation (paper: 20 rounds x 20 local epochs, C = 0.5)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    rounds: int = Field(5, ge=1)
-    participation: float = Field(0.5, gt=0.0, le=1.0, description="share C of devices per round")
-    batch_size: int = Field(64, ge=1)
-    stride: int = Field(3, ge=1, description="step between training windows")
-    seed: int = 42
-    strategy: Literal["fedavg", "fedal"] = Field("fedavg", description="how rounds aggregate")
-    client: FedalClientSettings | None = Field(None, description="FeDaL's device side (None: FedPoD's plain "
-                                               "masked reconstruction, or FeDaL's defaults under fedal)")
-    server: GBESettings = Field(GBESettings(), description="fedal: the server side (its model is the one pretrained)")
-
-    @property
-    def device_side(self) -> FedalClientSettings | None:
-        """FeDaL's device settings in use: ``client``, FeDaL's defaults under fedal, else none."""
-        return FedalClientSettings() if self.client is None and self.strategy == "fedal" else self.client
 
 
 @dataclass(frozen=True)

@@ -11,16 +11,19 @@ from pydantic import ConfigDict, Field
 from coordinator.engine import RoundEngine
 from coordinator.simulation.participation import Participation, everyone
 from coordinator.simulation.rounds import SimulatedRound, run_rounds
-from coordinator.strategies import ClientInfo, StrategySettings, make_strategy
-from coordinator.twins import TwinSettings
+from coordinator.strategies import ClientInfo, make_strategy
+from coordinator.strategy_settings import StrategySettings
+from coordinator.twin_settings import TwinSettings
 from edge_agent.data import SeriesTable
 from edge_agent.data.canonical import device_series
 from edge_agent.learners import PromptLearner
 from edge_agent.learners.prompt import initial_prompt_state
 from edge_agent.models.foundation import FoundationModel
-from edge_agent.models.prompts import PromptConfig, evaluate_prompts, prompt_forecasts
+from edge_agent.models.prompt_settings import PromptConfig
+from edge_agent.models.prompts import evaluate_prompts, prompt_forecasts
 from edge_agent.tensors import TensorDict
-from edge_agent.train import Batch, LocalTraining, Metrics, calibrated_metrics, forecast_metrics, weighted_metrics
+from edge_agent.train import Batch, Metrics, calibrated_metrics, forecast_metrics, weighted_metrics
+from edge_agent.training_settings import LocalTraining
 
 
 class PromptFederationConfig(LocalTraining, TwinSettings, StrategySettings):

@@ -11,6 +11,7 @@ from typing import ClassVar
 
 import torch
 
+from coordinator.strategy_settings import StrategySettings
 from edge_agent.tensors import TensorDict, flat64, unflat
 
 
@@ -54,6 +55,11 @@ class Strategy(ABC):
                   imputed: Sequence[ClientUpdate], roster: Mapping[str, ClientInfo]) -> Aggregate:
         """Combine the on-time updates and the twins' forecasts (at least one update in all) into
         the state that follows ``current``; ``roster`` holds every registered client."""
+
+    @classmethod
+    def from_settings(cls, initial: TensorDict, settings: StrategySettings, seed: int) -> Strategy:
+        """This strategy as ``settings`` configure it, for a fleet whose round-1 global state is ``initial``."""
+        return cls()
 
     def state_dict(self) -> TensorDict:
         """What the strategy keeps between rounds (persisted by the service after every round)."""

@@ -37,55 +37,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from coordinator.strategies.base import ClientInfo, ClientUpdate
+from coordinator.strategy_settings import RobustSettings
 from edge_agent.tensors import TensorDict, first_non_finite, flat64
 
 NOT_FINITE, NORM_OUTLIER, UNREGISTERED, AGAINST_MEDIAN = "not_finite", "norm_outlier", "unregistered", "against_median"
 MIN_DIRECTION_UPDATES = 3
-
-
-class RobustSettings(BaseModel):
-    """How updates are bounded before aggregation, and the robust aggregators' trimming.
-
-    The defaults leave honest rounds alone (honest delta norms stay within about 1.5 times the
-    median on the bundled stations; weights change only for a client that declared more than 3
-    times the fleet's median count) while rejecting scaled or absurd updates. A looser weight
-    cap of 10 let one client lying at hello take 10/16 of the weight of 7 clients and, over 15
-    rounds, raise the honest clients' loss by half (bench/robustness.py, hello_inflation)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
-
-    max_samples: int | None = Field(None, ge=1, description="cap on an update's weight (sample count); "
-                                    "the count declared at hello always bounds it; None: no further cap")
-    clip_factor: float | None = Field(4.0, ge=1, description="clip each delta to this multiple of the "
-                                      "round's median delta norm, and cut the weight of an update whose weight "
-                                      "times delta norm exceeds this multiple of the round's median; None: no "
-                                      "clipping")
-    reject_factor: float | None = Field(20.0, ge=1, description="reject an update whose delta norm exceeds "
-                                        "this multiple of the round's median delta norm; None: no rejection")
-    min_cosine: float | None = Field(None, ge=-1, le=1, description="reject an update whose delta's cosine with "
-                                     "the round's coordinate-wise median delta is below this (rounds of 3 or more "
-                                     "updates): 0 refuses a reversed update at any norm, which the clip bound "
-                                     "lets through below 4x (issue 27), but on real non-IID fleets it also rejects "
-                                     "4.5-10% of honest updates (bench/direction_check.py); None (default): no "
-                                     "direction check")
-    weight_factor: float | None = Field(3.0, ge=1, description="cap on an update's weight: this multiple "
-                                        "of the median sample count the registered clients declared; None: no cap")
-    trim_fraction: float = Field(0.2, gt=0, lt=0.5, description="trimmed_mean: share of the updates cut "
-                                 "from each end of every coordinate (beta)")
-    site_clients: list[str] = Field(default_factory=list, description="clients that are site aggregators "
-                                    "(edgefl aggregator serve): their weight, the sum of their gateways', is bounded "
-                                    "by their hello only (max_samples and weight_factor bound the gateways, at "
-                                    "their site), and weight_factor's median is taken over the other clients")
-
-    @model_validator(mode="after")
-    def _reject_beyond_clip(self) -> "RobustSettings":
-        if self.clip_factor is not None and self.reject_factor is not None and self.reject_factor < self.clip_factor:
-            raise ValueError(f"reject_factor {self.reject_factor} is below clip_factor {self.clip_factor}: "
-                             "updates would be rejected before they could be clipped")
-        return self
 
 
 @dataclass(frozen=True)

@@ -15,27 +15,22 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
 
 from coordinator.strategies.base import Aggregate, ClientInfo, ClientUpdate, Strategy
 from coordinator.strategies.bounds import delta_norm
+from coordinator.strategy_settings import NoiseSettings, StrategySettings
 from edge_agent.seeds import Stream, seed_for
 from edge_agent.tensors import TensorDict
-
-
-class NoiseSettings(BaseModel):
-    """DP-FedAvg's clip norm S and noise multiplier z."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
-
-    clip_norm: float = Field(1.0, gt=0, description="S: every client's delta is clipped to this L2 norm")
-    noise_multiplier: float = Field(1.0, ge=0, description="z: noise std is z * S on the sum of the deltas")
 
 
 class DPFedAvg(Strategy):
     """theta <- theta + (sum_i clip_S(theta_i - theta) + N(0, (z S)^2 I)) / n."""
 
     name = "dp_fedavg"
+
+    @classmethod
+    def from_settings(cls, initial: TensorDict, settings: StrategySettings, seed: int) -> Strategy:
+        return cls(settings.noise, seed)
 
     def __init__(self, settings: NoiseSettings, seed: int):
         self.settings, self.seed = settings, seed

@@ -17,38 +17,26 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
 
 from coordinator.strategies.base import Aggregate, ClientInfo, ClientUpdate, Strategy, weighted_mean
+from coordinator.strategy_settings import GBESettings, StrategySettings
 from edge_agent.coreset import mask_batch
 from edge_agent.learners.fedal import split_coreset
-from edge_agent.models.foundation import FoundationConfig, FoundationModel, masked_mse
+from edge_agent.models.foundation import FoundationModel, masked_mse
 from edge_agent.seeds import Stream, derive_seed, seed_for
 from edge_agent.tensors import TensorDict
 
 NOT_CORRECTED = ("latent_bias",)  # the bias reference is averaged, not a trained parameter
 
 
-class GBESettings(BaseModel):
-    """The server half of FeDaL; the summary names alpha and beta without values."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    model: FoundationConfig = Field(FoundationConfig(), description="the foundation model being pretrained")
-    beta: float = Field(0.1, gt=0.0, description="drift-state step beta")
-    alpha: float = Field(0.5, ge=0.0, le=1.0, description="weight of the corrected model in the fusion")
-    correction: bool = Field(True, description="apply the gradient-level correction (off: ablation)")
-    tune_steps: int = Field(10, ge=0, description="core-set tuning steps per round (0: no tuning)")
-    tune_lr: float = Field(1e-3, gt=0.0, description="learning rate of core-set tuning (Adam)")
-    tune_batch: int = Field(64, ge=1, description="core-set windows per tuning step, drawn with replacement")
-    patch: int = Field(3, ge=1, description="patch length of the tuning masks (the clients')")
-    mask_rate: float = Field(0.75, gt=0.0, lt=1.0, description="masked share of the tuning masks (the clients')")
-
-
 class FeDaL(Strategy):
     """FedAvg, drift correction, core-set tuning and fusion; keeps the drift state s."""
 
     name = "fedal"
+
+    @classmethod
+    def from_settings(cls, initial: TensorDict, settings: StrategySettings, seed: int) -> Strategy:
+        return cls(initial, settings.fedal, seed)
 
     def __init__(self, initial: TensorDict, settings: GBESettings, seed: int):
         self.settings, self.seed = settings, seed

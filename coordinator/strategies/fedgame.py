@@ -17,7 +17,8 @@ from collections.abc import Mapping, Sequence
 import torch
 
 from coordinator.strategies.base import Aggregate, ClientInfo, ClientUpdate, Strategy, weighted_mean
-from coordinator.strategies.game import GameAggregator, GameSettings
+from coordinator.strategies.game import GameAggregator
+from coordinator.strategy_settings import GameSettings, StrategySettings
 from edge_agent.seeds import Stream, seed_for
 from edge_agent.tensors import TensorDict
 
@@ -29,6 +30,10 @@ class FedGAME(Strategy):
     """Server-learning-rate FedAvg of differences + GAME personalization of the selected layers."""
 
     name = "fedgame"
+
+    @classmethod
+    def from_settings(cls, initial: TensorDict, settings: StrategySettings, seed: int) -> Strategy:
+        return cls(initial, settings.game, seed)
 
     def __init__(self, initial: TensorDict, settings: GameSettings, seed: int):
         self.settings, self.seed = settings, seed

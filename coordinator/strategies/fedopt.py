@@ -13,27 +13,20 @@ from abc import abstractmethod
 from collections.abc import Mapping, Sequence
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
 
 from coordinator.strategies.base import Aggregate, ClientInfo, ClientUpdate, Strategy, weighted_mean
+from coordinator.strategy_settings import ServerSettings, StrategySettings
 from edge_agent.tensors import TensorDict
 
 STATISTICS = ("running_mean", "running_var")
 
 
-class ServerSettings(BaseModel):
-    """The server optimizer's hyperparameters (the paper's defaults where it gives them)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    lr: float = Field(1.0, gt=0, description="server learning rate eta")
-    momentum: float = Field(0.9, ge=0, lt=1, description="beta (FedAvgM) or beta1 (FedAdam)")
-    beta2: float = Field(0.99, ge=0, lt=1, description="FedAdam's second-moment decay")
-    tau: float = Field(1e-3, gt=0, description="FedAdam's adaptivity (denominator floor)")
-
-
 class _ServerOptimizer(Strategy):
     """The shared mechanics: mean, pseudo-gradient, per-tensor update, moments kept between rounds."""
+
+    @classmethod
+    def from_settings(cls, initial: TensorDict, settings: StrategySettings, seed: int) -> Strategy:
+        return cls(settings.server)
 
     def __init__(self, settings: ServerSettings):
         self.settings = settings

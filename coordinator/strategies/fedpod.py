@@ -8,31 +8,22 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
 
 from coordinator.strategies.base import Aggregate, ClientInfo, ClientUpdate, Strategy, weighted_mean
 from coordinator.strategies.prompt_graph import PROMPT_NAMES, DynamicGraphs, geo_graph, personalize, views_from_states
+from coordinator.strategy_settings import GraphSettings, StrategySettings
 from edge_agent.seeds import Stream, seed_for
 from edge_agent.tensors import TensorDict
-
-
-class GraphSettings(BaseModel):
-    """The coordinator's graph training and personalization (appendix B.3 defaults)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    alpha: float = Field(0.99, ge=0.0, le=1.0, description="weight of A P against A' P (eq. 9)")
-    subgraph_step: int = Field(2, ge=1, description="S_G: each client is regularized towards N/S_G - 1 neighbours")
-    graph_epochs: int = Field(40, ge=1, description="SGD steps fitting the client graphs each round")
-    graph_lr: float = Field(1e-3, gt=0, description="learning rate of the graph fitting (SGD)")
-    sparsity: float = Field(1.0, ge=0.0, description="weight of the spread term sum A_ij^2 / N in the graph "
-                            "objective (keeps a graph from collapsing onto the identity)")
 
 
 class FedPoD(Strategy):
     """FedAvg + graph personalization; the graph parameters persist between rounds."""
 
     name = "fedpod"
+
+    @classmethod
+    def from_settings(cls, initial: TensorDict, settings: StrategySettings, seed: int) -> Strategy:
+        return cls(initial, settings.fedpod, seed)
 
     def __init__(self, initial: TensorDict, settings: GraphSettings, seed: int):
         sizes = {name: view.shape[1] for name, view in views_from_states([initial]).items()}

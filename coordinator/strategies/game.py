@@ -27,42 +27,10 @@ from __future__ import annotations
 import math
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field, model_validator
 from torch import nn
 from torch.nn import functional as F
 
-VARIANTS = ("game", "gat", "mean")
-
-
-class GameSettings(BaseModel):
-    """The GAME aggregator and the Fed-GAME server step. Section 3 gives four experts and the
-    learning rate 0.0005; top-k, temperature, beta and the meta-loss weights lost their values in
-    our copy, so these defaults are ours (top-2 of 4 as in Shazeer et al.'s router, tau = 1,
-    an even balance, equal loss weights)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    variant: str = Field("game", description="aggregator: game, gat (single attention) or mean (of peers)")
-    experts: int = Field(4, ge=1, description="shared scoring experts (section 3: four)")
-    top_k: int = Field(2, ge=1, description="experts each client's gate keeps")
-    temperature: float = Field(1.0, gt=0.0, description="tau of the attention softmax")
-    balance: float = Field(0.5, ge=0.0, le=1.0, description="beta of eq. 1: weight of a client's own difference")
-    hidden: int = Field(64, ge=1, description="encoder output size H")
-    lr: float = Field(5e-4, gt=0.0, description="Adam learning rate of the server's meta-training (section 3)")
-    steps: int = Field(20, ge=0, description="meta-training steps per round")
-    l2_weight: float = Field(1.0, ge=0.0, description="lambda_1 of eq. 3")
-    cosine_weight: float = Field(1.0, ge=0.0, description="lambda_2 of eq. 3")
-    server_lr: float = Field(1.0, gt=0.0, description="eta_g: step of the averaged difference on the global model")
-    max_clients: int = Field(256, ge=1, description="personalized gate slots (one per client ever seen)")
-    selected: tuple[str, ...] = Field((), description="tensor-name prefixes personalized (empty: the final layer)")
-
-    @model_validator(mode="after")
-    def _consistent(self) -> GameSettings:
-        if self.variant not in VARIANTS:
-            raise ValueError(f"variant: unknown {self.variant!r}; choose one of {list(VARIANTS)}")
-        if self.top_k > self.experts:
-            raise ValueError(f"top_k: {self.top_k} exceeds experts ({self.experts})")
-        return self
+from coordinator.strategy_settings import GameSettings
 
 
 def meta_loss(personalized: torch.Tensor, target: torch.Tensor, l2_weight: float, cosine_weight: float) -> torch.Tensor:

@@ -22,32 +22,10 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
 
+from coordinator.strategy_settings import ParticipationSettings
 from edge_agent.protocol import MAX_PARTICIPANTS, MAX_ROUND
 from edge_agent.seeds import Stream, seed_for
-
-
-class ParticipationSettings(BaseModel):
-    """``[participation]``: the round policy."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    fraction: float = Field(1.0, gt=0, le=1, description="share of the eligible online clients asked to train "
-                            "each round (a seeded draw; at least min_clients)")
-    quorum: float = Field(0.8, gt=0, le=1, description="share of a round's participants whose updates let it "
-                          "close after the grace period (rounded up; from 3 participants on at most all but one, "
-                          "unless 1: wait for all)")
-    grace: float = Field(0.5, ge=0, description="after the quorum, wait at most this multiple of the time the "
-                         "quorum took for the other participants")
-    exclude_after: int = Field(3, ge=1, description="a client that missed this many rounds in a row it was asked "
-                               "to is left out for as many rounds, then asked once more, the time out doubling "
-                               "with each further miss; only an on-time update clears that (not a hello)")
-
-    @property
-    def sampling(self) -> bool:
-        """Whether rounds name their participants (else every eligible client trains)."""
-        return self.fraction < 1.0
 
 
 STRAGGLER_FROM = 3  # from this many participants on, the quorum leaves one of them out

@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 import torch
 
 from coordinator.strategies.base import Aggregate, ClientInfo, ClientUpdate, Strategy
+from coordinator.strategy_settings import StrategySettings
 from edge_agent.tensors import TensorDict
 
 
@@ -36,6 +37,10 @@ class TrimmedMean(Strategy):
     ceil(beta n) from each end (always leaving at least one value)."""
 
     name = "trimmed_mean"
+
+    @classmethod
+    def from_settings(cls, initial: TensorDict, settings: StrategySettings, seed: int) -> Strategy:
+        return cls(settings.robust.trim_fraction)
 
     def __init__(self, beta: float):
         self.beta = beta

@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 
 from edge_agent.data.gaps import GapPolicy, duration
+from edge_agent.data.errors import file_not_found
 from edge_agent.data.table import DataError, SeriesTable
 from edge_agent.times import interval_text
 
@@ -102,7 +103,7 @@ def _frame_table(
 def _read_frame(path: Path) -> tuple[pd.DataFrame, np.ndarray]:
     """Parse the file, drop blank lines, and return the frame plus each row's file line number."""
     if not path.is_file():
-        raise DataError(f"{path.name}: file not found ({path})")
+        raise file_not_found(path)
     try:
         frame = pd.read_csv(path, skip_blank_lines=False)
     except pd.errors.EmptyDataError as err:

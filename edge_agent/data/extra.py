@@ -6,7 +6,7 @@
 - ``particulates``: hourly rain and PM2.5 / PM10 concentrations for 2015, the inputs of pvlib's
   HSU soiling example (``soiling_hsu_example_inputs.csv``; the package does not say where they
   were measured). Quantities no weather station has: the foundation layout must include
-  ``EXTRA_VARIABLES`` to take them.
+  ``EXTRA_VARIABLES`` (``edge_agent.data.variables``) to take them.
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ from edge_agent.data.table import DataError, SeriesTable
 from edge_agent.data.variables import WEATHER_VARIABLES
 from edge_agent.data.weather import DATA_DIR, SITES
 
-EXTRA_VARIABLES: tuple[str, ...] = ("precipitation", "pm2_5", "pm10")
 PARTICULATES_FILE = "soiling_hsu_example_inputs.csv"
 GRAMS_TO_MICROGRAMS = 1e6
 

@@ -18,7 +18,8 @@ from edge_agent.data import ClientData
 from edge_agent.models import Forecaster
 from edge_agent.seeds import Stream, seed_for
 from edge_agent.tensors import TensorDict, check_layout, layout_of
-from edge_agent.train import HeadTraining, evaluate, make_optimizer, train_epochs
+from edge_agent.train import evaluate, make_optimizer, train_epochs
+from edge_agent.training_settings import HeadTraining
 
 
 class LocalCompanion:

@@ -19,10 +19,12 @@ from edge_agent.data.canonical import DeviceSeries
 from edge_agent.learners.foundation import FoundationLearner, mean_over_batches, pretraining_signature
 from edge_agent.models.dbe import DomainBiasElimination
 from edge_agent.models.fedal_settings import FedalClientSettings
-from edge_agent.models.foundation import FoundationConfig, FoundationModel, masked_mse
+from edge_agent.models.foundation import FoundationModel, masked_mse
+from edge_agent.models.foundation_config import FoundationConfig
 from edge_agent.seeds import Stream, derive_seed, seed_for
 from edge_agent.tensors import TensorDict, check_layout, layout_of
-from edge_agent.train import LocalTraining, mean_term, seeded_steps
+from edge_agent.train import mean_term, seeded_steps
+from edge_agent.training_settings import LocalTraining
 
 CORESET_PREFIX = "coreset."
 

@@ -12,11 +12,13 @@ from torch import nn
 
 from edge_agent.data.canonical import DeviceSeries
 from edge_agent.learners.base import Learner
-from edge_agent.models.foundation import FoundationConfig, FoundationModel, geometric_mask, masked_mse
+from edge_agent.models.foundation import FoundationModel, geometric_mask, masked_mse
+from edge_agent.models.foundation_config import FoundationConfig
 from edge_agent.protocol import signature
 from edge_agent.seeds import Stream, derive_seed, seed_for
 from edge_agent.tensors import TensorDict, check_layout, layout_of
-from edge_agent.train import LocalTraining, mean_term, seeded_steps
+from edge_agent.train import mean_term, seeded_steps
+from edge_agent.training_settings import LocalTraining
 
 
 def foundation_model(cfg: FoundationConfig, seed: int) -> FoundationModel:

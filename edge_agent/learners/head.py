@@ -20,7 +20,8 @@ from edge_agent.protocol import signature
 from edge_agent.seeds import Stream, seed_for
 from edge_agent.selection import Served, present, select
 from edge_agent.tensors import TensorDict, check_layout, layout_of
-from edge_agent.train import HeadTraining, make_optimizer, train_epochs
+from edge_agent.train import make_optimizer, train_epochs
+from edge_agent.training_settings import HeadTraining
 
 PRIVATE = "private."  # Fed-GAME: the private model's shared part in the personal state
 

@@ -12,11 +12,12 @@ import torch
 from edge_agent.data.canonical import DeviceSeries
 from edge_agent.learners.base import Learner
 from edge_agent.models.foundation import FoundationModel, content_hash
-from edge_agent.models.prompts import WIRE_PREFIXES, PromptConfig, PromptedForecaster, PromptLoss, train_prompts
+from edge_agent.models.prompt_settings import PromptConfig
+from edge_agent.models.prompts import WIRE_PREFIXES, PromptedForecaster, PromptLoss, train_prompts
 from edge_agent.protocol import signature
 from edge_agent.seeds import Stream, seed_for
 from edge_agent.tensors import TensorDict, check_layout, layout_of
-from edge_agent.train import LocalTraining
+from edge_agent.training_settings import LocalTraining
 
 TUNED_PREFIXES = ("foundation.", "shared.")  # the Table 1 baselines that fine-tune the backbone instead
 REFERENCES = ("global_prompts", "personalized", "neighbours")  # the targets of eq. 6

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Collection
-from typing import Annotated, Literal
+from typing import Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from edge_agent.metrics import median_index
+from edge_agent.levels import QuantileLevels, median_index
 from edge_agent.models.backbones import BACKBONES
 from edge_agent.recipe import MODEL as RECIPE
 from edge_agent.recipe import SPANS
@@ -24,23 +24,6 @@ def steps_of(span: str, interval: str) -> int:
     if rest:
         raise ValueError(f"{span} is not a whole number of {interval} steps")
     return steps
-
-
-
-def check_quantiles(levels: tuple[float, ...]) -> tuple[float, ...]:
-    """Quantile levels must be strictly increasing inside (0, 1) and include 0.5: the median is the
-    point forecast wherever one is expected (MSE/MAE, serving), so it is predicted, not interpolated."""
-    if any(not 0.0 < q < 1.0 for q in levels):
-        raise ValueError(f"every level must lie strictly between 0 and 1, got {levels}")
-    if any(b <= a for a, b in zip(levels, levels[1:])):
-        raise ValueError(f"levels must be strictly increasing, got {levels}")
-    if 0.5 not in levels:
-        raise ValueError(f"levels must include 0.5 (the median is the point forecast), got {levels}")
-    return levels
-
-
-QuantileLevels = Annotated[tuple[float, ...], AfterValidator(check_quantiles)]
-"""A config field of quantile levels, checked by ``check_quantiles`` (head and prompt mode alike)."""
 
 
 PAPER: dict[str, object] = {"lookback": 96, "horizon": 48, "d_qap": 128, "qap_heads": 4, "projection": "qap",

@@ -14,23 +14,10 @@ transfers between clients.
 from __future__ import annotations
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 from torch.nn import functional as F
 
-
-class DBESettings(BaseModel):
-    """The summary names lambda and tau without values; these defaults are ours."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    kernel: int = Field(5, ge=1, description="moving-average kernel tau of the trend (odd)")
-    weight: float = Field(0.1, ge=0.0, description="lambda: weight of ||b - b^g||^2 in the client loss")
-    momentum: float = Field(0.9, ge=0.0, lt=1.0, description="EMA momentum of the bias over mini-batches")
-
-    def model_post_init(self, context: object) -> None:
-        if self.kernel % 2 == 0:
-            raise ValueError(f"kernel must be odd to keep the trend aligned, got {self.kernel}")
+from edge_agent.models.fedal_settings import DBESettings
 
 
 def decompose(hidden: torch.Tensor, kernel: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -7,7 +7,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from edge_agent.metrics import median_index
+from edge_agent.levels import median_index
 
 
 class PersonalHead(nn.Module):

@@ -29,7 +29,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from edge_agent.mqtt import BrokerConfig
+from edge_agent.broker_settings import BrokerConfig
 from edge_agent.times import NS_PER_S, parse_duration
 
 _WILDCARDS = ("+", "#")

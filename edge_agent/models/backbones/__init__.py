@@ -1,22 +1,23 @@
-"""Backbone registry: adding a backbone is one module plus one line here."""
+"""Backbone registry: adding a backbone is one module plus one line here. The names are known
+without torch (configs check them); a class is imported when first looked up."""
 
 from __future__ import annotations
 
-from edge_agent.models.backbones.base import Backbone
-from edge_agent.models.backbones.dlinear import DLinear
-from edge_agent.models.backbones.itransformer import ITransformer
-from edge_agent.models.backbones.recurrent import GRU, LSTM
-from edge_agent.models.backbones.spike_rnn import SpikeRNN
-from edge_agent.models.backbones.spikformer import ISpikformer, Spikformer
+from typing import TYPE_CHECKING
 
-BACKBONES: dict[str, type[Backbone]] = {
-    "dlinear": DLinear,
-    "itransformer": ITransformer,
-    "lstm": LSTM,
-    "gru": GRU,
-    "spikernn": SpikeRNN,
-    "spikformer": Spikformer,
-    "ispikformer": ISpikformer,
-}
+from edge_agent.registry import LazyRegistry
 
-__all__ = ["BACKBONES", "Backbone"]
+if TYPE_CHECKING:
+    from edge_agent.models.backbones.base import Backbone
+
+BACKBONES: LazyRegistry[type[Backbone]] = LazyRegistry(__name__, {
+    "dlinear": "dlinear:DLinear",
+    "itransformer": "itransformer:ITransformer",
+    "lstm": "recurrent:LSTM",
+    "gru": "recurrent:GRU",
+    "spikernn": "spike_rnn:SpikeRNN",
+    "spikformer": "spikformer:Spikformer",
+    "ispikformer": "spikformer:ISpikformer",
+})
+
+__all__ = ["BACKBONES"]
