@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
 
-from edgefl.errors import LazyConsole, fail
+from edgefl.errors import LazyConsole, fail, say
 from edgefl.extras import needs
 
 if TYPE_CHECKING:
@@ -23,8 +23,8 @@ AgentConfigPath = Annotated[Optional[Path], typer.Option("--agent-config", help=
 Site = Annotated[Optional[str], typer.Option(help="bundled weather site (or 'pool': all sites) to verify on")]
 Csv = Annotated[Optional[Path], typer.Option("--csv", help="CSV whose windows verify the export")]
 Windows = Annotated[int, typer.Option(min=1, help="real test windows used to verify the export")]
-AllowSilent = Annotated[bool, typer.Option(help="keep an export whose spike check compared nothing (a layer that "
-                                                 "emitted no spike on the windows checked)")]
+AllowSilent = Annotated[bool, typer.Option(help="export even when a LIF layer emits no spike on the windows checked "
+                                                 "(its spike check compares nothing): a warning instead of a refusal")]
 
 
 def model_and_data(
@@ -82,28 +82,43 @@ def run_export(fmt: str, out: Path, source: tuple[Forecaster, ClientData], windo
                **options: Any) -> None:
     """Export ``source``'s model in format ``fmt``, verified on its test windows, and print the report;
     a model the format cannot express, an artefact that does not reproduce it, or (without
-    ``allow_silent``) a spike check that compared nothing fails the command."""
+    ``allow_silent``) a LIF layer silent on those windows (``export.silence``) fails the command
+    before anything is written."""
     from export import exporter
     from export.contract import ExportMismatchError
     from export.lava_check import LavaUnavailableError
     from export.stack import UnsupportedLayerError
 
     model, data = source
+    warning = silence_warning(fmt, model, data, windows, allow_silent)
     try:
         report = exporter(fmt)(model, out, data.test, windows, **options)
     except (UnsupportedLayerError, ExportMismatchError, LavaUnavailableError) as err:
         fail(f"{fmt} export refused: {err}")
-    silent = [name for name, rate in report.firing_rates.items() if rate == 0]
-    if silent:
-        report.notes.append(f"no spike at all from {', '.join(silent)}: the spike check compared nothing there")
     for line in report_lines(report):
         console.print(line, markup=False)
-    if silent and not allow_silent:
-        for name in report.files:
-            Path(name).unlink(missing_ok=True)
-        fail(f"{fmt} export refused: {', '.join(silent)} emitted no spike over the {report.windows} windows checked, "
-             f"so its agreement means nothing (train longer, or check on other windows); the files were removed "
-             f"(--allow-silent keeps them)")
+    if warning:
+        say(f"warning: {warning}")
+
+
+def silence_warning(fmt: str, model: Forecaster, data: ClientData, windows: int, allow_silent: bool) -> str | None:
+    """The silence rule on the windows the export verifies on: None when every LIF layer fired,
+    the warning to print when ``allow_silent``, else the command fails naming the layers."""
+    from export.contract import sample_windows
+    from export.silence import lif_rates, silence_line, silent_layers
+
+    try:
+        x, marks = sample_windows(data.test, windows)
+    except ValueError as err:
+        fail(f"{fmt} export refused: {err}")
+    silent = silent_layers(lif_rates(model, x, marks))
+    if not silent:
+        return None
+    line = f"{silence_line(silent, len(x))} (a silent layer forwards nothing, and any export agrees with it)"
+    if not allow_silent:
+        fail(f"{fmt} export refused: {line}; nothing written (train longer, check other windows, or "
+             f"--allow-silent to export it anyway)")
+    return f"{line}; exported anyway (--allow-silent)"
 
 
 def report_lines(report: ExportReport) -> list[str]:
@@ -160,7 +175,7 @@ def energy_command(
     model, data = model_and_data(checkpoint, agent_config, site, csv)
     from export.energy import chip_layers, energy_report
     from export.opcount import count_ops
-    from export.report import write
+    from export.report import notices, write
 
     try:
         layers, windows = count_ops(model, data.test)
@@ -173,6 +188,8 @@ def energy_command(
         off_chip = f" + {report.host_pj:.4g} pJ off-chip on {report.host}" if report.host else ""
         console.print(f"{label:>{max(map(len, labels))}}: {report.chip_pj:.4g} pJ per forecast on the target "
                       f"(priced ops){off_chip}, backbone {report.backbone_pj:.4g} pJ{unpriced}")
+    for line in notices(reports):
+        say(f"warning: {line}")
     for path in write(out, f"{model.cfg.backbone} on {data.name}", reports):
         console.print(f"wrote {path}")
 

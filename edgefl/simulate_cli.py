@@ -200,8 +200,10 @@ def simulate(
                   f"served: {served_counts({c: s.which for c, s in zip(result.client_test, result.served)})}")
     rates = fleet_firing_rates(result.models, fleet)
     if rates:
+        from export.silence import silent_layers
+
         short = {name.removeprefix("shared.backbone."): rate for name, rate in rates.items()}
-        silent = [name for name, rate in short.items() if rate == 0]
+        silent = silent_layers(short)
         console.print("firing rates (test windows, mean over clients): "
                       + ", ".join(f"{name} {rate:.3f}" for name, rate in short.items())
                       + (f"; silent: {', '.join(silent)}" if silent else ""), soft_wrap=True)

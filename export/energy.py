@@ -19,9 +19,11 @@ from dataclasses import asdict, dataclass, field
 from edge_agent.models import Forecaster
 from export.opcount import LayerOps
 from export.profiles import HardwareProfile
+from export.silence import silent_layers
 from export.stack import on_chip_modules
 
 OPS = ("macs", "acs", "neuron_updates")
+COUNTS = (*OPS, "dense_macs")  # what a stage records: the ops, and spike-fed work a target without ACs ran densely
 PROFILE_OP = {"macs": "mac", "acs": "ac", "neuron_updates": "neuron_update"}
 STAGES = ("pre-backbone", "backbone", "head")
 
@@ -33,6 +35,7 @@ class StageEnergy:
     macs: float = 0.0
     acs: float = 0.0
     neuron_updates: float = 0.0
+    dense_macs: float = 0.0  # spike-fed layers run as dense MACs (a target without ACs: every input multiplied)
     pj: float = 0.0  # on the target
     pj_by_op: dict[str, float] = field(default_factory=dict)
     off_chip: dict[str, float] = field(default_factory=dict)  # op -> count run off the target
@@ -72,9 +75,19 @@ class EnergyReport:
         """The backbone on the target only: the part a neuromorphic chip runs."""
         return self.stages["backbone"].pj
 
+    @property
+    def dense(self) -> bool:
+        """Whether spike-fed layers ran as dense MACs here (a target without event-driven ACs)."""
+        return any(stage.dense_macs for stage in self.stages.values())
+
+    @property
+    def silent(self) -> list[str]:
+        """The LIF layers that never fired on the counted windows (``export.silence``)."""
+        return silent_layers(self.layer_rates)
+
     def as_dict(self) -> dict:
         return {**asdict(self), "total_pj": self.total_pj, "chip_pj": self.chip_pj, "host_pj": self.host_pj,
-                "backbone_pj": self.backbone_pj}
+                "backbone_pj": self.backbone_pj, "silent_layers": self.silent}
 
 
 def chip_layers(model: Forecaster, profile: HardwareProfile) -> frozenset[str] | None:
@@ -122,25 +135,35 @@ def _check_placement(layers: list[LayerOps], profile: HardwareProfile, on_chip: 
 
 def _priced(layer: LayerOps, windows: int, profile: HardwareProfile, precision: str, unpriced: set[str]) -> StageEnergy:
     """One layer on ``profile``: each op at its price, a spike-fed layer as dense MACs on a target
-    without ACs (however many spikes reached it, none included: a GPU multiplies the zeros too),
-    and an op the target cannot run listed as off-chip (added to ``unpriced``)."""
+    without ACs (``_dense``), and an op the target cannot run listed as off-chip (added to ``unpriced``)."""
     row = StageEnergy()
     for op in OPS:
         count = getattr(layer, op) / windows
         cost = profile.cost(PROFILE_OP[op], precision)
-        dense = profile.cost("mac", precision) if op == "acs" and layer.cost == "ac" else None
-        if not count and (cost is not None or dense is None):
-            continue  # nothing done; but a dense target runs a spike-fed layer whether spikes came or not
+        if op == "acs" and layer.cost == "ac" and cost is None and _dense(row, layer, windows, profile, precision):
+            continue
+        if not count:
+            continue
         setattr(row, op, count)
         if cost is not None:
             row.pj_by_op[op] = count * cost.pj
-        elif dense is not None:  # no event-driven accumulate: the layer runs as dense MACs
-            row.pj_by_op[op] = layer.dense_macs / windows * dense.pj
         elif not _included(profile, precision, PROFILE_OP[op]):
             row.off_chip[op] = count
             unpriced.add(PROFILE_OP[op])
     row.pj = sum(row.pj_by_op.values())
     return row
+
+
+def _dense(row: StageEnergy, layer: LayerOps, windows: int, profile: HardwareProfile, precision: str) -> bool:
+    """A spike-fed layer on a target without event-driven ACs but with MACs (a GPU) runs densely:
+    every input, spike or not (none included), costs a MAC; recorded as ``dense_macs``. False
+    where the target has no MACs either."""
+    mac = profile.cost("mac", precision)
+    if mac is None:
+        return False
+    row.dense_macs = layer.dense_macs / windows
+    row.pj_by_op["dense_macs"] = row.dense_macs * mac.pj
+    return True
 
 
 def _off_chip(layer: LayerOps, windows: int, host: HardwareProfile | None, unpriced: set[str]) -> StageEnergy:
@@ -151,7 +174,7 @@ def _off_chip(layer: LayerOps, windows: int, host: HardwareProfile | None, unpri
     else:
         row = _priced(layer, windows, host, host.default_precision, unpriced)
         row.host_pj, row.pj, row.pj_by_op = row.pj, 0.0, {}
-    row.off_chip = {op: getattr(row, op) for op in OPS if getattr(row, op)}
+    row.off_chip = {op: getattr(row, op) for op in COUNTS if getattr(row, op)}
     return row
 
 
@@ -165,7 +188,7 @@ def _included(profile: HardwareProfile, precision: str, op: str) -> bool:
 
 
 def _add(total: StageEnergy, row: StageEnergy) -> None:
-    for op in OPS:
+    for op in COUNTS:
         setattr(total, op, getattr(total, op) + getattr(row, op))
     total.pj += row.pj
     total.host_pj += row.host_pj

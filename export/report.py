@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 from export.energy import STAGES, EnergyReport
+from export.silence import silence_line
 
 
 def _count(value: float) -> str:
@@ -20,18 +21,20 @@ def markdown(model: str, reports: list[EnergyReport]) -> str:
         lines += [
             f"## {report.profile} ({report.precision}), mean over {report.windows} real windows, firing rate {rate}",
             "", _placement(report), *_rates(report), "",
-            "| stage | MACs | ACs | neuron updates | energy on target (pJ) | ops off-chip or not priced | off-chip pJ |",
+            f"| stage | MACs | {_spike_fed(report)[0]} | neuron updates | energy on target (pJ) "
+            "| ops off-chip or not priced | off-chip pJ |",
             "|---|---|---|---|---|---|---|",
         ]
         for name in STAGES:
             stage = report.stages[name]
             off = ", ".join(f"{_count(n)} {op}" for op, n in stage.off_chip.items()) or "-"
-            lines.append(f"| {name} | {_count(stage.macs)} | {_count(stage.acs)} | {_count(stage.neuron_updates)} | "
-                         f"{stage.pj:.4g} | {off} | {stage.host_pj:.4g} |")
+            lines.append(f"| {name} | {_count(stage.macs)} | {_count(getattr(stage, _spike_fed(report)[1]))} | "
+                         f"{_count(stage.neuron_updates)} | {stage.pj:.4g} | {off} | {stage.host_pj:.4g} |")
         lines += [f"| **total** | | | | **{report.chip_pj:.4g}** | | **{report.host_pj:.4g}** |", "",
-                  "| layer | MACs | ACs | energy on target (pJ) | off-chip pJ |", "|---|---|---|---|---|"]
+                  f"| layer | MACs | {_spike_fed(report)[0]} | energy on target (pJ) | off-chip pJ |", "|---|---|---|---|---|"]
         for name, row in sorted(report.layers.items(), key=lambda item: -item[1].pj - item[1].host_pj)[:10]:
-            lines.append(f"| {name} | {_count(row.macs)} | {_count(row.acs)} | {row.pj:.4g} | {row.host_pj:.4g} |")
+            lines.append(f"| {name} | {_count(row.macs)} | {_count(getattr(row, _spike_fed(report)[1]))} | "
+                         f"{row.pj:.4g} | {row.host_pj:.4g} |")
         lines.append("")
     lines.append("Caveats: memory traffic is not counted; elementwise work without parameters (residual adds, "
                  "normalisation of the input window, the mean over T) is not counted; ops a target cannot run "
@@ -39,14 +42,32 @@ def markdown(model: str, reports: list[EnergyReport]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _spike_fed(report: EnergyReport) -> tuple[str, str]:
+    """The column of spike-fed work and its field: ACs on an event-driven target; on one without ACs
+    (a GPU) the dense MACs those layers run, labelled as such beside the dense energy they cost."""
+    return ("dense MACs of spike-fed layers", "dense_macs") if report.dense else ("ACs", "acs")
+
+
 def _rates(report: EnergyReport) -> list[str]:
     """Each spiking layer's firing rate, a silent one called out: its energy describes no computation."""
     if not report.layer_rates:
         return []
-    silent = [name for name, rate in report.layer_rates.items() if rate == 0]
     rates = ", ".join(f"{name} {rate:.3f}" for name, rate in report.layer_rates.items())
-    warning = f" **Silent (no spike on these windows): {', '.join(silent)}.**" if silent else ""
+    warning = f" **Silent: {silence_line(report.silent, report.windows)}.**" if report.silent else ""
     return ["", f"Firing rates: {rates}.{warning}"]
+
+
+def notices(reports: list[EnergyReport]) -> list[str]:
+    """What a reader must not miss, one line each, for the console: LIF layers that never fired
+    (once: every report counted the same windows), and each target that runs nothing of the model."""
+    silent = next((report for report in reports if report.silent), None)
+    lines = [f"{silence_line(silent.silent, silent.windows)}: their energy describes no computation"] if silent else []
+    for report in reports:
+        if report.on_chip == []:
+            where = f"priced on {report.host}" if report.host else "not priced (--host cmos45nm prices it there)"
+            lines.append(f"{report.profile} runs no layer of this model (the exporters deploy no spiking stack of "
+                         f"its backbone): the whole model runs off-chip, {where}")
+    return lines
 
 
 def _placement(report: EnergyReport) -> str:
@@ -77,7 +98,13 @@ def plot(model: str, reports: list[EnergyReport], path: Path) -> None:
             if v <= 0:
                 ax.annotate("0", (x, 0), xycoords=("data", "axes fraction"), ha="center", va="bottom", fontsize=6)
     ax.set_xticks(range(len(reports)), [f"{r.profile}\n{r.precision}\ntotal {r.total_pj:.3g} pJ" for r in reports])
-    ax.set(yscale="log", ylabel="pJ per forecast", title=model)
+    ax.set_xlim(-0.5, len(reports) - 0.5)  # a missing bar sets no limit: keep every "0" label inside the axes
+    ax.set(ylabel="pJ per forecast", title=model)
+    if any(report.total_pj > 0 for report in reports):
+        ax.set_yscale("log")
+    else:  # a log axis needs a bar: with none, the "0" labels and a statement
+        ax.set(ylim=(0, 1), yticks=[])
+        ax.text(0.5, 0.5, "nothing priced\n(off-chip: name a host)", transform=ax.transAxes, ha="center", fontsize=8)
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

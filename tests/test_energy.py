@@ -100,3 +100,41 @@ def test_a_dense_target_prices_a_silent_spike_fed_layer_as_the_dense_work_it_run
     mac = jetson.cost("mac", jetson.default_precision).pj
     assert dense.total_pj == pytest.approx(2000.0 * mac) and dense.total_pj > 0
     assert energy_report([silent], 2, cmos).total_pj == 0.0
+
+
+def test_a_gpu_prices_neuron_updates_and_labels_spike_fed_work_as_dense_macs() -> None:
+    """Jetson has no ACs: a spike-fed layer's column holds the dense MACs it is priced for (not the
+    sparse ACs an event-driven target would run), and each LIF update costs its derived price."""
+    from export.opcount import LayerOps
+    from export.report import markdown
+
+    fed = LayerOps("shared.backbone.out", "Linear", "backbone", cost="ac", acs=300.0, dense_macs=4000.0, calls=2)
+    lif = LayerOps("shared.backbone.stack.0.lif", "LIF", "backbone", cost="neuron_update", neuron_updates=640.0,
+                   spikes=64.0, calls=2)
+    jetson = load_profile("jetson_orin_nano")
+    report = energy_report([fed, lif], 2, jetson)
+    backbone = report.stages["backbone"]
+    assert (backbone.acs, backbone.dense_macs, backbone.neuron_updates) == (0.0, 2000.0, 320.0)
+    assert backbone.pj_by_op["neuron_updates"] == pytest.approx(320 * jetson.cost("neuron_update").pj)
+    assert not report.unpriced and report.dense
+    table = markdown("test", [report])
+    assert "| stage | MACs | dense MACs of spike-fed layers |" in table and "| backbone | 0 | 2e+03 | 320 |" in table
+    assert "| stage | MACs | ACs |" in markdown("test", [energy_report([fed, lif], 2, load_profile("cmos45nm"))])
+
+
+def test_an_ann_under_a_neuromorphic_profile_gets_one_statement_and_a_plot(site, tmp_path) -> None:
+    """Nothing of an ANN runs on Loihi; without --host nothing is priced: one line says so, and the
+    plot (no bar to put on a log axis) is still drawn."""
+    from typer.testing import CliRunner
+
+    from edge_agent.models import save_checkpoint
+    from edgefl.commands import app
+
+    save_checkpoint(trained("dlinear", site), tmp_path / "ann.safetensors", list(site.columns))
+    result = CliRunner().invoke(app, ["energy", "--checkpoint", str(tmp_path / "ann.safetensors"), "--site",
+                                      "amsterdam", "--profile", "loihi", "--out", str(tmp_path / "energy")])
+    assert result.exit_code == 0 and "Traceback" not in result.output, result.output
+    warnings = [line for line in result.output.splitlines() if line.startswith("warning:")]
+    assert warnings == ["warning: loihi runs no layer of this model (the exporters deploy no spiking stack of its "
+                        "backbone): the whole model runs off-chip, not priced (--host cmos45nm prices it there)"]
+    assert {path.name for path in (tmp_path / "energy").iterdir()} == {"energy.md", "energy.json", "energy.png"}

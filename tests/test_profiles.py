@@ -79,7 +79,10 @@ def test_jetson_numbers_are_derived_from_the_datasheet():
     assert fp32.basis == int8.basis == "derived"
     assert fp32.pj == pytest.approx(15 / (1024 * 625e6) * 1e12, rel=1e-3)  # 15 W over peak FMA rate
     assert int8.pj == pytest.approx(15 / (20e12 / 2) * 1e12)  # 15 W over 20 dense TOPS, 2 ops/MAC
-    assert jetson.cost("ac") is None and jetson.cost("neuron_update") is None
+    assert jetson.cost("ac") is None  # no event-driven accumulate: spike-fed layers run as dense MACs
+    for precision in ("fp32", "int8"):  # a LIF step: three FP32 instructions on the CUDA cores, either way
+        update = jetson.cost("neuron_update", precision)
+        assert update.basis == "derived" and update.pj == pytest.approx(3 * fp32.pj, rel=1e-3)
 
 
 def test_a_path_loads_like_a_name(tmp_path):
