@@ -24,6 +24,7 @@ from edge_agent.storage import write_bytes_atomically
 from export.contract import ExportReport
 from export.contract import sample_windows
 from export.onnx import TOLERANCE, _export, export_onnx, ort_session, run_session, verify_batches
+from export.silence import SilentLayersError, lif_rates, silence_line, silent_layers
 
 VERIFY_WINDOWS = 16  # the latest test windows the export must reproduce
 
@@ -40,6 +41,8 @@ def write_bundle(learner: HeadLearner, client_id: str, round_index: int, step_ns
     Raises ``export.contract.ExportMismatchError`` when ONNX Runtime does not reproduce the model."""
     data = learner.data
     served = servable(learner, round_index)
+    if served.model is not None and _spiking(served.model):
+        refuse_silent(served.model, data, client_id)
     staging = Path(folder) / ".next"
     shutil.rmtree(staging, ignore_errors=True)
     if served.which == MEDIAN:
@@ -60,6 +63,15 @@ def write_bundle(learner: HeadLearner, client_id: str, round_index: int, step_ns
     write_bytes_atomically(Path(folder) / INFO_FILE, info.model_dump_json(indent=1).encode())
     shutil.rmtree(staging, ignore_errors=True)
     return info
+
+
+def refuse_silent(model: Forecaster, data: ClientData, client_id: str) -> None:
+    """The silence rule (``export.silence``) on the windows the bundle is verified on: a spiking
+    model with a layer that never fires is not served (``SilentLayersError``)."""
+    x, marks = sample_windows(data.test, VERIFY_WINDOWS)
+    silent = silent_layers(lif_rates(model, x, marks))
+    if silent:
+        raise SilentLayersError(f"{client_id}: the served model's {silence_line(silent, len(x))}; not exported")
 
 
 def servable(learner: HeadLearner, round_index: int) -> Served:

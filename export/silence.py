@@ -3,7 +3,8 @@ windows checked is named, since a spike check there compares nothing (any artefa
 it) and its energy describes no computation.
 
 ``export onnx``, ``export nir`` and ``export lava`` refuse such a model before writing anything
-(``--allow-silent`` exports it with a warning); ``edgefl energy`` and ``edgefl simulate`` flag it.
+(``--allow-silent`` exports it with a warning), and so does a gateway's serving bundle
+(``export.bundle``: the last bundle keeps serving); ``edgefl energy`` and ``edgefl simulate`` flag it.
 Every path measures rates per LIF module (``lif_rates``, or the operation count's own) and asks
 ``silent_layers`` and ``silence_line`` for the verdict and its wording.
 """
@@ -39,6 +40,10 @@ def lif_rates(model: nn.Module, x: torch.Tensor, marks: torch.Tensor) -> dict[st
         for handle in hooks:
             handle.remove()
     return {name: spikes / steps for name, (spikes, steps) in totals.items() if steps}
+
+
+class SilentLayersError(ValueError):
+    """A model refused for export because a LIF layer never fired on the windows checked."""
 
 
 def silent_layers(rates: Mapping[str, float]) -> list[str]:

@@ -1,7 +1,8 @@
 """A spiking gateway end to end over a real mosquitto (issue 44 item 4): an agent whose model is
 a channel-independent SpikeRNN (the recipe's projection and head) trains the coordinator's round
 on replayed sensor readings, exports the federated spiking model as its ONNX bundle (verified
-against torch) and publishes forecasts from it, equal to the bundle's own forecast of the window."""
+against torch, every LIF layer firing on the verification windows) and publishes forecasts from it,
+equal to the bundle's own forecast of the window."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from tests.fleet import coordinator_config, start, wait_for
 from tests.test_live_gateway import FEATURES, live_config, latest_forecast, replay, Watch
 
 SPIKING = {"backbone": "spikernn", "lookback": 24, "horizon": 12, "hidden": 16}
+SPIKING_STEPS = 300  # a handful of steps leaves its LIF layers silent, and a silent model is not served
 
 
 def spiking_config(folder: Path, port: int) -> Path:
@@ -25,6 +27,7 @@ def spiking_config(folder: Path, port: int) -> Path:
     path = live_config(folder, port, False)
     data = tomllib.loads(path.read_text())
     data["model"] = SPIKING
+    data["training"]["min_steps"] = SPIKING_STEPS
     path.write_text(dump_toml(data))
     return path
 

@@ -96,3 +96,18 @@ def test_energy_flags_a_silent_layer_on_the_console_and_in_its_files(site, tmp_p
     assert "**Silent: shared.backbone.stack.0.lif" in (tmp_path / "energy" / "energy.md").read_text()
     report = json.loads((tmp_path / "energy" / "energy.json").read_text())["reports"][0]
     assert report["silent_layers"][0] == "shared.backbone.stack.0.lif"
+
+
+def test_a_gateway_does_not_serve_a_spiking_model_with_a_silent_layer(site, tmp_path: Path) -> None:
+    """The serving bundle follows the same rule: refused naming the layer, nothing written."""
+    from edge_agent.learners import HeadLearner
+    from edge_agent.training_settings import HeadTraining
+    from export.bundle import write_bundle
+    from export.silence import SilentLayersError
+
+    model = silenced("spikernn", site)
+    learner = HeadLearner(model.cfg, site, HeadTraining(), 3, 0)
+    learner.model.load_state_dict(model.state_dict())
+    with pytest.raises(SilentLayersError, match=rf"gw: the served model's {lif_of('spikernn')}.* emitted no spike"):
+        write_bundle(learner, "gw", 2, 3_600_000_000_000, tmp_path)
+    assert not any(tmp_path.iterdir())

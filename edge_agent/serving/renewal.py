@@ -37,6 +37,9 @@ class BundleRenewal:
         try:
             info = self.write_bundle(learner, gateway.client_id, round_index, gateway.sensors.step_ns, self.folder)
             self.server = OnnxServing(self.folder)
+        except ValueError as refused:  # a model the export refuses (a silent spiking layer): said in one line
+            log.warning("%s; forecasts keep the last bundle", refused)
+            return
         except Exception:  # the guard's purpose: the bundle is a by-product of training
             log.exception("the served model could not be exported to ONNX; forecasts keep the last bundle")
             return
