@@ -63,16 +63,22 @@ def markdown(summary: dict) -> str:
              f"{sum(row['batch_sizes_ok'] for row in exported)} passed the export's own check at every batch, "
              f"{sum(row['spikes_identical'] is True for row in exported)} of "
              f"{sum(row['spikes_identical'] is not None for row in exported)} spiking ones with every spike identical, "
-             f"{sum(bool(row['baked']) for row in exported)} with a constant shaped by the export batch.", "",
-             "| cell | exported | max abs diff | spikes identical | batches 1, 7, 32 | ORT speed-up at batch 1 |",
-             "|---|---|---|---|---|---|"]
+             f"{sum(bool(row['baked']) for row in exported)} with a constant shaped by the export batch; NIR and "
+             f"Lava netx of the on-chip stack (read back and simulated against the model): "
+             f"{sum(row.get('neuromorphic', {}).get('nir') == 'exported' for row in exported)} and "
+             f"{sum(row.get('neuromorphic', {}).get('lava') == 'exported' for row in exported)} of "
+             f"{sum('neuromorphic' in row for row in exported)} spiking cells.", "",
+             "| cell | exported | max abs diff | spikes identical | batches 1, 7, 32 | ORT speed-up at batch 1 | NIR | Lava |",
+             "|---|---|---|---|---|---|---|---|"]
     for row in cells:
         if row["exported"]:
             spikes = "-" if row["spikes_identical"] is None else "yes" if row["spikes_identical"] else "**no**"
+            chip = row.get("neuromorphic", {})
             lines.append(f"| {label(row)} | yes | {row['max_abs_diff']:.2e} | {spikes} | "
-                         f"{'ok' if row['batch_sizes_ok'] else '**failed**'} | {row['ort_speedup_batch1']:.1f}x |")
+                         f"{'ok' if row['batch_sizes_ok'] else '**failed**'} | {row['ort_speedup_batch1']:.1f}x | "
+                         f"{chip.get('nir', '-')} | {chip.get('lava', '-')} |")
         else:
-            lines.append(f"| {label(row)} | no: {row['reason']} | | | | |")
+            lines.append(f"| {label(row)} | no: {row['reason']} | | | | | | |")
     return "\n".join(lines) + "\n"
 
 

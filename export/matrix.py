@@ -1,6 +1,7 @@
 """The export matrix: every model the product trains (backbone x projection x head x point or
 quantile forecasts), tiny, exported to ONNX and run in ONNX Runtime at several batch sizes
-against torch on real weather windows. ``tests/test_export_matrix.py`` asserts on it and
+against torch on real weather windows; a spiking backbone's on-chip stack also to NIR and Lava
+netx, each read back and simulated against the model. ``tests/test_export_matrix.py`` asserts on it and
 ``bench/export_matrix.py`` records it.
 
 Each cell's model is the recipe's (``ModelConfig`` defaults, seasonal base included) at ``TINY``
@@ -24,6 +25,7 @@ from pydantic import ValidationError
 
 from edge_agent.data import TIME_FEATURES, ClientData, WindowSet, load_site, prepare_client
 from edge_agent.models import BACKBONES, ModelConfig, build_forecaster
+from edge_agent.models.backbones.spiking import SpikingBackbone
 from edge_agent.models.forecaster import Forecaster
 from edge_agent.problems import problem_lines
 from edge_agent.train import calibrate_batchnorm, make_optimizer, train_epochs
@@ -39,6 +41,7 @@ TINY = {"lookback": 24, "horizon": 12, "d_qap": 4, "qap_heads": 2, "hidden": 4, 
         "layers": 1, "steps": 2}
 SITE = "amsterdam"  # bundled real weather, nine features
 BATCHES = (1, 7, 32)
+NEUROMORPHIC = ("nir", "lava")  # the formats of a spiking backbone's on-chip stack
 EXPORT_WINDOWS = 11
 TRAIN_STEPS, TRAIN_BATCH = 1, 4
 CALIBRATION_WINDOWS = 16
@@ -114,7 +117,24 @@ def check(cell: Cell, data: ClientData, folder: Path, sizes: dict[str, int] = TI
                baked=[name for graph in sorted(folder.glob("*.onnx"))
                       for name in baked_shapes(graph, {EXPORT_WINDOWS, EXPORT_WINDOWS * data.n_features})])
     row["ort_speedup_batch1"] = speedup(model, path, data.test) if timed else None
+    if isinstance(model.shared["backbone"], SpikingBackbone):
+        row["neuromorphic"] = neuromorphic(model, folder, data.test)
     return row
+
+
+def neuromorphic(model: Forecaster, folder: Path, windows: WindowSet) -> dict[str, str]:
+    """A spiking cell's on-chip stack to NIR and Lava netx, each read back and simulated against
+    the model on ``EXPORT_WINDOWS`` windows: "exported", or the one-line reason it was refused."""
+    from export import exporter
+
+    out = {}
+    for fmt in NEUROMORPHIC:
+        try:
+            exporter(fmt)(model, folder / f"model.{fmt}", windows, EXPORT_WINDOWS)
+            out[fmt] = "exported"
+        except (UnsupportedLayerError, ExportMismatchError) as err:
+            out[fmt] = one_line(err)
+    return out
 
 
 def run_batches(model: Forecaster, path: Path, windows: WindowSet) -> dict[str, Any]:

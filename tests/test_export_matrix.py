@@ -1,6 +1,6 @@
 """The export matrix (``export.matrix``): every backbone x projection x head x point/quantile
 forecasts, tiny, exported to ONNX and run in ONNX Runtime at batch 1, 7 and 32 against torch on
-real weather windows; the combinations the config refuses are refused in one line; no exported
+real weather windows (a spiking backbone's on-chip stack also to NIR and Lava netx); the combinations the config refuses are refused in one line; no exported
 graph keeps a shape of its export batch, and the serving path refuses one that does."""
 
 from __future__ import annotations
@@ -63,8 +63,12 @@ def test_every_cell_exports_and_matches_torch_at_batch_1_7_and_32(cell: Cell, ch
     assert row["batch_sizes_ok"] and row["max_abs_diff"] <= TOLERANCE, row
     if BACKBONES[cell.backbone].kind == "snn":
         assert row["spikes_identical"] is True and 0.0 < row["firing_rate"] < 1.0, row  # spikes were compared
+        formats = row["neuromorphic"]  # the on-chip stack to NIR and Lava netx: exported, or why not in one line
+        assert set(formats) == {"nir", "lava"} and all(v == "exported" or "\n" not in v for v in formats.values())
+        if cell.backbone == "spikernn":
+            assert formats == {"nir": "exported", "lava": "exported"}, formats
     else:
-        assert row["spikes_identical"] is None
+        assert row["spikes_identical"] is None and "neuromorphic" not in row
 
 
 @pytest.mark.parametrize("cell", EXPORTED, ids=name)
