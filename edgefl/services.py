@@ -10,7 +10,7 @@ import typer
 
 from edge_agent.toml_config import ConfigError, load_config
 from edge_agent.data import DataError
-from edge_agent.candidates import served_name, validation_scores
+from edge_agent.candidates import quality, served_name
 from edge_agent.session import REFUSED_EXIT_CODE, Refused
 from edge_agent.storage import StateDirError
 from edgefl.errors import LazyConsole, escape, fail, say
@@ -162,13 +162,14 @@ def _print_status(cfg) -> None:
             f"{row.metrics['loss']:.4f}" if row.metrics else "-", row.metrics.get("closed_by", "-"),
         )
     Console().print(rounds)
-    clients = Table("client", "features", "samples", "online", "last seen", "last update (round)", "serves")
+    clients = Table("client", "features", "samples", "online", "last seen", "last round")
     last, latest = store.last_reported(), store.latest_metrics()
     for client in store.clients().values():
         clients.add_row(client.client_id, str(client.n_features), str(client.n_samples), str(client.online),
-                        _ago(client.last_seen), str(last.get(client.client_id, "-")),
-                        _serves(latest.get(client.client_id, {})))
+                        _ago(client.last_seen), str(last.get(client.client_id, "-")))
     Console().print(clients)
+    for client in store.clients().values():  # a line each: readable at any width
+        Console().print(f"{client.client_id} serves {_serves(latest.get(client.client_id, {}))}", soft_wrap=True)
     if cfg.store.url is not None:
         from coordinator.lease import leader_of
         from coordinator.store_postgres import where
@@ -188,22 +189,27 @@ def _stand_ins(metrics: dict) -> str:
 
 
 def _ago(at: float | None) -> str:
-    """When a client was last heard from: UTC time and how long ago."""
+    """When a client was last heard from: UTC time (with the date unless today) and how long ago."""
     if at is None:
         return "-"
     seconds = max(0, int(time.time() - at))
     age = f"{seconds} s" if seconds < 120 else f"{seconds // 60} min" if seconds < 7200 else f"{seconds // 3600} h"
-    return f"{time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(at))} UTC ({age} ago)"
+    today = time.gmtime(at)[:3] == time.gmtime()[:3]
+    return f"{time.strftime('%H:%M:%S' if today else '%Y-%m-%d %H:%M', time.gmtime(at))}Z ({age} ago)"
 
 
 def _serves(metrics: dict) -> str:
-    """Which model a gateway said it serves, with every candidate's validation score (MASE) when it
-    chooses among several (``keep_local``, ``anchors``)."""
-    which = served_name(metrics)
-    if which is None:
-        return "federated"
-    scores = ", ".join(f"{name} {score:.4f}" for name, score in validation_scores(metrics).items())
-    return f"{which} (val {scores})"
+    """Which model a gateway said it serves, and where it chooses among several (``keep_local``,
+    ``anchors``) its validation MASE beside its best anchor's, as the dashboard shows them:
+    "median (val MASE 0.790; best anchor seasonal_naive 0.791, -0.1%)"."""
+    row = quality(metrics)
+    if row is None or row["serves"] is None or row["served"] is None:
+        return served_name(metrics) or "federated"
+    served = f"{row['serves']} (val MASE {row['served']:.3f}"
+    if row["best_anchor"] is None or not row["anchor"]:
+        return served + ")"
+    return (f"{served}; best anchor {row['best_anchor']} {row['anchor']:.3f}, "
+            f"{row['served'] / row['anchor'] - 1:+.1%})")
 
 
 def _agent_config(config: Path):
