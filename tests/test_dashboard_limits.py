@@ -1,6 +1,7 @@
-"""The dashboard under abuse (issue 27): idle connections cannot lock it out (waitress's own
-connection limit and idle timeout), and wrong tokens are throttled per source address with 429
-and Retry-After, a right token from that source too, while another source is unaffected."""
+"""The dashboard under abuse (issues 27 and 46): idle connections cannot lock it out (waitress's
+own connection limit and idle timeout), and wrong tokens are throttled per source address with 429
+and Retry-After while the right token always passes, and another source is unaffected; behind a
+trusted reverse proxy the source is the client it forwards for."""
 
 from __future__ import annotations
 
@@ -34,11 +35,13 @@ def dashboard(folder: Path, **limits: object) -> Iterator[tuple[str, int]]:
         observer.stop()
 
 
-def request(address: tuple[str, int], token: str, source: str = "127.0.0.1",
-            timeout: float = 10) -> http.client.HTTPResponse:
-    """GET /api/round with ``token`` from the loopback address ``source``."""
+def request(address: tuple[str, int], token: str, source: str = "127.0.0.1", timeout: float = 10,
+            forwarded_for: str | None = None) -> http.client.HTTPResponse:
+    """GET /api/round with ``token`` from the loopback address ``source`` (as a proxy forwarding for
+    ``forwarded_for``, when given)."""
     connection = http.client.HTTPConnection(*address, timeout=timeout, source_address=(source, 0))
-    connection.request("GET", "/api/round", headers={"Authorization": f"Bearer {token}"})
+    forwarding = {"X-Forwarded-For": forwarded_for} if forwarded_for else {}
+    connection.request("GET", "/api/round", headers={"Authorization": f"Bearer {token}", **forwarding})
     response = connection.getresponse()
     response.read()
     connection.close()
@@ -76,8 +79,22 @@ def test_wrong_tokens_are_throttled_per_source_until_the_window_passes(tmp_path:
         assert [request(address, wrong).status for _ in range(3)] == [401] * 3
         throttled = request(address, wrong)
         assert throttled.status == 429 and 1 <= int(throttled.getheader("Retry-After")) <= 2
-        assert request(address, TOKEN).status == 429, "a right token is throttled as well: guessing learns nothing"
+        assert request(address, TOKEN).status == 200, "the right token is never locked out"
+        assert request(address, wrong).status == 429
         assert request(address, TOKEN, OTHER_SOURCE).status == 200
         assert request(address, wrong, OTHER_SOURCE).status == 401
         time.sleep(int(throttled.getheader("Retry-After")))
-        assert request(address, TOKEN).status == 200
+        assert request(address, wrong).status == 401
+
+
+def test_behind_a_trusted_proxy_a_guesser_locks_out_only_itself(tmp_path: Path) -> None:
+    """Every request comes from the proxy's address: wrong tokens count against the client it
+    forwards for (the last hop, which the proxy appends), so Prometheus behind the same proxy keeps
+    its access, and a forged hop the guesser puts first changes nothing."""
+    with dashboard(tmp_path, failed_tokens=RateLimit(burst=2, every_s=60.0), trusted_proxy="127.0.0.1") as address:
+        wrong, guesser, prometheus = "0123456789abcdef-wrong", "203.0.113.7", "198.51.100.2"
+        assert [request(address, wrong, forwarded_for=guesser).status for _ in range(2)] == [401] * 2
+        assert request(address, wrong, forwarded_for=f"192.0.2.1, {guesser}").status == 429
+        assert request(address, wrong, forwarded_for=prometheus).status == 401
+        assert request(address, TOKEN, forwarded_for=prometheus).status == 200
+        assert request(address, TOKEN, forwarded_for=guesser).status == 200

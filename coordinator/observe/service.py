@@ -43,12 +43,15 @@ class DashboardServer:
     def __init__(self, settings: HttpSettings, view: FleetView, registry: CollectorRegistry):
         token = settings.token.get_secret_value() if settings.token else None
         app = DashboardApp(view.snapshot, registry, token, Buckets(settings.failed_tokens))
+        proxy = {"trusted_proxy": settings.trusted_proxy, "trusted_proxy_count": 1,
+                 "trusted_proxy_headers": {"x-forwarded-for"}} if settings.trusted_proxy else {}
         try:
             self.server = create_server(app, host=settings.host, port=settings.port, threads=WORKER_THREADS,
                                         ident="edgefl", channel_timeout=settings.idle_timeout_s,
                                         cleanup_interval=CLEANUP_INTERVAL_S, connection_limit=settings.connection_limit,
                                         asyncore_use_poll=True, max_request_header_size=MAX_HEADER_BYTES,
-                                        max_request_body_size=MAX_BODY_BYTES, clear_untrusted_proxy_headers=True)
+                                        max_request_body_size=MAX_BODY_BYTES, clear_untrusted_proxy_headers=True,
+                                        **proxy)
         except OSError as err:
             raise ConnectionError(f"[http]: cannot listen on {settings.host}:{settings.port}: {err}") from None
         self.address = f"{self.server.effective_host}:{self.server.effective_port}"

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import ipaddress
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 
 from coordinator.throttle import RateLimit
 
@@ -40,8 +40,21 @@ class HttpSettings(BaseModel):
     idle_timeout_s: int = Field(10, ge=1, le=3600, description="a connection with no traffic for this long is "
                                 "closed (checked every second)")
     failed_tokens: RateLimit = Field(RateLimit(burst=5, every_s=60.0), description="wrong tokens one source "
-                                     "address (an IPv6 /64) may send at once, then one per every_s; past that every "
-                                     "request needing the token is answered 429 with Retry-After, a right token too")
+                                     "address (an IPv6 /64) may send at once, then one per every_s; past that a wrong "
+                                     "token is answered 429 with Retry-After (the right token is always accepted)")
+    trusted_proxy: str | None = Field(None, description="address of the reverse proxy in front of the dashboard "
+                                      "(e.g. 127.0.0.1): a request from it is counted against the client its "
+                                      "X-Forwarded-For names (its last hop); other peers' proxy headers are ignored")
+
+    @field_validator("trusted_proxy")
+    @classmethod
+    def _address(cls, proxy: str | None) -> str | None:
+        if proxy is not None:
+            try:
+                ipaddress.ip_address(proxy)
+            except ValueError:
+                raise ValueError(f"{proxy!r} is not an IP address (the proxy's, e.g. 127.0.0.1)") from None
+        return proxy
 
     @model_validator(mode="after")
     def _guarded_off_loopback(self) -> "HttpSettings":

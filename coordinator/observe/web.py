@@ -2,9 +2,12 @@
 
 Read-only by construction: GET and HEAD only, no route changes state. With a token, the API and
 ``/metrics`` need it (``Authorization: Bearer`` or ``?token=``, compared in constant time), and
-wrong tokens are rate-limited per source address (``[http] failed_tokens``: past the limit every
-request needing the token gets 429 with Retry-After, a right one too, so guessing learns nothing);
-the page's static files hold no fleet data and are served to anyone who can reach the port."""
+wrong tokens are rate-limited per source address (``[http] failed_tokens``: past the limit a wrong
+token gets 429 with Retry-After; the right token is always accepted, so a guesser cannot lock out
+the clients that hold it, and a token of 16 or more random characters cannot be guessed at any
+rate). Behind a reverse proxy (``[http] trusted_proxy``) the source is the client the proxy
+names in X-Forwarded-For (waitress's own proxy-header handling). The page's static files hold no fleet data and are served to anyone
+who can reach the port."""
 
 from __future__ import annotations
 
@@ -113,25 +116,26 @@ class DashboardApp:
         return "200 OK", *_json(render(self.snapshot(), query))
 
     def _authorized(self, environ: dict, query_token: str | None) -> bool:
-        """Whether the request carries the token; raises ``Throttled`` while its source has spent
-        its wrong tokens (before comparing, so a right token then is refused as well)."""
+        """Whether the request carries the token; a wrong one raises ``Throttled`` while its source
+        has spent its wrong tokens, else counts against it. The right token always passes."""
         if self.token is None:
+            return True
+        header = environ.get("HTTP_AUTHORIZATION", "")
+        offered = header[len("Bearer "):] if header.startswith("Bearer ") else query_token or ""
+        if hmac.compare_digest(offered.encode("utf-8", "replace"), self.token):
             return True
         source = _source(environ)
         wait = self.failed_tokens.wait_s(source)
         if wait > 0:
             raise Throttled(wait)
-        header = environ.get("HTTP_AUTHORIZATION", "")
-        offered = header[len("Bearer "):] if header.startswith("Bearer ") else query_token or ""
-        if hmac.compare_digest(offered.encode("utf-8", "replace"), self.token):
-            return True
         self.failed_tokens.take(source)
         return False
 
 
 def _source(environ: dict) -> str:
     """Whom wrong tokens are counted against: the peer's IPv4 address, or its IPv6 /64 (what one
-    site is usually given, so hopping addresses inside it does not reset the count)."""
+    site is usually given, so hopping addresses inside it does not reset the count). Behind the
+    trusted proxy, waitress has already put the client it forwards for in ``REMOTE_ADDR``."""
     address = environ.get("REMOTE_ADDR", "")
     try:
         peer = ipaddress.ip_address(address)
