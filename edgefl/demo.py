@@ -25,6 +25,7 @@ from edge_agent.data import list_sites
 from edgefl.init_fleet import edgefl_command
 
 DEMO_MODEL = {"backbone": "dlinear"}  # the recipe: ModelConfig's defaults
+QUIET_S = 10.0  # the longest the demo stays silent while rounds run
 DEMO_TRAINING = {"local_epochs": 1, "stride": 13}  # the recipe's batches, keep_local and anchors (AgentTraining)
 # Seven agents share this machine's cores, as agents on gateways never do: one math thread each, so
 # their training processes do not oversubscribe the cores (torch and BLAS spin-wait on idle threads).
@@ -143,9 +144,17 @@ class _StartUp:
 
 def _watch(fleet: DemoFleet, rounds: int, coordinator: subprocess.Popen,
            on_stage: Callable[[str], None], on_round: Callable[[RoundRow], None]) -> list[RoundRow]:
-    """Poll the coordinator's store and report start-up and every round as it closes."""
+    """Poll the coordinator's store and report start-up and every round as it closes, and at
+    least every ``QUIET_S`` seconds how far the open round is."""
     reported: list[RoundRow] = []
-    started, start_up = time.time(), _StartUp(fleet, on_stage)
+    started, said = time.time(), time.monotonic()
+
+    def stage(line: str) -> None:
+        nonlocal said
+        said = time.monotonic()
+        on_stage(line)
+
+    start_up = _StartUp(fleet, stage)
     while len(reported) < rounds:
         if coordinator.poll() not in (None, 0):
             raise RuntimeError(f"the coordinator exited with status {coordinator.returncode}; see its log")
@@ -156,6 +165,11 @@ def _watch(fleet: DemoFleet, rounds: int, coordinator: subprocess.Popen,
                 if row.closed_at and row.round > len(reported):
                     reported.append(_round_row(store, row, started))
                     on_round(reported[-1])
+                    said = time.monotonic()
+            if time.monotonic() - said >= QUIET_S and (open_round := store.latest_round()) is not None:
+                why = "; each station fits its anchors first" if open_round.round == 1 else ""
+                stage(f"round {open_round.round}: {len(store.updates(open_round.round))} of {store.client_count()} "
+                      f"stations' updates in ({time.time() - started:.0f} s{why})")
             store.close()
         time.sleep(0.5)
     coordinator.wait(60)

@@ -14,6 +14,7 @@ from pathlib import Path
 from PIL import Image
 
 from coordinator.store import Store
+from edgefl.demo import QUIET_S
 from edgefl.init_fleet import edgefl_command
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -51,6 +52,8 @@ def test_a_piped_demo_says_each_stage_and_round_as_it_happens_then_draws_and_poi
     assert stages == sorted(stages)
     rounds = [index_of(lines, f"round {n}; clients 2; accepted ") for n in (1, 2)]
     assert stages[-1] < rounds[0] < rounds[1] < index_of(lines, "forecasting each station's last test days")
+    said = [at for at, _ in timed[stages[-1]:rounds[1] + 1]]  # never silent for long while rounds run
+    assert max(b - a for a, b in zip(said, said[1:])) < 2 * QUIET_S, timed[stages[-1]:rounds[1] + 1]
     for n in rounds:  # the fleet's mean validation MASE, of the federated model and of what is served
         found = re.search(r"train loss \d+\.\d+; val MASE federated (\d+\.\d+); val MASE served (\d+\.\d+);", lines[n])
         federated, served = found.groups()
