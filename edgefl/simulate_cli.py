@@ -23,7 +23,7 @@ from edge_agent.models.config import PAPER
 from edge_agent.times import interval_text
 from edgefl.errors import flags_of, reported, say
 from edgefl.model_options import ModelOptions
-from edgefl.progress import live_rounds
+from edgefl.progress import heartbeat, live_rounds
 from edgefl.root import START
 
 if TYPE_CHECKING:
@@ -184,7 +184,8 @@ def simulate(
     from coordinator.simulation.federation import run_federation
 
     table = round_table(cfg.quantiles is not None)
-    with live_rounds(console, table) as show_round:
+    with live_rounds(console, table) as show_round, heartbeat(say_line, "rounds (each client fits its anchors in "
+                                                                         "the first)"):
         result = run_federation(
             fleet, cfg, fed, participation=matrix,
             on_round=lambda r: show_round([
@@ -280,12 +281,19 @@ def run_baselines(fleet, cfg, fed, summary: dict) -> None:
     served = {name: summary["clients"][name]["served"]["mase"] for name in summary["clients"]}
     for name in ANCHORS:
         console.print(f"fitting and running the {name} anchor on {len(fleet)} clients ...")
-        per_client = {c.name: anchor_metrics(c, name, "test") for c in fleet}
+        with heartbeat(say_line, f"the {name} anchor"):
+            per_client = {c.name: anchor_metrics(c, name, "test") for c in fleet}
         report_baseline(name, {k: v for k, v in per_client.items() if v is not None}, served, summary)
     for name, runner in (("local", run_local_only), ("centralized", run_centralized)):
         console.print(f"training the {name} baseline ...")
-        res = runner(fleet, cfg, TrainingBudget.matching(fed))
+        with heartbeat(say_line, f"the {name} baseline"):
+            res = runner(fleet, cfg, TrainingBudget.matching(fed))
         report_baseline(name, res.client_test, served, summary)
+
+
+def say_line(line: str) -> None:
+    """A progress line, piped or on a terminal."""
+    console.print(line, soft_wrap=True)
 
 
 def report_baseline(name: str, per_client: dict, served: dict[str, float], summary: dict) -> None:
