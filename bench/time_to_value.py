@@ -25,7 +25,7 @@ from __future__ import annotations
 import json
 import time
 
-from common import bench_parser, configure, run_config, run_parallel
+from common import bench_parser, commit, configure, run_config, run_parallel
 from datasets import bench_fleet, dataset_tables
 from sealed import SEALED, SEALED_FROZEN_AT
 from time_to_value_report import markdown, plot, summarize
@@ -103,8 +103,10 @@ def main() -> None:
     if args.sealed:
         cfg["datasets"] = list(SEALED)
     name, split = ("time_to_value_sealed", "sealed") if args.sealed else ("time_to_value", "dev")
-    if args.report_only:
+    if args.report_only:  # the rows again from the stored per-day scores, by this commit's report code
         summary = json.loads((args.out / f"{name}.json").read_text())
+        summary["rows"] = summarize(summary["newcomers"], split, summary["config"])
+        summary["rows_commit"] = commit()
     else:
         fleets = run_parallel(fleet_job, [(d, s, cfg) for d in cfg["datasets"] for s in cfg["seeds"]], args.workers,
                               describe_fleet)

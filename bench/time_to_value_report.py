@@ -3,6 +3,7 @@ mean MASE of what a joining gateway serves and of what it serves alone."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import numpy as np
@@ -27,23 +28,27 @@ def summarize(newcomers: list[dict], split: str, cfg: dict) -> list[dict]:
 
 
 def row(split: str, dataset: str, day, runs: list[tuple[str, dict]], days: list[int], seeds: list[int]) -> dict:
-    """Joined and alone over ``days`` of every run (a site and a seed)."""
+    """Joined and alone over ``days`` of every run (a site and a seed) that scored one of them: a
+    day whose outcomes miss values (a logger's gap) has no score and counts for no run."""
     def mean(run: dict, side: str) -> float:
-        return float(np.mean([run[side][d - 1]["mase"] for d in days]))
+        scores = np.array([run[side][d - 1]["mase"] for d in days], dtype=float)
+        return float(np.nanmean(scores)) if np.isfinite(scores).any() else math.nan
 
-    joined = np.array([mean(run, "joined") for _, run in runs])
-    alone = np.array([mean(run, "alone") for _, run in runs])
-    per_seed = [1 - joined[[r["seed"] == s for _, r in runs]].mean() / alone[[r["seed"] == s for _, r in runs]].mean()
-                for s in seeds]
+    scored = [(site, run) for site, run in runs if math.isfinite(mean(run, "joined")) and math.isfinite(mean(run, "alone"))]
+    joined = np.array([mean(run, "joined") for _, run in scored])
+    alone = np.array([mean(run, "alone") for _, run in scored])
+    per_seed = [1 - joined[seed].mean() / alone[seed].mean()
+                for seed in ([r["seed"] == s for _, r in scored] for s in seeds) if any(seed)]
     return {"split": split, "dataset": dataset, "day": day, "joined": float(joined.mean()), "alone": float(alone.mean()),
             "gain": float(1 - joined.mean() / alone.mean()), "gain_seed_half_range": float(np.ptp(per_seed) / 2),
-            "wins": int((joined < alone).sum()), "runs": len(runs)}
+            "wins": int((joined < alone).sum()), "runs": len(scored)}
 
 
 def markdown(summary: dict) -> str:
     """Days 1, 3, 7, 14 and 30 and the mean over every day (1-30, or fewer where a dataset ends) per dataset."""
     shown = summary["config"]["report_days"]
-    lines = [f"Time to value ({summary['split']} datasets; commit {summary['config']['commit'][:12]}, "
+    recomputed = f"; rows from its stored scores at {summary['rows_commit'][:12]}" if "rows_commit" in summary else ""
+    lines = [f"Time to value ({summary['split']} datasets; commit {summary['config']['commit'][:12]}{recomputed}, "
              f"{summary['config']['mode']} mode, seeds {summary['config']['seeds']}): MASE of what a joining "
              "gateway serves, joined and alone, mean over its sites and seeds.", "",
              "| dataset | day | joined | alone | gain | seeds ± | runs joining wins |", "|---|---|---|---|---|---|---|"]
