@@ -20,7 +20,7 @@ sections of the same report. Usage:
 
     python bench/robustness.py --quick                 # all sections, 5 rounds, 2 seeds
     python bench/robustness.py --quick --only attacks  # one section; the others kept from the last report
-    python bench/robustness.py --quick --only over_time  # 50 rounds, 1 of 4 and 1 of 7, trust on and off, 3 seeds
+    python bench/robustness.py --quick --only over_time  # 50 rounds, 1 of 4 and 1 of 7, trust on and off, 2 seeds
     python bench/robustness.py --quick --only attacks --attacks below_screen --aggregators median
                           # those rows only; the other rows kept from the last report, each with its commit
 """
@@ -40,9 +40,10 @@ QUICK = {
     "cells": [[1, 3], [1, 7], [2, 7]], "f_max": 20, "lookback": 48, "horizon": 24, "d_qap": 32, "qap_heads": 4, "hidden": 32,
     "d_ff": 64, "heads": 4, "stride": 29, "val_stride": 24, "batch_size": 32, "lr": 3e-3, "rounds": 5,
     "local_epochs": 1, "seeds": [1, 2], "fuzz_inputs": 100_000, "fuzz_seed": 0,
-    "over_time_clients": [4, 7], "over_time_rounds": 50, "over_time_seeds": [1, 2, 3],
+    "over_time_clients": [4, 7], "over_time_rounds": 50, "over_time_seeds": [1, 2],
 }
-FULL = {**QUICK, "stride": 7, "val_stride": 4, "rounds": 20, "seeds": [1, 2, 3], "fuzz_inputs": 1_000_000}
+FULL = {**QUICK, "stride": 7, "val_stride": 4, "rounds": 20, "seeds": [1, 2, 3], "fuzz_inputs": 1_000_000,
+        "over_time_seeds": [1, 2, 3]}
 AGGREGATORS = {
     "fedavg": {"strategy": "fedavg",
                "robust": {"clip_factor": None, "reject_factor": None, "weight_factor": None, "min_cosine": None}},
