@@ -1,5 +1,5 @@
-"""Influence bounded over time (issue 46): a per-client trust, the average of its updates'
-cosines with the round's median delta, cuts the weight of a persistent below-screen sign
+"""Influence bounded over time (issue 46): a per-client trust, the average progress of its
+updates along the median of the others' deltas, cuts the weight of a persistent below-screen sign
 flipper, and its twin's forecasts, to 0 while honest clients keep theirs; the service carries
 the trust across a restart and rolls it back when the store fails."""
 
@@ -15,7 +15,7 @@ from coordinator.engine import RoundEngine, RoundResult
 from coordinator.server import Coordinator
 from coordinator.simulation.attacks import ATTACKS, INFLATED_SAMPLES
 from coordinator.strategies import ClientInfo, ClientUpdate, RobustSettings, StrategySettings, make_strategy
-from coordinator.strategies.trust import LOW_TRUST, latest_trust, multiplier, scored
+from coordinator.strategies.trust import LOW_TRUST, latest_trust, multiplier, progress_along_others, scored
 from coordinator.twins import TwinSettings
 from tests.test_hostile import hello_of, offline_coordinator, update_of
 from tests.test_round_policy import FLEET, closes
@@ -86,7 +86,16 @@ def test_the_twin_of_a_distrusted_client_is_left_out_too() -> None:
     assert run(TRUST_OFF, 7, flipping_from=3, silent_from=6, twin="stale")[-1].imputed == ("c0",)
 
 
-def test_trust_moves_toward_each_cosine_from_the_prior() -> None:
+def test_progress_is_measured_along_the_median_of_the_others_by_hand() -> None:
+    """Deltas 1, 2, 3, -9 (median norm 2, the lower middle): each is projected on the median of the
+    other three (2, 2, 1.5, 2), in units of 2; the reversed one's own value never picks its median."""
+    updates = [ClientUpdate(f"c{i}", {"w": torch.tensor([v]), "steps": torch.tensor(4)}, 10, {})
+               for i, v in enumerate([1.0, 2.0, 3.0, -9.0])]
+    progress = progress_along_others({"w": torch.zeros(1), "steps": torch.tensor(4)}, updates)
+    assert list(progress.values()) == pytest.approx([0.5, 1.0, 1.5, -4.5])
+
+
+def test_trust_moves_toward_each_rounds_progress_from_the_prior() -> None:
     assert scored({"a": 0.5}, {"a": -1.0, "b": 0.0}, 0.5, 1.0) == {"a": -0.25, "b": 0.5}
     assert [multiplier(s, 0.1, -0.1) for s in (-0.3, -0.1, 0.0, 0.1, 0.9)] == [0.0, 0.0, 0.5, 1.0, 1.0]
     assert latest_trust([{"trust": {"a": 0.2}}, {"loss": 1.0}, {"trust": {"a": -0.1}}, {}]) == {"a": -0.1}

@@ -3,17 +3,20 @@
 The screen (``bounds``) limits what one update can do in one round; nothing there limits the sum
 over rounds, so a device that reverses its delta below the norm bound and claims a large count
 moves the model a little every round. Trust is an exponential average of each on-time update's
-cosine with the coordinate-wise median of the other updates' deltas, FLTrust's direction score
-(Cao et al. 2021, "FLTrust: Byzantine-robust Federated Learning via Trust Bootstrapping", section
-4.2, with the others' median standing in for the server's root-data update), averaged over rounds
-instead of thresholded per round: one honest update against the median (4.5-11% of them on
-non-IID fleets, ``bench/direction_check.py``) costs nothing, a client whose average stays against
-the fleet loses its weight. The median leaves the scored update out: with 4 updates the median of
-all is the mean of the middle two, which an extreme reversed update picks on its own side (its
-cosine with that median was +0.1 to +0.5 on the bundled stations, with the others' median below 0). The weight multiplier falls linearly from 1 at ``trust_full`` to 0 at ``trust_zero``,
-both below 0: an honest client with unusual data averages near 0 (orthogonal, not against), and
-at ``trust_zero`` its updates and its twin's forecasts are left out (code ``low_trust``).
-A new client starts at ``trust_prior``; the score recovers as its updates turn with the fleet.
+progress along the coordinate-wise median of the other updates' deltas (its cosine with that
+median times its length in median delta norms): FLTrust's direction score (Cao et al. 2021,
+"FLTrust: Byzantine-robust Federated Learning via Trust Bootstrapping", section 4.2, with the
+others' median standing in for the server's root-data update), scaled by length because a longer
+reversed delta does more harm, and averaged over rounds instead of thresholded per round: one
+honest update against the median (4.5-11% of them on non-IID fleets, ``bench/direction_check.py``)
+costs nothing, a client whose average stays against the fleet loses its weight. The median leaves
+the scored update out: with 4 updates the median of all is the mean of the middle two, which an
+extreme reversed update picks on its own side (its cosine with that median was +0.1 to +0.5 on the
+bundled stations). The weight multiplier falls linearly from 1 at ``trust_full`` to 0 at
+``trust_zero``, both below 0 because an honest client with unusual data averages near 0 (sideways,
+not against); at ``trust_zero`` its updates and its twin's forecasts are left out (``low_trust``).
+A new client starts at ``trust_prior``; its updates are still scored, so trust recovers as they
+turn with the fleet.
 """
 
 from __future__ import annotations
@@ -31,8 +34,8 @@ LOW_TRUST = "low_trust"
 
 def progress_along_others(current: TensorDict, updates: Sequence[ClientUpdate]) -> dict[str, float]:
     """Each update's delta from ``current`` projected on the direction of the coordinate-wise
-    median of the other updates' deltas, in units of the round's median delta norm (its cosine
-    with that median times its relative length); 0 where the others' median is zero."""
+    median of the other updates' deltas, in units of the round's median delta norm (the lower
+    middle one for an even count); 0 where the others' median is zero."""
     count = len(updates)
     dots, own, others = (torch.zeros(count, dtype=torch.float64) for _ in range(3))
     for name in (name for name, tensor in current.items() if tensor.is_floating_point()):
@@ -54,11 +57,11 @@ def without(ordered: torch.Tensor, rank: torch.Tensor, j: int) -> torch.Tensor:
     return torch.where(rank > j, ordered[j], ordered[j + 1])
 
 
-def scored(trust: Mapping[str, float], cosines: Mapping[str, float], rate: float, prior: float) -> dict[str, float]:
+def scored(trust: Mapping[str, float], progress: Mapping[str, float], rate: float, prior: float) -> dict[str, float]:
     """The trust after a round: each scored client's average moves ``rate`` of the way to its
-    cosine (from ``prior`` for a client without a score); the others keep theirs."""
-    return {**trust, **{client: (1 - rate) * trust.get(client, prior) + rate * cosine
-                        for client, cosine in cosines.items()}}
+    round's progress (from ``prior`` for a client without a score); the others keep theirs."""
+    return {**trust, **{client: (1 - rate) * trust.get(client, prior) + rate * step
+                        for client, step in progress.items()}}
 
 
 def multiplier(score: float, full: float, zero: float) -> float:
