@@ -37,6 +37,7 @@ from coordinator.store_backends import LeaseLost
 from coordinator.participants import Participants
 from coordinator.retry import StorageRetry
 from coordinator.strategies import ClientInfo, ClientUpdate, RoundPolicy, make_strategy
+from coordinator.strategies.trust import latest_trust
 from coordinator.throttle import IntakeThrottle
 from edge_agent.broker_settings import COORDINATOR_RECEIVE_WINDOW
 from edge_agent.config import differences, signed_settings
@@ -74,7 +75,8 @@ class Coordinator:
         self.update_layout = template.update_layout  # global state + what updates carry beyond it (core-sets)
         self.strategy = make_strategy(cfg, template.initial, cfg.seed)
         self.engine = RoundEngine(self.strategy, cfg, self.store.tensors, robust=cfg.robust,
-                                  on_time=self.store.last_on_time(), state_keys=template.initial)
+                                  on_time=self.store.last_on_time(), state_keys=template.initial,
+                                  trust=latest_trust(r.metrics for r in self.store.rounds() if r.closed_at is not None))
         self.observer = Observer.for_coordinator(cfg)  # metrics; the dashboard with [http]
         self.on_event = self.observer.relay(on_event)
         self.connection = self._connection(f"edgefl-coordinator-{cfg.fleet}")
@@ -268,14 +270,15 @@ class Coordinator:
     def _aggregate(self, row: RoundRow, updates: list, why: str, next_deadline: float | None) -> RoundResult:
         """Run the round engine on ``updates`` and make its result durable (one transaction: the
         twins' history too), opening the next round with ``next_deadline`` unless it is None. If the
-        store fails, the strategy, twins and round policy are as before, to close again later."""
-        before = self.strategy.state_dict(), dict(self.engine.on_time), self.participants.standing, self.engine.late
+        store fails, the strategy, twins, trust and round policy are as before, to close again later."""
+        engine = self.engine
+        before = self.strategy.state_dict(), dict(engine.on_time), self.participants.standing, engine.late, engine.trust
         try:
             with self.store.batch():
                 result = self._aggregate_in_batch(row, updates, why, next_deadline)
         except STORAGE_ERRORS:
             self.strategy.load_state_dict(before[0])
-            self.engine.on_time, self.participants.standing, self.engine.late = before[1:]
+            engine.on_time, self.participants.standing, engine.late, engine.trust = before[1:]
             raise
         self.storage_retry.succeeded()
         self._report_close(row.round, result, why)
@@ -299,7 +302,7 @@ class Coordinator:
                    "stale": list(result.stale),
                    **self.participants.closed(row, [u.client_id for u in updates]),
                    "twin": result.twin, "loss": result.loss, "closed_by": why, "rejected": result.rejected,
-                   "clipped": list(result.clipped), "weight": result.weight, **result.metrics}
+                   "clipped": list(result.clipped), "weight": result.weight, "trust": result.trust, **result.metrics}
         self.store.finish_round(row.round, metrics, result.global_state, next_deadline)
         for client, code in result.rejected.items():
             self.store.log("update", client, row.round, False, code, "left out of the round by the engine's screening")

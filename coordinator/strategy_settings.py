@@ -50,6 +50,20 @@ class RobustSettings(BaseModel):
                                      "lets through below 4x (issue 27), but on real non-IID fleets it also rejects "
                                      "4.5-10% of honest updates (bench/direction_check.py); None (default): no "
                                      "direction check")
+    trust_rate: float | None = Field(None, gt=0, le=1, description="trust over time: how far a client's trust "
+                                     "(the average progress of its on-time deltas along the median of the other "
+                                     "updates' deltas, in median delta norms; rounds of 3 or more updates) moves toward "
+                                     "each new one; the weight of its updates and twin forecasts falls from full at "
+                                     "trust_full to 0 (left out, low_trust) at trust_zero; None (default, until its false alarms on the value "
+                                     "fleets are measured): no trust; 0.2 is what docs/security.md measures")
+    trust_full: float = Field(-0.15, ge=-4, le=4, description="the trust from which a client keeps its full weight "
+                              "(honest clients of the bench's station fleets mostly stay above it, the most unusual "
+                              "averaging about -0.09: 4% of their client-rounds fell below on 4 clients, none on 7)")
+    trust_zero: float = Field(-0.25, ge=-4, le=4, description="the trust at or below which a client's updates and "
+                              "twin forecasts are left out (a below-screen sign flipper's trust stayed at -0.17 to "
+                              "-0.8 on the same fleets)")
+    trust_prior: float = Field(0.0, ge=-4, le=4, description="the trust a client starts with, before its first "
+                               "scored update (0: no evidence either way)")
     weight_factor: float | None = Field(3.0, ge=1, description="cap on an update's weight: this multiple "
                                         "of the median sample count the registered clients declared; None: no cap")
     trim_fraction: float = Field(0.2, gt=0, lt=0.5, description="trimmed_mean: share of the updates cut "
@@ -60,10 +74,12 @@ class RobustSettings(BaseModel):
                                     "their site), and weight_factor's median is taken over the other clients")
 
     @model_validator(mode="after")
-    def _reject_beyond_clip(self) -> "RobustSettings":
+    def _ordered_bounds(self) -> "RobustSettings":
         if self.clip_factor is not None and self.reject_factor is not None and self.reject_factor < self.clip_factor:
             raise ValueError(f"reject_factor {self.reject_factor} is below clip_factor {self.clip_factor}: "
                              "updates would be rejected before they could be clipped")
+        if self.trust_zero >= self.trust_full:
+            raise ValueError(f"trust_zero {self.trust_zero} is not below trust_full {self.trust_full}")
         return self
 
 

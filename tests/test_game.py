@@ -145,7 +145,7 @@ def test_settings_reject_unknown_variants_and_top_k_above_experts() -> None:
 
 CURRENT = {"body.weight": torch.zeros(4, 3), "head.weight": torch.zeros(2, 4), "head.bias": torch.zeros(2),
            "steps": torch.tensor(3)}
-NO_BOUNDS = RobustSettings(clip_factor=None, reject_factor=None, min_cosine=None)
+NO_BOUNDS = RobustSettings(clip_factor=None, reject_factor=None, min_cosine=None, trust_rate=None)
 
 
 def client_states(seed: int = 0) -> list[ClientUpdate]:

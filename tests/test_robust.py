@@ -23,8 +23,8 @@ from tests.conftest import small_config
 
 CURRENT = {"w": torch.zeros(3), "steps": torch.tensor(4)}
 HONEST = [[1.0, 2.0, 3.0], [1.5, 2.5, 2.0], [0.5, 1.5, 2.5], [1.2, 1.8, 2.8], [0.8, 2.2, 3.2]]
-NO_BOUNDS = RobustSettings(clip_factor=None, reject_factor=None, min_cosine=None)
-FORMER_BOUNDS = RobustSettings(min_cosine=None)  # the default bounds: norms only
+NO_BOUNDS = RobustSettings(clip_factor=None, reject_factor=None, min_cosine=None, trust_rate=None)
+FORMER_BOUNDS = RobustSettings(min_cosine=None, trust_rate=None)  # the bounds of one round: norms only
 
 
 def update(client: str, values: list[float], n: int = 10) -> ClientUpdate:

@@ -31,7 +31,8 @@ class RoundRecord:
     ones were missing and had no (recent enough) history; ``late`` ones trained but arrived after
     the round closed (twin history, and a stand-in at the next close: ``stale``); ``serving_local`` ones serve their local-only model
     (``keep_local``); ``serving`` says what every client serves (federated, local or an anchor); ``rejected`` ones failed the engine's
-    screening (client id -> code). ``wire_bytes`` is the mean number of bytes a client that
+    screening (client id -> code); ``client_val`` is each client's validation metrics and ``trust``
+    the engine's trust after the round (``strategies.trust``). ``wire_bytes`` is the mean number of bytes a client that
     trained exchanged with the coordinator (update up, global state and personal message down).
     Metrics are those of the served models.
     """
@@ -51,6 +52,8 @@ class RoundRecord:
     wire_bytes: float = 0.0
     serving: dict[str, str] = field(default_factory=dict)
     stale: tuple[str, ...] = ()
+    client_val: dict[str, Metrics] = field(default_factory=dict)
+    trust: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -116,13 +119,14 @@ def run_federation(
     def after_round(done: SimulatedRound) -> None:
         r = done.result
         choices = [lr.serving_model(r.round + 1) for lr in learners]
-        val = weighted_metrics([choice.metrics(c, "val") for choice, c in zip(choices, clients)], sizes)
+        client_val = {c.name: choice.metrics(c, "val") for choice, c in zip(choices, clients)}
+        val = weighted_metrics(list(client_val.values()), sizes)
         test = served_metrics(choices, clients)[0] if fed.test_every_round else None
         serving = {c.name: choice.which for c, choice in zip(clients, choices)}
         local = tuple(name for name, which in serving.items() if which == "local")
         records.append(RoundRecord(r.round, r.loss, val, test, done.seconds, r.on_time, r.imputed, r.dropped,
                                    done.late, r.twin, local, r.rejected, mean_bytes(done.bytes_per_client), serving,
-                                   r.stale))
+                                   r.stale, client_val, r.trust))
         states.append(r.global_state)
         if val.score < best["val"] or fed.tested_round == "last":
             best.update(val=val.score, round=r.round, served=[frozen(choice) for choice in choices],

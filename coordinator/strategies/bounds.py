@@ -25,6 +25,9 @@ decides its weight and how far it may move the global state.
   that stays below the norm screen and claims a large count (issue 27) no longer moves FedAvg.
   Off by default: honest deltas on non-IID fleets are close to orthogonal, so it rejects honest
   updates about as often as reversed ones (``bench/direction_check.py``, ``docs/security.md``).
+- Over time: each client's trust, its updates' cosines with the median of the others' deltas
+  averaged across rounds, cuts the weight of a client whose average stays against the fleet (the
+  round engine, after this screen: ``trust``, opt-in with ``trust_rate``).
 
 The checks run in the round engine, so the simulation and the service screen alike.
 """
