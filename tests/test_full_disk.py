@@ -83,7 +83,7 @@ def test_a_full_disk_holds_the_batch_and_the_close_and_the_round_closes_once_spa
     filler = fill(small_disk)
     assert coordinator._maybe_close(store.round(1)).round == 1 and coordinator.storage_retry.failures == 1
     assert store.round(1).closed_at is None and store.tensors.names("twins/a") == []
-    assert coordinator.engine.on_time == {} and coordinator.participants.missed == {}
+    assert coordinator.engine.on_time == {} and coordinator.participants.standing == {}
     filler.unlink()
     turn_until(lambda: store.latest_round().round == 2,
                lambda: coordinator._maybe_close(store.round(1), fresh=coordinator._step()), "round 1 closed")
