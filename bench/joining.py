@@ -11,10 +11,10 @@ import math
 import numpy as np
 import torch
 
-from edge_agent.choice import choose
+from edge_agent.choice import choose_at
 from edge_agent.data import DataError, SeriesTable, prepare_client
 from edge_agent.data.arrays import min_training_rows
-from edge_agent.newcomer import Newcomer, own_scale, received_model, recent_scores, window_errors
+from edge_agent.newcomer import Newcomer, own_scale, received_model, window_errors, window_mase
 from edge_agent.selection import window_scores
 
 
@@ -119,8 +119,8 @@ class Timeline:
             at, today = day * self.period, self.day == day
             eligible = [n for n in names if np.isfinite(candidates[n][today]).all()] or names
             scale = own_scale(self.rows[:at], self.period)
-            which = choose(recent_scores({n: errors[n] for n in eligible}, self.origins, self.horizon, at,
-                                         selection_days * self.period, scale))
+            which = choose_at(window_mase({n: errors[n] for n in eligible}, scale), self.origins, self.horizon, at,
+                              selection_days * self.period or None, self.period)
             chosen = reported[which][today]
             out.append({"mase": float(chosen[np.isfinite(chosen)].mean()), "pick": which})
         return out

@@ -21,7 +21,7 @@ from torch import nn
 
 from edge_agent.anchors import filled, make_anchor
 from edge_agent.candidates import FEDERATED
-from edge_agent.choice import choose, recent_score
+from edge_agent.choice import choose_at, recent_score
 from edge_agent.data.arrays import StandardScaler, time_features
 from edge_agent.learners.head import client_model
 from edge_agent.models import ModelConfig
@@ -75,17 +75,11 @@ def received_model(model_config: ModelConfig, n_features: int, state: TensorDict
     return model.eval()
 
 
-def recent_scores(errors: dict[str, np.ndarray], origins: np.ndarray, horizon: int, at: int, span: int | None,
-                  scale: np.ndarray) -> dict[str, float]:
-    """Each candidate's MASE at row ``at`` for the rule of ``edge_agent.choice``: its per-window
-    errors (``errors`` (N, F) divided by ``scale``, mean over features) over its windows known by
-    then (NaN where none is)."""
-    scores = {}
-    for name, error in errors.items():
-        per_window = (error / scale).mean(axis=1)
-        scored = np.isfinite(per_window)
-        scores[name] = recent_score(per_window[scored], origins[scored], horizon, at, span)
-    return scores
+def window_mase(errors: dict[str, np.ndarray], scale: np.ndarray) -> dict[str, np.ndarray]:
+    """Each candidate's MASE per window for the rule of ``edge_agent.choice``: its per-window
+    errors (``errors`` (N, F)) divided by ``scale``, mean over features (NaN where a window misses
+    an outcome or a forecast)."""
+    return {name: (error / scale).mean(axis=1) for name, error in errors.items()}
 
 
 @dataclass(frozen=True)
@@ -149,6 +143,7 @@ def newcomer_forecast(newcomer: Newcomer, fleet_model: nn.Module, anchors: tuple
     stacked = {name: np.concatenate(parts) for name, parts in forecasts.items()}
     errors = {name: window_errors(f, newcomer.values, origins, horizon) for name, f in stacked.items()}
     span = selection_days * period if selection_days else None
-    scores = recent_scores(errors, origins, horizon, present, span, own_scale(newcomer.values, period))
-    which = choose(scores)
+    per_window = window_mase(errors, own_scale(newcomer.values, period))
+    scores = {name: recent_score(e, origins, horizon, present, span) for name, e in per_window.items()}
+    which = choose_at(per_window, origins, horizon, present, span, period)
     return which, stacked[which][-1], scores

@@ -25,7 +25,7 @@ from torch import nn
 
 from edge_agent.anchors import fitted_forecasts, lookback_rule
 from edge_agent.candidates import MEDIAN  # the candidate that combines the others (models.combination)
-from edge_agent.choice import choose, daily_picks, recent_score
+from edge_agent.choice import choose, choose_at, daily_picks, recent_score
 from edge_agent.data import ClientData, WindowSet
 from edge_agent.metrics import pinball_terms
 from edge_agent.models import Forecaster
@@ -188,8 +188,10 @@ def select(client: ClientData, models: dict[str, nn.Module], anchors: Sequence[s
     """What the gateway serves at row ``at`` of its data (None: the first test origin, what a
     benchmark knows before it scores the test split; a live gateway passes ``present``): among
     ``models``, the ``anchors`` and (with ``median``, point models and at least three members) the
-    median of them all, the candidate with the lowest score over the latest ``selection_days`` days
-    of windows whose outcome is known by then (0: every known window; ``edge_agent.choice``)."""
+    median of them all, the one the rule of ``edge_agent.choice`` picks over the windows whose
+    outcome is known by then: the best over all of them unless the best over the latest
+    ``selection_days`` days (0: none) beats it there with evidence. ``scores`` are those of the
+    latest ``selection_days`` (0: of every known window)."""
     fitted = [name for name in anchors if anchor_forecasts(client, name, "val") is not None]
     members: dict[str, nn.Module | None] = {**models, **dict.fromkeys(fitted)}
     clock = first_test_origin(client) if at is None else at
@@ -198,11 +200,12 @@ def select(client: ClientData, models: dict[str, nn.Module], anchors: Sequence[s
     errors = {split: split_scores(client, members, median, split) for split in known}
     span = selection_span(client, selection_days)
     scores = dict.fromkeys([*models, *anchors], math.nan)
+    which = choose(scores)
     if known:
         origins = np.concatenate([split_windows(client, split).origins() for split in known])
-        scores |= {name: recent_score(np.concatenate([errors[split][name] for split in known]), origins, horizon,
-                                      clock, span) for name in errors[known[0]]}
-    which = choose(scores)
+        history = {name: np.concatenate([errors[split][name] for split in known]) for name in errors[known[0]]}
+        scores |= {name: recent_score(e, origins, horizon, clock, span) for name, e in history.items()}
+        which = choose_at(history, origins, horizon, clock, span, client.period)
     competes = MEDIAN in errors.get(known[0], {}) if known else median_competes(members, median)
     return Served(which, models.get(which), scores, members if which == MEDIAN else {}, members, competes, span, errors)
 

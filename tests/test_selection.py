@@ -14,6 +14,7 @@ import torch
 from edge_agent.data import SeriesTable, prepare_client
 from edge_agent.models import build_forecaster
 from edge_agent.models.combination import MedianForecaster, median_forecast
+from edge_agent.choice import choose, choose_at, evidence
 from edge_agent.selection import (MEDIAN, anchor_batches, anchor_metrics, candidate_batches, fits_window,
                                   lookback_anchor, median_batches, recent_score, select, window_scores)
 from edge_agent.train import evaluate, forecasts
@@ -35,6 +36,14 @@ def regime_change(days: int = 300, seed: int = 4) -> np.ndarray:
     level[switch:] = level[switch] + np.random.default_rng(seed).normal(0, 6, days - switch)
     shape = 10 * np.sin(2 * np.pi * np.arange(24) / 24)
     return (level[:, None] + shape[None, :]).ravel()
+
+
+def climbs_again(days: int = 200, back: int = 186, slope: float = 3.0) -> np.ndarray:
+    """``regime_change``, whose level climbs again, by ``slope`` a day, from day ``back`` (in the
+    test split): a gateway has a reason to re-choose during its test days."""
+    values = regime_change(days).reshape(days, 24)
+    values[back:] += (slope * np.arange(days - back))[:, None] + values[back - 1, 0] - values[back, 0]
+    return values.ravel()
 
 
 def test_the_median_is_numpys_for_odd_and_even_counts() -> None:
@@ -60,6 +69,25 @@ def test_recent_scores_count_only_windows_whose_outcome_is_known() -> None:
     assert recent_score(scores, origins, 5, 26, None) == pytest.approx(2.0)  # windows 0-2 known at row 26
     assert recent_score(scores, origins, 5, 26, 20) == pytest.approx(2.5)  # of those, the ones from row 6 on
     assert math.isnan(recent_score(scores, origins, 5, 4, None))
+
+
+def test_a_recent_best_replaces_the_long_run_best_only_with_evidence() -> None:
+    """The winner's curse: of many candidates, one is best over the latest two weeks by luck; the
+    gateway keeps the long-run best until a candidate beats it there day after day."""
+    period, horizon, days = 24, 24, 60
+    origins = np.arange(days * period)
+    day, recent = origins // period, origins >= (days - 14) * period
+    steady = 1.0 + 0.2 * np.sin(day)
+    swing = np.where(day % 2, 1.0, -1.0)
+    lucky = np.where(recent, steady - 0.01 + 0.3 * swing, 1.1)  # 1% better lately, swinging 30% a day
+    better = np.where(recent, steady - 0.3 + 0.03 * swing, 1.1)  # 30% better lately, every day
+    at, span = days * period, 14 * period
+    errors = {"steady": steady, "lucky": lucky}
+    assert choose({n: recent_score(e, origins, horizon, at, span) for n, e in errors.items()}) == "lucky"
+    assert choose_at(errors, origins, horizon, at, span, period) == "steady"
+    assert choose_at({**errors, "better": better}, origins, horizon, at, span, period) == "better"
+    assert evidence(better, steady, origins, horizon, at, span, period) > 3
+    assert choose_at(errors, origins, horizon, at, None, period) == "steady"  # no recent span: the long-run best
 
 
 def test_a_gateway_follows_the_regime_of_its_latest_windows() -> None:
@@ -99,7 +127,7 @@ def test_simulate_re_chooses_each_day_exactly_as_the_agent_chooses_at_that_momen
     from edge_agent.learners import HeadLearner
     from edge_agent.selection import present, served_days
 
-    client = prepare_client(hourly(regime_change(200)), 48, 24, stride=6)
+    client = prepare_client(hourly(climbs_again()), 48, 24, stride=6)
     anchors = ("seasonal_naive", "window_average")
     fed = FederationConfig(rounds=1, keep_local=False, anchors=anchors, selection_days=7, min_steps=4)
     cfg = small_config("dlinear", lookback=48, horizon=24)
