@@ -9,15 +9,20 @@ Against a buggy or hostile device with valid credentials the broker itself enfor
 - client id = username (``use_username_as_clientid``): a device connecting with another
   client's id gets its own username as id, so it cannot kick the victim off or take over its
   persistent session (it can only replace its own connection);
-- ``message_size_limit`` = the fleet's ``max_payload_bytes``: a bigger publish is refused by the
-  broker (PUBACK "implementation specific error") and never reaches the coordinator;
+- ``max_packet_size`` = the fleet's ``max_payload_bytes`` (by default its largest legal message,
+  ``edge_agent.learners.largest_message``) plus the MQTT headers: a bigger packet is refused as its
+  fixed header arrives, before the broker buffers it, and its sender is disconnected, so it never
+  reaches the coordinator nor the retained store (mosquitto 2.0's ``message_size_limit`` refuses
+  only after reading the whole packet into memory);
 - queues sized for the fleet (``max_queued_messages``, ``max_inflight_messages``), so a burst of
   honest updates is held for the coordinator instead of silently dropped.
 
-mosquitto's ACL cannot restrict the retain flag (only topics), so a device can keep one
-retained message on each of its own three topics, and nowhere else. The coordinator therefore
-ignores retained messages on hello/update topics (a retained copy would come back at every
-resubscribe); a retained status is presence and is used.
+mosquitto 2.0 cannot refuse the retain flag per topic or per listener (its ACL restricts topics
+only; ``retain_available false`` is broker-wide and would refuse the coordinator's retained round
+and presence too), so a device can keep one retained message, at most ``max_packet_size`` bytes,
+on each of its own three topics, and nowhere else. The coordinator subscribes to hello/update
+with MQTT 5 retain handling 2 (the broker never replays their retained copies to it, at any
+resubscribe) and ignores a retained one all the same; a retained status is presence and is used.
 """
 
 from __future__ import annotations
@@ -41,9 +46,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from edge_agent.broker_settings import COORDINATOR_RECEIVE_WINDOW, DEFAULT_MAX_PAYLOAD_BYTES
-from edge_agent.config import dump_toml
-from edge_agent.models import ModelConfig
+from edge_agent.broker_settings import COORDINATOR_RECEIVE_WINDOW
+from edge_agent.config import FleetModel, dump_toml
 from edge_agent.storage import write_bytes_atomically
 from edge_agent.topics import Topics
 
@@ -53,6 +57,7 @@ PERSISTENCE_DIR = "data"  # mosquitto.db, in a folder of its own: saving needs a
 SECRET_MODE = 0o600  # passwords, keys and configs holding credentials: owner only, from the first byte
 QUEUED_PER_AGENT = 200  # messages the broker holds for the coordinator per agent (it may be down a while)
 MIN_QUEUED = 10_000
+MQTT_HEADERS = 1024  # a PUBLISH beyond its payload: fixed header, topic (under 200 bytes here), packet id, properties
 
 
 def mosquitto_password_hash(password: str, salt: bytes | None = None) -> str:
@@ -151,14 +156,14 @@ def hand_to_broker(*paths: Path) -> None:
 
 
 def mosquitto_conf(out: Path, listener: list[str], n_agents: int, max_payload_bytes: int) -> str:
-    """The broker config: authenticated listener, client ids bound to usernames, the payload
+    """The broker config: authenticated listener, client ids bound to usernames, the packet
     limit and queues sized for ``n_agents`` (see the module docstring); it runs as
     ``broker_user()`` and keeps its database in ``out/data``."""
     return "\n".join([
         "# written by edgefl broker-config", f"user {broker_user()}", "per_listener_settings false", *listener,
         "use_username_as_clientid true", "allow_anonymous false",
         f"password_file {out / 'passwords'}", f"acl_file {out / 'acl'}",
-        f"message_size_limit {max_payload_bytes}",
+        f"max_packet_size {max_payload_bytes + MQTT_HEADERS}",
         f"max_inflight_messages {COORDINATOR_RECEIVE_WINDOW}",
         f"max_queued_messages {max(MIN_QUEUED, QUEUED_PER_AGENT * n_agents)}",
         "persistence true", f"persistence_location {out / PERSISTENCE_DIR}/", "",
@@ -167,12 +172,14 @@ def mosquitto_conf(out: Path, listener: list[str], n_agents: int, max_payload_by
 
 def write_fleet_setup(
     fleet: str, agent_ids: list[str], out: Path, host: str = "127.0.0.1", port: int = 1883,
-    tls: bool = False, state_root: Path | None = None, max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+    tls: bool = False, state_root: Path | None = None, max_payload_bytes: int | None = None,
     sites: list[str] | None = None, coordinator_settings: dict | None = None,
 ) -> dict[str, Path]:
     """Write mosquitto.conf, passwords, acl and one TOML per service, each with the fleet's
     ``[model]`` (the recipe's), so agents and coordinator build the same model as written;
-    ``coordinator_settings``: more keys of coordinator.toml. Returns what was written.
+    ``max_payload_bytes``: the largest message, for the broker and every service (default: the
+    model's largest legal message); ``coordinator_settings``: more keys of coordinator.toml.
+    Returns what was written.
     ``sites``: clients that are site aggregators (``edgefl aggregator serve``, bridged in): each
     gets the agent ACL and ``sites/<site>.toml`` with its bridge credentials instead of an agent
     config, and the coordinator weighs them by their summed count (``robust.site_clients``)."""
@@ -191,13 +198,17 @@ def write_fleet_setup(
     if tls_files:
         listener += [f"cafile {tls_files.ca_cert}", f"certfile {tls_files.server_cert}",
                      f"keyfile {tls_files.server_key}", "tls_version tlsv1.2"]
+    from edge_agent.learners import largest_message  # builds the model (torch): after the checks above
+
+    fleet_model = FleetModel()
+    max_payload_bytes = largest_message(fleet_model) if max_payload_bytes is None else max_payload_bytes
     (out / "mosquitto.conf").write_text(mosquitto_conf(out, listener, len(clients), max_payload_bytes))
     (out / PERSISTENCE_DIR).mkdir(mode=0o700, exist_ok=True)
     hand_to_broker(out / "mosquitto.conf", out / "passwords", out / "acl", out / PERSISTENCE_DIR,
                    *([tls_files.server_key] if tls_files else []))
     state_root = state_root or out / "state"
     broker = {"host": host, "port": port, "tls_ca": str(tls_files.ca_cert) if tls_files else None}
-    model = ModelConfig().model_dump(mode="json")
+    model = fleet_model.model.model_dump(mode="json")
     written = {"mosquitto.conf": out / "mosquitto.conf", "passwords": out / "passwords", "acl": out / "acl"}
     coordinator = {
         "fleet": fleet, "state_dir": str(state_root / "coordinator"), "rounds": 10,

@@ -79,7 +79,7 @@ class CoordinatorConfig(FleetModel, TwinSettings, StrategySettings):
     start_clients: int = Field(0, ge=0, description="hold round 1 until this many clients have registered")
     round_timeout_s: float = Field(300.0, gt=0, description="deadline of a round after its announcement")
     max_payload_bytes: int = Field(DEFAULT_MAX_PAYLOAD_BYTES, ge=1024, description="largest MQTT message accepted, "
-                                   "in bytes; the same as the broker's message_size_limit and every agent's "
+                                   "in bytes; the broker's max_packet_size less the MQTT headers, and every agent's "
                                    "max_payload_bytes")
     registration: Literal["open", "closed"] = Field("open", description="open: any client may register; closed: "
                                                     "only those in allowed_clients")

@@ -93,12 +93,14 @@ class Coordinator:
 
     def _connection(self, client_id: str, *extra_subscriptions: str) -> Connection:
         """The broker session: every agent's hello/update/status and the round topic, acknowledged
-        by hand once stored; plus ``extra_subscriptions`` (a site's uplink topics)."""
+        by hand once stored; plus ``extra_subscriptions`` (a site's uplink topics). Retained
+        hellos and updates are not replayed to it (a device may leave them; only presence counts)."""
         return Connection(
             self.cfg.broker, client_id=client_id, will_topic=self.topics.coordinator_status,
             subscriptions=[*(self.topics.agents(leaf) for leaf in ("hello", "update", "status")), self.topics.round,
                            *extra_subscriptions],
             manual_ack=True, receive_maximum=COORDINATOR_RECEIVE_WINDOW,
+            live_only=[self.topics.agents("hello"), self.topics.agents("update")],
         )
 
     def _campaign(self) -> str:

@@ -16,7 +16,6 @@ from pathlib import Path
 
 from coordinator.broker_setup import SECRET_MODE, acl_text, hand_to_broker, write_fleet_setup
 from coordinator.config import UPLINK
-from edge_agent.broker_settings import DEFAULT_MAX_PAYLOAD_BYTES
 from edge_agent.config import dump_toml
 from edge_agent.topics import Topics
 from edge_agent.storage import write_bytes_atomically
@@ -60,7 +59,7 @@ def bridge_section(fleet: str, site: str, host: str, port: int, credentials: dic
 
 def write_site_setup(
     fleet: str, site: str, gateway_ids: list[str], out: Path, uplink: str, central: Path,
-    host: str = "127.0.0.1", port: int = 1883, tls: bool = False, max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+    host: str = "127.0.0.1", port: int = 1883, tls: bool = False, max_payload_bytes: int | None = None,
 ) -> dict[str, Path]:
     """Write the site broker's config (with the bridge), passwords, ACL, ``aggregator.toml`` and
     one agent config per gateway; returns what was written."""

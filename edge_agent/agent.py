@@ -112,8 +112,8 @@ class Agent:
             self._introduce(resend=before is None)
 
     def _check_update_size(self, wire: TensorDict) -> None:
-        """An update over ``max_payload_bytes`` (the broker's ``message_size_limit``) would be
-        dropped by the broker and re-sent after every reconnect, forever: refuse to start."""
+        """An update over ``max_payload_bytes`` (the broker's ``max_packet_size``, less the MQTT
+        headers) would be refused by the broker and re-sent after every reconnect, forever: refuse to start."""
         header = UpdateHeader(fleet=self.cfg.fleet, sender=self.cfg.client_id, round=1, n_samples=1,
                               global_sha256=PLACEHOLDER_DIGEST)
         size = len(encode(header, wire)) + UPDATE_HEADER_MARGIN

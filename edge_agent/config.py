@@ -122,8 +122,8 @@ class AgentConfig(FleetModel):
                                       "combined with client_index and the round")
     client_index: int = Field(0, ge=0, description="this client's index in the fleet's seed schedule")
     max_payload_bytes: int = Field(DEFAULT_MAX_PAYLOAD_BYTES, ge=1024, description="largest MQTT message, in bytes, "
-                                   "the agent accepts (the broker's message_size_limit); it refuses to start if its "
-                                   "updates would be larger")
+                                   "the agent accepts (the broker's max_packet_size, less the MQTT headers); it refuses "
+                                   "to start if its updates would be larger")
     max_global_growth: float = Field(
         100.0, gt=1.0, description="refuse a global model whose L2 norm exceeds this multiple of the last accepted "
                                    "one's (at least 1.0): a poisoned average is not trained on")

@@ -14,11 +14,13 @@ import socket
 import ssl
 import threading
 import time
+from collections.abc import Collection
 from dataclasses import dataclass
 
 import paho.mqtt.client as mqtt
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
+from paho.mqtt.subscribeoptions import SubscribeOptions
 
 from edge_agent.broker_settings import QOS, BrokerConfig
 
@@ -52,10 +54,13 @@ class Connection:
         subscriptions: list[str],
         manual_ack: bool = False,
         receive_maximum: int | None = None,
+        live_only: Collection[str] = (),
     ):
         """``receive_maximum`` (MQTT 5): how many QoS 1 messages the broker may send before we
-        acknowledge; with ``manual_ack`` that is the batch a slow consumer can hold."""
+        acknowledge; with ``manual_ack`` that is the batch a slow consumer can hold. ``live_only``:
+        subscriptions whose retained messages the broker keeps to itself (MQTT 5 retain handling 2)."""
         self.broker, self.subscriptions, self.receive_maximum = broker, subscriptions, receive_maximum
+        self.live_only = frozenset(live_only)
         self.inbox: queue.Queue[Incoming] = queue.Queue()
         self.connected = threading.Event()
         self.client = mqtt.Client(
@@ -117,7 +122,8 @@ class Connection:
             self._failing = False
             self._logged.clear()
         for topic in self.subscriptions:
-            client.subscribe(topic, qos=QOS)
+            retain_handling = 2 if topic in self.live_only else 0  # 2: no retained message at subscribe
+            client.subscribe(topic, options=SubscribeOptions(qos=QOS, retainHandling=retain_handling))
         self.connected.set()
         for callback in self.on_connected:
             callback()

@@ -31,7 +31,7 @@ from safetensors.torch import load as load_tensors
 from safetensors.torch import save as save_tensors
 
 from edge_agent.limits import MAX_JSON_DEPTH, MAX_ROUND, NAME_PATTERN, json_depth
-from edge_agent.tensors import Layout, LayoutError, TensorDict, check_layout, first_non_finite
+from edge_agent.tensors import Layout, LayoutError, TensorDict, check_layout, first_non_finite, layout_of
 
 MAGIC = b"EDFL"
 SCHEMA_VERSION = 1
@@ -149,9 +149,15 @@ def encode(header: _Header, tensors: TensorDict | None = None) -> bytes:
 def envelope_size(header: _Header, tensors: TensorDict | None = None) -> int:
     """``len(encode(header, tensors))`` without serializing or hashing the tensors: a safetensors
     body's size follows from the names, shapes and dtypes alone (sized once per layout)."""
-    size = _body_size(tuple((k, tuple(v.shape), v.dtype) for k, v in tensors.items())) if tensors else 0
+    size = _body_size(_layout_key(layout_of(tensors))) if tensors else 0
     sized = header.model_copy(update={"body_sha256": PLACEHOLDER_DIGEST if size else "", "body_bytes": size})
     return PREFIX.size + len(sized.model_dump_json().encode()) + size
+
+
+def largest_envelope(layout: Layout) -> int:
+    """The most bytes a legal envelope with a body laid out as ``layout`` can take: the largest
+    header ``decode`` admits (``MAX_HEADER_BYTES``) plus that body (what bounds a fleet's messages)."""
+    return PREFIX.size + MAX_HEADER_BYTES + _body_size(_layout_key(layout))
 
 
 def body_digest(tensors: TensorDict | None) -> str:
@@ -165,6 +171,11 @@ def _body_of(tensors: TensorDict | None) -> bytes:
 
 def _digest(body: bytes) -> str:
     return hashlib.sha256(body).hexdigest() if body else ""
+
+
+def _layout_key(layout: Layout) -> tuple[tuple[str, tuple[int, ...], torch.dtype], ...]:
+    """``layout`` as ``_body_size``'s cache key: hashable, in the body's order."""
+    return tuple((name, shape, dtype) for name, (shape, dtype) in layout.items())
 
 
 @functools.lru_cache(maxsize=64)

@@ -11,7 +11,6 @@ from typing import Annotated, Optional
 
 import typer
 
-from edge_agent.broker_settings import DEFAULT_MAX_PAYLOAD_BYTES
 from edge_agent.data import DataError
 from edgefl.errors import LazyConsole, fail, flags_of, reported, say
 from edgefl.export_cli import energy_command, export_app
@@ -124,9 +123,10 @@ def broker_config(
     host: str = "127.0.0.1",
     port: int = 1883,
     tls: Annotated[bool, typer.Option(help="create a CA and a server certificate and listen with TLS")] = False,
-    max_payload_bytes: Annotated[int, typer.Option(
-        min=1024, help="largest message the broker accepts (message_size_limit) and the services expect",
-    )] = DEFAULT_MAX_PAYLOAD_BYTES,
+    max_payload_bytes: Annotated[Optional[int], typer.Option(
+        min=1024, help="largest message the services accept (the broker's max_packet_size: this plus 1 KiB of MQTT "
+                       "headers) [default: the largest legal update of the fleet's model]",
+    )] = None,
     sites: Annotated[Optional[str], typer.Option(
         help="central setup: comma-separated site ids whose aggregators bridge in (credentials in OUT/sites/)")] = None,
     site: Annotated[Optional[str], typer.Option(help="write a site broker and aggregator for this site id")] = None,

@@ -14,8 +14,9 @@ import pytest
 
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
+from paho.mqtt.subscribeoptions import SubscribeOptions
 
-from coordinator.broker_setup import COORDINATOR_USER, mosquitto_password_hash, write_fleet_setup
+from coordinator.broker_setup import COORDINATOR_USER, MQTT_HEADERS, mosquitto_password_hash, write_fleet_setup
 from edge_agent.broker_settings import BrokerConfig
 from edge_agent.config import AgentConfig, dump_toml, load_config
 from edge_agent.mqtt import Connection
@@ -59,14 +60,14 @@ def password(written: dict[str, Path], user: str) -> str:
     return credentials(written[f"{user}.toml"])["password"]
 
 
-def collect(client: mqtt.Client, topic: str) -> list[bytes]:
-    """Subscribe ``client`` to ``topic`` (QoS 1); the payloads it receives land in the list."""
+def collect(client: mqtt.Client, *topics: str) -> list[bytes]:
+    """Subscribe ``client`` to ``topics`` (QoS 1, one SUBSCRIBE); the payloads it receives land in the list."""
     received: list[bytes] = []
     subscribed = threading.Event()
     client.on_message = lambda _c, _u, message: received.append(bytes(message.payload))
     client.on_subscribe = lambda *_: subscribed.set()
-    client.subscribe(topic, qos=1)
-    assert subscribed.wait(10), f"no SUBACK for {topic}"
+    client.subscribe([(topic, SubscribeOptions(qos=1)) for topic in topics])
+    assert subscribed.wait(10), f"no SUBACK for {topics}"
     return received
 
 
@@ -243,26 +244,34 @@ def test_persistent_sessions_still_work_with_client_ids_bound_to_usernames(fleet
         back.loop_stop()
 
 
-def test_the_broker_refuses_a_publish_over_max_payload_bytes(fleet, tmp_path: Path) -> None:
-    """The oversized publish never reaches the coordinator. (mosquitto 2.0.11 answers it with
-    PUBACK reason 0x95, which paho 2.2 cannot decode: the sender drops its connection and, on
-    reconnecting, resends and is refused again; only the sender is hurt.)"""
+def test_the_broker_refuses_a_packet_over_max_payload_bytes_as_it_arrives(fleet, tmp_path: Path) -> None:
+    """The oversized publish never reaches the coordinator: mosquitto disconnects its sender at the
+    packet's fixed header (paho reconnects and resends it: only the sender is hurt)."""
     port, written = fleet
-    assert f"message_size_limit {LIMIT}" in written["mosquitto.conf"].read_text()
+    assert f"max_packet_size {LIMIT + MQTT_HEADERS}\n" in written["mosquitto.conf"].read_text()
     assert load_config(written["coordinator.toml"], CoordinatorConfig).max_payload_bytes == LIMIT
     assert load_config(written["agent01.toml"], AgentConfig).max_payload_bytes == LIMIT
     coordinator, _ = connect(port, "coordinator", password(written, "coordinator"))
     inbox = collect(coordinator, "edgefl/farm/agents/+/update")
-    agent, _ = connect(port, "agent01", password(written, "agent01"))
-    agent.publish("edgefl/farm/agents/agent01/update", b"x" * (LIMIT + 1), qos=1)
-    agent.publish("edgefl/farm/agents/agent01/update", b"y" * LIMIT, qos=1)
+    agent, dropped = device(port, written, "agent01")
+    agent.publish("edgefl/farm/agents/agent01/update", b"y" * LIMIT, qos=1).wait_for_publish(5)
+    agent.publish("edgefl/farm/agents/agent01/update", b"x" * (LIMIT + MQTT_HEADERS + 1), qos=1)
     try:
-        wait_until(lambda: inbox and "Dropped too large PUBLISH from agent01" in broker_log(tmp_path),
-                   "the small message and the broker's refusal of the big one")
+        wait_until(lambda: dropped.is_set() and "agent01 disconnected due to oversize packet" in broker_log(tmp_path),
+                   "the broker's refusal of the big one")
     finally:
-        agent.disconnect()
         agent.loop_stop()
-    assert set(inbox) == {b"y" * LIMIT}
+    wait_until(lambda: inbox, "the legal one")
+    assert inbox == [b"y" * LIMIT]
+
+
+def device(port: int, written: dict[str, Path], user: str) -> tuple[mqtt.Client, threading.Event]:
+    """``user`` connected with its own credentials, and an event set when its connection drops."""
+    client, rc = connect(port, user, password(written, user))
+    assert rc == 0
+    dropped = threading.Event()
+    client.on_disconnect = lambda *_: dropped.set()
+    return client, dropped
 
 
 def broker_log(tmp_path: Path) -> str:

@@ -403,8 +403,8 @@ def test_an_unwritable_state_dir_is_a_one_line_error_naming_the_path(tmp_path: P
 
 
 def test_an_agent_whose_updates_the_broker_would_drop_refuses_to_start(tmp_path: Path) -> None:
-    """The broker drops a publish over message_size_limit (= max_payload_bytes) and paho re-sends
-    it after every reconnect: an agent whose model cannot fit says so at start instead."""
+    """The broker refuses a publish over max_packet_size (max_payload_bytes + the MQTT headers) and
+    paho re-sends it after every reconnect: an agent whose model cannot fit says so at start instead."""
     config = load_config(agent_config(tmp_path, free_port(), 0, write_client_csvs(tmp_path, 1)[0]), AgentConfig)
     Agent(config)
     with pytest.raises(ValueError, match=r"max_payload_bytes: this model's updates take about \d+ bytes"):

@@ -17,6 +17,7 @@ from edge_agent.learners.foundation import FoundationLearner, foundation_model, 
 from edge_agent.learners.head import HeadLearner, head_signature, initial_shared_state
 from edge_agent.learners.prompt import PromptLearner, initial_prompt_state, prompt_signature
 from edge_agent.models.foundation import load_foundation
+from edge_agent.protocol import largest_envelope
 from edge_agent.tensors import Layout, TensorDict, layout_of
 
 if TYPE_CHECKING:
@@ -112,5 +113,11 @@ def fleet_template(cfg: FleetModel, seed: int) -> FleetTemplate:
     return LEARNERS[cfg.mode][1](cfg, seed)
 
 
+def largest_message(cfg: FleetModel) -> int:
+    """The largest legal message of a fleet: an update (the global state plus its extras) under the
+    largest header; round announcements carry the global state alone. The broker's limit."""
+    return largest_envelope(fleet_template(cfg, seed=0).update_layout)
+
+
 __all__ = ["LEARNERS", "FedalLearner", "FleetTemplate", "FoundationLearner", "HeadLearner", "Learner", "PromptLearner",
-           "fleet_template", "head_learner", "make_learner", "training_rows_needed"]
+           "fleet_template", "head_learner", "largest_message", "make_learner", "training_rows_needed"]
