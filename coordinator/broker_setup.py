@@ -183,16 +183,17 @@ def write_fleet_setup(
     ``sites``: clients that are site aggregators (``edgefl aggregator serve``, bridged in): each
     gets the agent ACL and ``sites/<site>.toml`` with its bridge credentials instead of an agent
     config, and the coordinator weighs them by their summed count (``robust.site_clients``)."""
-    out.mkdir(parents=True, exist_ok=True)
     sites = sites or []
     clients = [*agent_ids, *sites]
     if len(set(clients)) != len(clients) or COORDINATOR_USER in clients:
         raise ValueError(f"client ids must be unique and not {COORDINATOR_USER!r}: {clients}")
+    acl = acl_text(fleet, clients)  # checks the fleet name and every id before anything is written
+    out.mkdir(parents=True, exist_ok=True)
     users = {COORDINATOR_USER: secrets.token_urlsafe(18), **{a: secrets.token_urlsafe(18) for a in clients}}
     write_bytes_atomically(out / "passwords", "".join(
         f"{user}:{mosquitto_password_hash(password)}\n" for user, password in users.items()
     ).encode(), mode=SECRET_MODE)
-    (out / "acl").write_text(acl_text(fleet, clients))
+    (out / "acl").write_text(acl)
     tls_files = make_tls(out, host) if tls else None
     listener = [f"listener {port} {host}"]
     if tls_files:

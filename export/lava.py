@@ -72,7 +72,7 @@ def quantize(layer: DenseLIF, scale: float | None = None) -> Quantized:
     if scale is None:
         v_bound = (np.abs(layer.weight).sum(1) + np.abs(layer.bias)).max() / (1 - layer.beta)
         per_unit = [  # integers per float unit that each range allows; voltage is 64 x that
-            WEIGHT_RANGE[1] / np.abs(layer.weight).max(), BIAS_RANGE[1] / max(np.abs(layer.bias).max(), 1e-12),
+            WEIGHT_RANGE[1] / max(np.abs(layer.weight).max(), 1e-12), BIAS_RANGE[1] / max(np.abs(layer.bias).max(), 1e-12),
             VTH_MAX / layer.threshold, (V_MAX - 1) / (UNIT * v_bound),
         ]
         scale = float(min(per_unit)) / UNIT

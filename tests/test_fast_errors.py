@@ -72,6 +72,7 @@ CASES = [  # (arguments, with {agent}/{coordinator}/{fleet}/{tmp} filled in, the
 def test_a_bad_config_flag_or_file_is_one_line_before_any_heavy_library(tmp_path: Path, args: tuple[str, ...],
                                                                          expected: str) -> None:
     names = {"tmp": str(tmp_path), **{role: str(path) for role, path in configs(tmp_path).items()}}
+    before = set(tmp_path.rglob("*"))
     start = time.monotonic()
     done = subprocess.run([sys.executable, *edgefl_without(HEAVY), *(a.format(**names) for a in args)],
                           capture_output=True, text=True, timeout=120, cwd=REPO)
@@ -79,6 +80,7 @@ def test_a_bad_config_flag_or_file_is_one_line_before_any_heavy_library(tmp_path
     assert done.returncode == 2 and done.stdout == "", done.stdout + done.stderr
     assert done.stderr == expected.format(**names) + "\n"  # not "this command needs edgefl[...]": nothing heavy
     assert wall < WALL_S, f"{wall:.1f} s"
+    assert set(tmp_path.rglob("*")) == before, "a refused command leaves nothing behind (no empty --out folder)"
 
 
 @pytest.mark.parametrize(("registry", "kind"), [(BACKBONES, "Backbone"), (STRATEGIES, "Strategy"),
