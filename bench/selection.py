@@ -3,11 +3,13 @@
 ``bench/value.py --windows FILE.npz`` keeps every run's per-window errors (validation and test);
 this script re-plays the daily choice of ``served`` under other rules, without retraining, and
 scores each rule as value.py scores the product's: the fleet's mean test MASE per (dataset, K),
-and the worst gateway's excess over its own best anchor (the best in hindsight, on the test
-windows). Rules (each re-chooses once a day on outcomes already known):
+the worst gateway's excess over its own best anchor (the best in hindsight, on the test windows)
+and value.py's verdict (fleet at most the best anchor, 90% of gateways within 2% of the anchor
+their validation picks, none over 10%). Rules (each re-chooses once a day on outcomes already
+known):
 
 - ``latest_D``: the lowest mean MASE over the latest D days (0: every known window); the
-  product's rule is ``latest_14`` (``edge_agent.selection``).
+  product's rule was ``latest_14`` until the held rule below replaced it.
 - ``sticky_M``: as ``latest_14``, but yesterday's choice is kept unless another candidate is
   better by more than M (relative): fewer switches on noise.
 - ``anchor_first_M``: as ``latest_14``, but a learned candidate replaces the best anchor only when
@@ -19,7 +21,8 @@ windows). Rules (each re-chooses once a day on outcomes already known):
   known window, the one the validation split picks on the first test day, unless the best
   candidate over the latest 14 days beats it there by that test (statistic above Z): recent
   errors still move the choice, but only with evidence (the winner's curse of choosing the lowest
-  of many noisy 14-day means).
+  of many noisy 14-day means). ``held_Z`` at the recipe's threshold is the product's rule
+  (``edge_agent.choice``).
 
 Which rule wins is decided on the first half of each gateway's test days and reported on the
 second half too, so a rule is not picked by the windows it is judged on. Usage:
@@ -43,11 +46,12 @@ from value import load_windows
 from value_report import SERVED, SERVED_FEDERATED
 
 from edge_agent.choice import choose, choose_at, evidence, recent_score
+from edge_agent.recipe import SELECTION_EVIDENCE
 
 Rule = Callable[[dict[str, np.ndarray], np.ndarray, int, int, int, str | None], str]
 LEARNED = ("federated", "local", "median")
 HALVES = ("first", "second", "all")
-PRODUCT = "latest_14"  # the rule of edge_agent.choice
+PRODUCT = f"held_{SELECTION_EVIDENCE}"  # the rule of edge_agent.choice, with the recipe's threshold
 
 
 def latest(days: int) -> Rule:
@@ -126,7 +130,7 @@ RULES: dict[str, Rule] = {
     "sticky_2": sticky(0.02), "sticky_5": sticky(0.05),
     "anchor_first_2": anchor_first(0.02), "anchor_first_5": anchor_first(0.05),
     "decay_7": decay(7), "decay_14": decay(14), "proven_1.0": proven(1.0), "proven_1.645": proven(1.645),
-    **{f"held_{z}": held(z) for z in (0.0, 0.5, 1.0, 1.645, 2.0)},
+    **{f"held_{z}": held(z) for z in sorted({0.0, 0.5, 1.0, 1.645, 2.0, SELECTION_EVIDENCE})},
     **{f"held_anchor_{z}": held_anchor(z) for z in (0.5, 1.0, 1.645, 2.0)},
 }
 

@@ -3,14 +3,15 @@
 The candidates are its federated model, its local-only model (``keep_local``), the anchors
 (``edge_agent.anchors``) it is allowed to serve, fitted on its own history, and the median of its
 models and anchors (``median``; ``edge_agent.models.combination``). Each is scored on the
-same windows and scale (``Metrics.score`` per window: MASE for point forecasts), over the latest
-``selection_days`` days of windows whose outcome is known (0: every validation window), and the
-lowest wins; a tie goes to the candidate listed first (federated, local, the anchors in order, the
-median). Recent errors, because which candidate wins moves with the seasons: on the homes the
-validation months (Sep-Oct) favour other candidates than the test weeks (Nov-Dec), and a gateway
-re-choosing on its last two weeks of outcomes follows that (README, "Does joining the fleet pay?").
-This extends FedPer's personalization with the oldest rule of forecasting practice: never serve
-a model that loses to what the data's own seasonality gives for free.
+same windows and scale (``Metrics.score`` per window: MASE for point forecasts), and the rule of
+``edge_agent.choice`` picks: the best over every window whose outcome is known, unless the best
+over the latest ``selection_days`` days beats it there day after day (a tie goes to the candidate
+listed first: federated, local, the anchors in order, the median). Recent errors may move the
+choice, because which candidate wins moves with the seasons (on the homes the validation months,
+Sep-Oct, favour other candidates than the test weeks, Nov-Dec), but only with evidence, because
+the lowest of eight noisy two-week means is as often luck as skill (README, "Does joining the
+fleet pay?"). This extends FedPer's personalization with the oldest rule of forecasting
+practice: never serve a model that loses to what the data's own seasonality gives for free.
 """
 
 from __future__ import annotations

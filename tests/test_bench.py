@@ -128,8 +128,9 @@ def test_value_serves_daily_beside_what_pooling_would_buy_and_replays_from_saved
     selection = importlib.import_module("selection")
     study = {r["rule"]: r for r in selection.study([r for r in again if r["method"] != report.SERVED])}
     product = next(r for r in rows if r["method"] == report.SERVED)
-    assert study["latest_14"]["all"]["mase"] == pytest.approx(product["mase"])
-    assert study["latest_14"]["all"]["worst_client_vs_best_anchor"] == pytest.approx(product["worst_client_vs_best_anchor"])
+    assert study[selection.PRODUCT]["all"]["mase"] == pytest.approx(product["mase"])
+    for key in ("worst_client_vs_best_anchor", "gateways_within_2pct", "worst_gateway_vs_val_anchor"):
+        assert study[selection.PRODUCT]["all"][key] == pytest.approx(product[key]), key
 
 
 def test_soak_checks_hold_the_runs_to_issue_27s_done_means() -> None:
