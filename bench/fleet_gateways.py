@@ -25,6 +25,8 @@ from paho.mqtt.properties import Properties
 
 from mqtt_bench import envelope_header, raise_fd_limit, restamp
 
+from edge_agent.mqtt import paho_client
+
 SESSION_EXPIRY_S = 600
 MISC_EVERY_S = 1.0  # keepalive pings and retries (paho's loop_misc)
 
@@ -55,8 +57,7 @@ class Gateway:
         self.agent_root = f"{root}/agents/{client_id}"
         self.sent: set[int] = set()
         self.done = False
-        self.client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=f"edgefl-agent-{spec.fleet}-{client_id}",
-                                  protocol=mqtt.MQTTv5)
+        self.client = paho_client(f"edgefl-agent-{spec.fleet}-{client_id}")
         self.client.will_set(f"{self.agent_root}/status", b"offline", qos=1, retain=True)
         self.client.on_connect = self._on_connect
         self.client.on_message = self._on_message

@@ -10,7 +10,7 @@ import time
 from collections import Counter, defaultdict
 from pathlib import Path
 
-from mqtt_bench import envelope_header, paho_client
+from mqtt_bench import connected_client, envelope_header
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -29,7 +29,7 @@ class Monitor:
         self.accepted: dict[int, list[float]] = defaultdict(list)
         self.rejected: Counter = Counter()
         self.online, self.finished = threading.Event(), threading.Event()
-        self.client = paho_client(f"monitor-{fleet}", port)
+        self.client = connected_client(f"monitor-{fleet}", port)
         self.client.on_message = self._on_message
         self.client.subscribe([(f"{self.root}/round", 1), (f"{self.root}/coordinator/status", 1),
                                (f"{self.root}/agents/+/task", 1)])

@@ -174,10 +174,10 @@ class Watch:
     """Whether anything (retained included) arrived on ``topic``."""
 
     def __init__(self, port: int, topic: str):
-        import paho.mqtt.client as mqtt
+        from edge_agent.mqtt import paho_client
 
         self.seen = threading.Event()
-        self.client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, protocol=mqtt.MQTTv5)
+        self.client = paho_client()
         self.client.on_connect = lambda client, *_: client.subscribe(topic, qos=1)
         self.client.on_message = lambda *_: self.seen.set()
         self.client.connect("127.0.0.1", port)

@@ -1,5 +1,5 @@
-"""MQTT pieces the transport and fleet-load benchmarks share: a loopback mosquitto, a paho
-client, raw publisher -> subscriber throughput, and reading or re-stamping an envelope's JSON
+"""MQTT pieces the transport and fleet-load benchmarks share: a loopback mosquitto, a connected
+paho client, raw publisher -> subscriber throughput, and reading or re-stamping an envelope's JSON
 header with json + struct alone (load generators must not import torch, which
 ``edge_agent.protocol`` does; ``bench/fleet_load.py`` checks the result with ``decode``)."""
 
@@ -16,6 +16,9 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import paho.mqtt.client as mqtt
+
+import common  # noqa: F401  the repository on sys.path, for edge_agent
+from edge_agent.mqtt import paho_client
 
 PREFIX = struct.Struct(">4sBI")  # edge_agent.protocol.PREFIX: magic, schema version, header length
 
@@ -62,9 +65,9 @@ def loopback_broker(work: Path, max_queued: int, max_inflight: int | None = None
         broker.wait(10)
 
 
-def paho_client(name: str, port: int) -> mqtt.Client:
+def connected_client(name: str, port: int) -> mqtt.Client:
     """A connected MQTT 5 client with its network loop on a background thread."""
-    client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=name, protocol=mqtt.MQTTv5)
+    client = paho_client(name)
     client.max_inflight_messages_set(100)
     client.connect("127.0.0.1", port)
     client.loop_start()
@@ -81,10 +84,10 @@ def raw_throughput(port: int, count: int, size: int) -> float:
         if seen[0] == count:
             received.set()
 
-    subscriber = paho_client(f"raw-sub-{os.getpid()}", port)
+    subscriber = connected_client(f"raw-sub-{os.getpid()}", port)
     subscriber.on_message = on_message
     subscriber.subscribe("bench/raw", qos=1)
-    publisher = paho_client(f"raw-pub-{os.getpid()}", port)
+    publisher = connected_client(f"raw-pub-{os.getpid()}", port)
     time.sleep(0.5)
     payload = os.urandom(size)
     started = time.perf_counter()

@@ -20,12 +20,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-import paho.mqtt.client as mqtt  # noqa: E402
-
 from coordinator.broker_setup import free_port, start_mosquitto, wait_for_port  # noqa: E402
 from coordinator.config import CoordinatorConfig  # noqa: E402
 from edge_agent.config import dump_toml  # noqa: E402
 from edge_agent.learners import fleet_template  # noqa: E402
+from edge_agent.mqtt import paho_client  # noqa: E402
 from edge_agent.protocol import HelloHeader, encode  # noqa: E402
 from edge_agent.topics import Topics
 
@@ -59,7 +58,7 @@ def storm(work: Path, seconds: float) -> dict:
         signature = fleet_template(CoordinatorConfig(**data), 42).signature
         hello = encode(HelloHeader(fleet="storm", sender=DEVICE, n_features=1, n_samples=50,
                                    model_signature=signature))
-        client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="storm-device", protocol=mqtt.MQTTv5)
+        client = paho_client("storm-device")
         client.connect("127.0.0.1", port)
         client.loop_start()
         while not database.exists() or event_rows(database) == 0:  # until the coordinator took a hello

@@ -24,9 +24,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-import paho.mqtt.client as mqtt  # noqa: E402
 from common import commit  # noqa: E402
 from mqtt_bench import envelope_header, loopback_broker, raw_throughput, restamp  # noqa: E402
+
+from edge_agent.mqtt import paho_client  # noqa: E402
 
 SIZES = {"100KB": 40, "1MB": 156}  # d_qap giving shared states of ~104 KB and ~1.0 MB (DLinear, L96 H48)
 
@@ -38,7 +39,7 @@ def publisher_process(
     answers each round announcement with its pre-encoded update, bound to that announcement."""
     root = f"edgefl/{fleet}"
     done = threading.Event()
-    client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=client_id, protocol=mqtt.MQTTv5)
+    client = paho_client(client_id)
 
     def on_message(c, _u, message) -> None:
         if message.topic == f"{root}/coordinator/status":

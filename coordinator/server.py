@@ -35,10 +35,10 @@ from coordinator.pretraining import write_foundation
 from coordinator.store import RoundRow, Store
 from coordinator.store_backends import LeaseLost
 from coordinator.participants import Participants
-from coordinator.retry import StorageRetry
 from coordinator.strategies import ClientInfo, ClientUpdate, RoundPolicy, make_strategy
 from coordinator.strategies.trust import latest_trust
 from coordinator.throttle import IntakeThrottle
+from edge_agent.backoff import Backoff
 from edge_agent.broker_settings import COORDINATOR_RECEIVE_WINDOW
 from edge_agent.config import differences, signed_settings
 from edge_agent.learners import fleet_template
@@ -85,7 +85,7 @@ class Coordinator:
         self._digests: dict[int, str] = {}  # round -> body_sha256 of its announced global state
         self.throttle = IntakeThrottle(cfg.intake)
         self._held: list[Incoming] = []  # a batch the store could not take, tried again on ``storage_retry``
-        self.storage_retry = StorageRetry()
+        self.storage_retry = Backoff(base_s=0.5, cap_s=30.0)  # after a storage error (full disk, database gone)
         self.campaign = self._campaign()
         self._announced: RoundRow | None = None  # the round on the broker as of our last announcement
         policy = RoundPolicy(cfg.participation, cfg.min_clients, cfg.seed)
@@ -226,12 +226,12 @@ class Coordinator:
     def _maybe_close(self, row: RoundRow, fresh: bool = True) -> RoundRow:
         """Close the round if it is time; a close the store cannot take is tried again on the
         storage retry timer (nothing of it stays behind: ``_aggregate``)."""
-        if not self.storage_retry.due():
+        if self.storage_retry.waiting():
             return row
         try:
             return self._close_if_time(row, fresh)
         except STORAGE_ERRORS as err:
-            self.storage_retry.failed(f"the close of round {row.round}", err)
+            self._storage_failed(f"the close of round {row.round}", err)
             return row
 
     def _close_if_time(self, row: RoundRow, fresh: bool) -> RoundRow:
@@ -282,7 +282,7 @@ class Coordinator:
             self.strategy.load_state_dict(before[0])
             engine.on_time, self.participants.standing, engine.late, engine.trust = before[1:]
             raise
-        self.storage_retry.succeeded()
+        self._storage_succeeded()
         self._report_close(row.round, result, why)
         return result
 
@@ -344,7 +344,7 @@ class Coordinator:
             self._revoke()
         if self._held:
             self.storage_retry.wait(0.05)
-            if self.storage_retry.due():
+            if not self.storage_retry.waiting():
                 self._store(self._held)
             return not self._held
         self._report_dropped()
@@ -414,10 +414,10 @@ class Coordinator:
             effects = with_retries(partial(self._commit, batch), f"a batch of {len(batch)} messages")
         except STORAGE_ERRORS as err:
             self._held = batch
-            self.storage_retry.failed(f"a batch of {len(batch)} messages", err)
+            self._storage_failed(f"a batch of {len(batch)} messages", err)
             return
         self._held = []
-        self.storage_retry.succeeded()
+        self._storage_succeeded()
         try:
             for effect in effects:
                 effect()
@@ -425,6 +425,18 @@ class Coordinator:
         finally:  # stored: acknowledged even when an effect ends the service (a site refused upstream)
             for message in batch:
                 self.connection.ack(message)
+
+    def _storage_failed(self, what: str, err: Exception) -> None:
+        """``what`` could not be stored: the next try after the storage retry timer's pause."""
+        pause = self.storage_retry.failed()
+        log.error("could not store %s (failure %d in a row; trying again in %.1f s): %s", what,
+                  self.storage_retry.failures, pause, err)
+
+    def _storage_succeeded(self) -> None:
+        """The store took a write: nothing waits, and the next failure pauses ``base_s`` again."""
+        if self.storage_retry.failures:
+            log.info("the store takes writes again after %d failed tries", self.storage_retry.failures)
+        self.storage_retry.reset()
 
     def _commit(self, batch: list[Incoming]) -> Effects:
         if not batch:

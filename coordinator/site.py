@@ -34,7 +34,7 @@ from edge_agent.protocol import (
     MAX_FEATURES, MAX_SAMPLES, HelloHeader, PersonalHeader, ProtocolError, ReplyHeader, RoundHeader, UpdateHeader,
     check_tensors, decode, encode,
 )
-from edge_agent.session import RETRY, Session, settled
+from edge_agent.refusals import RETRY, RefusalBackoff, settled
 from edge_agent.tensors import TensorDict, layout_of
 from edge_agent.topics import Topics
 
@@ -51,7 +51,7 @@ class SiteAggregator(Coordinator):
         self.site = cfg.site
         self._central: dict | None = json.loads(self.store.meta("central") or "null")  # last central announcement
         self._reintroduce = False  # set on (re)connect: hello and pending uploads go out from the main loop
-        self.session = Session(f"site {cfg.site}")  # after a refusal: when to introduce the site again
+        self.backoff = RefusalBackoff(f"site {cfg.site}")  # after a refusal: when to introduce the site again
         self._ended = False  # the central end was passed on to the gateways
 
     def _connection(self, client_id: str, *extra_subscriptions: str) -> Connection:
@@ -73,7 +73,7 @@ class SiteAggregator(Coordinator):
             self.observer.start(self.campaign or "(waiting for the central coordinator)")
             self._resume_site()
             while not stop() and not self._ended:
-                if self._reintroduce or self.session.due():
+                if self._reintroduce or self.backoff.due():
                     self._reintroduce = False
                     self._introduce()
                 self._step()
@@ -224,10 +224,10 @@ class SiteAggregator(Coordinator):
                 partial(self.on_event, "central", central)]
 
     def _on_central_reply(self, reply: ReplyHeader) -> Effects:
-        """The central coordinator's answer; refusals go to the session (backoff, or ``Refused``
+        """The central coordinator's answer; refusals go to the backoff (the next hello, or ``Refused``
         after repeated terminal ones, raised once the batch is stored)."""
-        answer = [self.session.accepted if reply.accepted else
-                  partial(self.session.refused, reply.code, reply.about, reply.reason)]
+        answer = [self.backoff.accepted if reply.accepted else
+                  partial(self.backoff.refused, reply.code, reply.about, reply.reason)]
         if reply.code in RETRY:
             return answer
         if reply.about == "update" and settled(reply.accepted, reply.code):  # taken, or refused for good

@@ -39,7 +39,7 @@ from edge_agent.protocol import (
     encode,
 )
 from edge_agent.serving.renewal import BundleRenewal, BundleWriter
-from edge_agent.session import RETRY, Refused, Session, settled
+from edge_agent.refusals import RETRY, Refused, RefusalBackoff, settled
 from edge_agent.state import AgentState
 from edge_agent.storage import writable_folder
 from edge_agent.tensors import Layout, TensorDict, first_non_finite, l2_norm, layout_of
@@ -71,7 +71,7 @@ class Agent:
         self.finished = False
         self.training: TrainingChild | None = None
         self.waiting_messages: list[Incoming] = []  # round and personal messages that came while training
-        self.session = Session(cfg.client_id, give_up_after_s=cfg.give_up_after_s)
+        self.backoff = RefusalBackoff(cfg.client_id, give_up_after_s=cfg.give_up_after_s)
         self.connection = Connection(
             cfg.broker,
             client_id=f"edgefl-agent-{cfg.fleet}-{cfg.client_id}",
@@ -138,7 +138,7 @@ class Agent:
                     polled = time.monotonic()
                 if self.serving is not None and self.serving.tick():
                     self.on_event("forecast", {"round": self.trained_round})
-                if self.session.due():
+                if self.backoff.due():
                     self._introduce(resend=True)
                 if self.training is not None:
                     self.finish_training()
@@ -169,7 +169,7 @@ class Agent:
 
         Called on every connect (resend), when the coordinator comes online (it may not have
         been subscribed to our hello yet; updates wait in its persistent session) and, after
-        the session's backoff, when it refused us (resend)."""
+        the refusal backoff, when it refused us (resend)."""
         cid = self.cfg.client_id
         if self.learner is None:
             return  # not enough history yet: the fleet must not wait for this gateway
@@ -244,9 +244,9 @@ class Agent:
         if header.participants is not None and self.cfg.client_id not in header.participants:
             log.info("round %d: not asked to train (%d of the fleet are)", header.round, len(header.participants))
             self.on_event("not_asked", {"round": header.round})
-        elif self.session.shut_out:
+        elif self.backoff.shut_out:
             log.warning("round %d: not training, the coordinator refused us (%s)", header.round,
-                        self.session.terminal[-1])
+                        self.backoff.terminal[-1])
         elif header.round > self.trained_round:
             self._train_and_send(header.round, header.body_sha256)
 
@@ -379,13 +379,13 @@ class Agent:
         self.on_event("personal", {"round": header.round})
 
     def _on_reply(self, reply: ReplyHeader) -> None:
-        """Answers to our hello and updates; a refusal goes to the session, which schedules the
+        """Answers to our hello and updates; a refusal goes to the backoff, which schedules the
         next introduction (or gives up: ``Refused``)."""
         self.on_event("reply", reply.model_dump())
         if reply.accepted:
-            self.session.accepted()
+            self.backoff.accepted()
         else:
-            self.session.refused(reply.code, reply.about, reply.reason)
+            self.backoff.refused(reply.code, reply.about, reply.reason)
         if reply.about != "update" or reply.code in RETRY:
             return
         if settled(reply.accepted, reply.code):

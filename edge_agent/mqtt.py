@@ -1,5 +1,6 @@
-"""MQTT plumbing shared by agent and coordinator: a persistent-session client (its settings,
-``BrokerConfig``, are in the paho-free ``edge_agent.broker_settings``).
+"""MQTT plumbing shared by agent and coordinator: the one paho client factory (``paho_client``,
+which the replay command and the bench and tools clients use too) and a persistent-session client
+(its settings, ``BrokerConfig``, are in the paho-free ``edge_agent.broker_settings``).
 
 Every message is sent and received on its own thread by paho; callbacks only move messages into
 a queue, which the owning service drains on its main thread.
@@ -43,6 +44,18 @@ class Incoming:
     retain: bool
 
 
+def paho_client(client_id: str = "", *, manual_ack: bool = False, broker: BrokerConfig | None = None) -> mqtt.Client:
+    """A paho client as every edgefl client speaks: the version 2 callback API and MQTT 5, logging
+    in with ``broker``'s user name and password and its TLS CA where it sets them."""
+    client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=client_id, protocol=mqtt.MQTTv5,
+                         manual_ack=manual_ack)
+    if broker is not None and broker.username is not None:
+        client.username_pw_set(broker.username, broker.password)
+    if broker is not None and broker.tls_ca is not None:
+        client.tls_set(ca_certs=str(broker.tls_ca))
+    return client
+
+
 class Connection:
     """A paho MQTT 5 client with a persistent session, a Last Will and an inbox queue."""
 
@@ -63,14 +76,8 @@ class Connection:
         self.live_only = frozenset(live_only)
         self.inbox: queue.Queue[Incoming] = queue.Queue()
         self.connected = threading.Event()
-        self.client = mqtt.Client(
-            mqtt.CallbackAPIVersion.VERSION2, client_id=client_id, protocol=mqtt.MQTTv5, manual_ack=manual_ack
-        )
+        self.client = paho_client(client_id, manual_ack=manual_ack, broker=broker)
         self.client.will_set(will_topic, b"offline", qos=QOS, retain=True)
-        if broker.username is not None:
-            self.client.username_pw_set(broker.username, broker.password)
-        if broker.tls_ca is not None:
-            self.client.tls_set(ca_certs=str(broker.tls_ca))
         self.client.reconnect_delay_set(min_delay=1, max_delay=10)
         self.client.connect_timeout = CONNECT_TIMEOUT_S
         self.client.on_connect = self._on_connect

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from coordinator.broker_setup import BROKER_ACCOUNT, broker_user, write_fleet_setup
 
-RESTART_NEVER = (3, 4)  # refused for good (edge_agent.session), campaign finished (coordinator.server)
+RESTART_NEVER = (3, 4)  # refused for good (edge_agent.refusals), campaign finished (coordinator.server)
 
 
 @dataclass(frozen=True)

@@ -104,19 +104,14 @@ class Publisher:
     """A paho MQTT 5 client that publishes at QoS 1 and counts the broker's acknowledgements."""
 
     def __init__(self, broker: BrokerConfig):
-        import paho.mqtt.client as mqtt  # here: every other command (this module is the CLI's) starts without it
+        from edge_agent.mqtt import paho_client  # here: the CLI's other commands start without paho
 
         self.broker, self.where = broker, f"{broker.host}:{broker.port}"
         self.sent = self.acked = 0
         self.refused: str | None = None
         self.rejected: list[str] = []
         self.answered, self.acks = threading.Event(), threading.Condition()
-        self.client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=f"edgefl-replay-{uuid.uuid4().hex[:8]}",
-                                  protocol=mqtt.MQTTv5)
-        if broker.username is not None:
-            self.client.username_pw_set(broker.username, broker.password)
-        if broker.tls_ca is not None:
-            self.client.tls_set(ca_certs=str(broker.tls_ca))
+        self.client = paho_client(f"edgefl-replay-{uuid.uuid4().hex[:8]}", broker=broker)
         self.client.on_connect = self._on_connect
         self.client.on_publish = self._on_publish
 

@@ -11,7 +11,7 @@ import typer
 from edge_agent.toml_config import ConfigError, load_config
 from edge_agent.data import DataError
 from edge_agent.candidates import quality, served_name
-from edge_agent.session import REFUSED_EXIT_CODE, Refused
+from edge_agent.refusals import REFUSED_EXIT_CODE, Refused
 from edge_agent.storage import StateDirError
 from edgefl.errors import LazyConsole, escape, fail, say
 from edgefl.extras import needs

@@ -21,7 +21,7 @@ from coordinator.strategy_settings import ParticipationSettings
 from coordinator.strategies.participation import Progress, Standing
 from edge_agent.learners import fleet_template
 from edge_agent.protocol import MAX_PARTICIPANTS, HelloHeader
-from edge_agent.session import REFUSED_EXIT_CODE
+from edge_agent.refusals import REFUSED_EXIT_CODE
 from edge_agent.toml_config import load_config
 from tests.fleet import MODEL, SEED, agent_config, coordinator_config, start, wait_for, write_client_csvs
 from tests.test_hostile import HOSTILE, TOPICS, Device

@@ -17,7 +17,6 @@ import time
 from pathlib import Path
 
 import numpy as np
-import paho.mqtt.client as mqtt
 
 from requirements import BUILD, REPO, SERVE, pins
 from rootfs import EMULATED_CPU, chroot_argv, ensure_rootfs, ensure_venv, inside, say, session
@@ -26,6 +25,7 @@ from worktree import commit, stage_source
 sys.path.insert(0, str(REPO))
 from coordinator.broker_setup import free_port, start_mosquitto, wait_for_port  # noqa: E402
 from edge_agent.config import AgentConfig, dump_toml, load_config  # noqa: E402
+from edge_agent.mqtt import paho_client  # noqa: E402
 
 RESULT = REPO / "bench/results/arm_check.json"
 FEATURES = ("temp_air", "relative_humidity", "wind_speed")
@@ -49,7 +49,7 @@ class Messages:
     def __init__(self, port: int, topic: str):
         self.seen: list[bytes] = []
         self.arrived = threading.Event()
-        self.client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, protocol=mqtt.MQTTv5)
+        self.client = paho_client()
         self.client.on_connect = lambda client, *_: client.subscribe(topic, qos=1)
         self.client.on_message = self._on_message
         self.client.connect("127.0.0.1", port)
