@@ -120,7 +120,7 @@ class Timeline:
             eligible = [n for n in names if np.isfinite(candidates[n][today]).all()] or names
             scale = own_scale(self.rows[:at], self.period)
             which = choose_at(window_mase({n: errors[n] for n in eligible}, scale), self.origins, self.horizon, at,
-                              selection_days * self.period or None, self.period)
+                              selection_days * self.period or None)
             chosen = reported[which][today]
             out.append({"mase": float(chosen[np.isfinite(chosen)].mean()), "pick": which})
         return out

@@ -9,20 +9,20 @@ their validation picks, none over 10%). Rules (each re-chooses once a day on out
 known):
 
 - ``latest_D``: the lowest mean MASE over the latest D days (0: every known window); the
-  product's rule was ``latest_14`` until the held rule below replaced it.
+  product's rule was ``latest_14`` until ``decay_14`` replaced it.
 - ``sticky_M``: as ``latest_14``, but yesterday's choice is kept unless another candidate is
   better by more than M (relative): fewer switches on noise.
 - ``anchor_first_M``: as ``latest_14``, but a learned candidate replaces the best anchor only when
   it is better by more than M: the burden of proof on the model.
-- ``decay_H``: exponentially weighted mean MASE with a half-life of H days.
+- ``decay_H``: exponentially weighted mean MASE with a half-life of H days; ``decay_14`` is the
+  product's rule (``edge_agent.choice``, ``selection_days`` = 14).
 - ``proven_Z``: the best anchor unless the best learned candidate beats it over the latest 14 days
   by a one-sided Diebold-Mariano-style test on daily error differences (statistic above Z).
 - ``held_Z`` / ``held_anchor_Z``: the candidate (any / an anchor) with the lowest mean over every
   known window, the one the validation split picks on the first test day, unless the best
   candidate over the latest 14 days beats it there by that test (statistic above Z): recent
   errors still move the choice, but only with evidence (the winner's curse of choosing the lowest
-  of many noisy 14-day means). ``held_Z`` at the recipe's threshold is the product's rule
-  (``edge_agent.choice``).
+  of many noisy 14-day means).
 
 Which rule wins is decided on the first half of each gateway's test days and reported on the
 second half too, so a rule is not picked by the windows it is judged on. Usage:
@@ -45,27 +45,27 @@ from common import ROOT, commit
 from value import load_windows
 from value_report import SERVED, SERVED_FEDERATED
 
-from edge_agent.choice import choose, choose_at, evidence, recent_score
-from edge_agent.recipe import SELECTION_EVIDENCE
+from edge_agent.choice import choose, choose_at, recent_score
+from edge_agent.recipe import TRAINING
 
 Rule = Callable[[dict[str, np.ndarray], np.ndarray, int, int, int, str | None], str]
 LEARNED = ("federated", "local", "median")
 HALVES = ("first", "second", "all")
-PRODUCT = f"held_{SELECTION_EVIDENCE}"  # the rule of edge_agent.choice, with the recipe's threshold
+PRODUCT = f"decay_{TRAINING['selection_days']}"  # the rule of edge_agent.choice at the recipe's half-life
 
 
 def latest(days: int) -> Rule:
     """The lowest mean score over the latest ``days`` days of known outcomes (0: all of them)."""
     def rule(errors, origins, horizon, at, period, previous):
-        span = days * period if days else None
-        return choose({name: recent_score(e, origins, horizon, at, span) for name, e in errors.items()})
+        return choose({name: latest_mean(e, origins, horizon, at, period, days) if days else
+                       recent_score(e, origins, horizon, at, None) for name, e in errors.items()})
     return rule
 
 
 def sticky(margin: float) -> Rule:
     """``latest(14)``, keeping yesterday's choice unless another is better by more than ``margin``."""
     def rule(errors, origins, horizon, at, period, previous):
-        scores = {name: recent_score(e, origins, horizon, at, 14 * period) for name, e in errors.items()}
+        scores = {name: latest_mean(e, origins, horizon, at, period) for name, e in errors.items()}
         best = choose(scores)
         if previous is not None and math.isfinite(scores.get(previous, math.nan)):
             return best if scores[best] < (1 - margin) * scores[previous] else previous
@@ -76,7 +76,7 @@ def sticky(margin: float) -> Rule:
 def anchor_first(margin: float) -> Rule:
     """``latest(14)``, serving a learned candidate only when it beats the best anchor by ``margin``."""
     def rule(errors, origins, horizon, at, period, previous):
-        scores = {name: recent_score(e, origins, horizon, at, 14 * period) for name, e in errors.items()}
+        scores = {name: latest_mean(e, origins, horizon, at, period) for name, e in errors.items()}
         anchors = {n: s for n, s in scores.items() if n not in LEARNED}
         learned = {n: s for n, s in scores.items() if n in LEARNED}
         best_anchor, best_learned = choose(anchors), choose(learned)
@@ -85,44 +85,56 @@ def anchor_first(margin: float) -> Rule:
 
 
 def decay(half_life_days: float) -> Rule:
-    """The lowest exponentially weighted mean score, weights halving every ``half_life_days``."""
+    """The lowest exponentially weighted mean score, weights halving every ``half_life_days``: the
+    product's rule (``edge_agent.choice.choose_at``) with that half-life."""
     def rule(errors, origins, horizon, at, period, previous):
-        known = origins + horizon <= at
-        weights = 0.5 ** ((at - origins[known]) / (half_life_days * period))
-        return choose({name: float(np.average(e[known], weights=weights)) if known.any() else math.nan
-                       for name, e in errors.items()})
+        return choose_at(errors, origins, horizon, at, round(half_life_days * period))
     return rule
+
+
+def evidence(challenger: np.ndarray, default: np.ndarray, origins: np.ndarray, horizon: int, at: int,
+             period: int) -> float:
+    """How strongly ``challenger`` beats ``default`` over the latest 14 days of known windows: the
+    mean of their daily mean score differences over its standard error (a one-sided
+    Diebold-Mariano-style statistic, Diebold & Mariano 1995; days are the samples, since one
+    day's windows share outcomes); -inf with fewer than three days or no spread."""
+    gaps = default - challenger
+    known = (origins + horizon <= at) & (origins >= at - 14 * period)
+    days = (at - origins[known]) // period
+    daily = np.array([gaps[known][days == day].mean() for day in np.unique(days)])
+    if len(daily) < 3 or not np.isfinite(daily).all() or daily.std(ddof=1) == 0:
+        return -math.inf
+    return float(daily.mean() / (daily.std(ddof=1) / math.sqrt(len(daily))))
 
 
 def proven(z: float) -> Rule:
     """The best anchor over the latest 14 days, unless the best learned candidate there beats it
-    by more than ``z`` (``edge_agent.choice.evidence``; Diebold & Mariano 1995)."""
+    with ``evidence`` above ``z``."""
     def rule(errors, origins, horizon, at, period, previous):
-        scores = {name: recent_score(e, origins, horizon, at, 14 * period) for name, e in errors.items()}
+        scores = {name: latest_mean(e, origins, horizon, at, period) for name, e in errors.items()}
         anchor = choose({n: v for n, v in scores.items() if n not in LEARNED})
         learned = choose({n: v for n, v in scores.items() if n in LEARNED})
-        strength = evidence(errors[learned], errors[anchor], origins, horizon, at, 14 * period, period)
-        return learned if strength > z else anchor
+        return learned if evidence(errors[learned], errors[anchor], origins, horizon, at, period) > z else anchor
     return rule
 
 
-def held(z: float) -> Rule:
-    """The product's rule (``edge_agent.choice.choose_at``) with evidence threshold ``z``."""
+def held(z: float, anchors_only: bool = False) -> Rule:
+    """The lowest mean over every known window (among the anchors with ``anchors_only``), unless
+    the best over the latest 14 days beats it there with ``evidence`` above ``z``."""
     def rule(errors, origins, horizon, at, period, previous):
-        return choose_at(errors, origins, horizon, at, 14 * period, period, z)
-    return rule
-
-
-def held_anchor(z: float) -> Rule:
-    """As ``held``, the long-run best taken among the anchors only: a learned candidate serves only
-    with evidence."""
-    def rule(errors, origins, horizon, at, period, previous):
-        default = choose({n: recent_score(e, origins, horizon, at, None) for n, e in errors.items() if n not in LEARNED})
-        challenger = choose({n: recent_score(e, origins, horizon, at, 14 * period) for n, e in errors.items()})
+        pool = {n: e for n, e in errors.items() if not anchors_only or n not in LEARNED}
+        default = choose({n: recent_score(e, origins, horizon, at, None) for n, e in pool.items()})
+        challenger = choose({n: latest_mean(e, origins, horizon, at, period) for n, e in errors.items()})
         strength = -math.inf if challenger == default else evidence(
-            errors[challenger], errors[default], origins, horizon, at, 14 * period, period)
+            errors[challenger], errors[default], origins, horizon, at, period)
         return challenger if strength > z else default
     return rule
+
+
+def latest_mean(scores: np.ndarray, origins: np.ndarray, horizon: int, at: int, period: int, days: int = 14) -> float:
+    """The plain mean score over the latest ``days`` days of known windows (NaN: none)."""
+    known = (origins + horizon <= at) & (origins >= at - days * period)
+    return float(scores[known].mean()) if known.any() else math.nan
 
 
 RULES: dict[str, Rule] = {
@@ -130,8 +142,8 @@ RULES: dict[str, Rule] = {
     "sticky_2": sticky(0.02), "sticky_5": sticky(0.05),
     "anchor_first_2": anchor_first(0.02), "anchor_first_5": anchor_first(0.05),
     "decay_7": decay(7), "decay_14": decay(14), "proven_1.0": proven(1.0), "proven_1.645": proven(1.645),
-    **{f"held_{z}": held(z) for z in sorted({0.0, 0.5, 1.0, 1.645, 2.0, SELECTION_EVIDENCE})},
-    **{f"held_anchor_{z}": held_anchor(z) for z in (0.5, 1.0, 1.645, 2.0)},
+    **{f"held_{z}": held(z) for z in (0.0, 0.5, 1.0, 1.645, 2.0)},
+    **{f"held_anchor_{z}": held(z, anchors_only=True) for z in (0.5, 1.0, 1.645, 2.0)},
 }
 
 

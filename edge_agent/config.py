@@ -98,9 +98,9 @@ class AgentTraining(HeadTraining):
                                      "wherever one validates better than its models")
     median: bool = Field(RECIPE["median"], description="also serve the median of its models and lookback anchors "
                          "where it scores better")
-    selection_days: int = Field(RECIPE["selection_days"], ge=0, description="the best candidate over the latest this "
-                                "many days of known outcomes replaces the best over all of them only with evidence "
-                                "(edge_agent.choice; 0: all of them decide)")
+    selection_days: int = Field(RECIPE["selection_days"], ge=0, description="choose what to serve on the known "
+                                "outcomes, each weighted by its age, halving every this many days (edge_agent.choice; "
+                                "0: all alike)")
     stride: int = Field(1, ge=1, description="step between training windows")
 
 

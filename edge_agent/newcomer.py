@@ -145,5 +145,5 @@ def newcomer_forecast(newcomer: Newcomer, fleet_model: nn.Module, anchors: tuple
     span = selection_days * period if selection_days else None
     per_window = window_mase(errors, own_scale(newcomer.values, period))
     scores = {name: recent_score(e, origins, horizon, present, span) for name, e in per_window.items()}
-    which = choose_at(per_window, origins, horizon, present, span, period)
+    which = choose_at(per_window, origins, horizon, present, span)
     return which, stacked[which][-1], scores

@@ -19,7 +19,3 @@ ANCHORS = ("seasonal_naive", "seasonal_naive_week", "window_average", "ets", "et
 over a validation split (``edge_agent.anchors``)."""
 TRAINING = {"batch_size": 32, "lr": 3e-3, "min_steps": 64, "max_steps": 512, "keep_local": True, "anchors": ANCHORS, "median": True,
             "selection_days": 14}
-SELECTION_EVIDENCE = 1.0
-"""How strongly the best candidate over the latest ``selection_days`` must beat the best over
-every known window (a one-sided Diebold-Mariano-style statistic on daily mean MASE differences)
-before a gateway serves it (``edge_agent.choice``; measured in ``bench/selection.py``)."""

@@ -3,14 +3,13 @@
 The candidates are its federated model, its local-only model (``keep_local``), the anchors
 (``edge_agent.anchors``) it is allowed to serve, fitted on its own history, and the median of its
 models and anchors (``median``; ``edge_agent.models.combination``). Each is scored on the
-same windows and scale (``Metrics.score`` per window: MASE for point forecasts), and the rule of
-``edge_agent.choice`` picks: the best over every window whose outcome is known, unless the best
-over the latest ``selection_days`` days beats it there day after day (a tie goes to the candidate
-listed first: federated, local, the anchors in order, the median). Recent errors may move the
-choice, because which candidate wins moves with the seasons (on the homes the validation months,
-Sep-Oct, favour other candidates than the test weeks, Nov-Dec), but only with evidence, because
-the lowest of eight noisy two-week means is as often luck as skill (README, "Does joining the
-fleet pay?"). This extends FedPer's personalization with the oldest rule of forecasting
+same windows and scale (``Metrics.score`` per window: MASE for point forecasts) over the
+windows whose outcome is known, each weighted by its age, halving every ``selection_days`` days
+(0: all alike), and the lowest wins (``edge_agent.choice``; a tie goes to the candidate listed
+first: federated, local, the anchors in order, the median). Recent errors count most, because
+which candidate wins moves with the seasons: on the homes the validation months (Sep-Oct) favour
+other candidates than the test weeks (Nov-Dec); older ones still count, because the lowest of
+eight noisy two-week means is as often luck as skill (README, "Does joining the fleet pay?"). This extends FedPer's personalization with the oldest rule of forecasting
 practice: never serve a model that loses to what the data's own seasonality gives for free.
 """
 
@@ -166,7 +165,8 @@ def window_scores(batches: Iterable[Batch], levels: Sequence[float] | None, scal
 
 
 def selection_span(client: ClientData, selection_days: int) -> int | None:
-    """``selection_days`` in rows of the client's data (None: 0 days, every window)."""
+    """``selection_days``, the half-life of a window's weight in the choice, in rows of the
+    client's data (None: 0 days, every window alike)."""
     return selection_days * client.period if selection_days else None
 
 
@@ -189,10 +189,9 @@ def select(client: ClientData, models: dict[str, nn.Module], anchors: Sequence[s
     """What the gateway serves at row ``at`` of its data (None: the first test origin, what a
     benchmark knows before it scores the test split; a live gateway passes ``present``): among
     ``models``, the ``anchors`` and (with ``median``, point models and at least three members) the
-    median of them all, the one the rule of ``edge_agent.choice`` picks over the windows whose
-    outcome is known by then: the best over all of them unless the best over the latest
-    ``selection_days`` days (0: none) beats it there with evidence. ``scores`` are those of the
-    latest ``selection_days`` (0: of every known window)."""
+    median of them all, the candidate with the lowest score over the windows whose outcome is
+    known by then, each weighted by its age, halving every ``selection_days`` days (0: all alike;
+    ``edge_agent.choice``)."""
     fitted = [name for name in anchors if anchor_forecasts(client, name, "val") is not None]
     members: dict[str, nn.Module | None] = {**models, **dict.fromkeys(fitted)}
     clock = first_test_origin(client) if at is None else at
@@ -206,7 +205,7 @@ def select(client: ClientData, models: dict[str, nn.Module], anchors: Sequence[s
         origins = np.concatenate([split_windows(client, split).origins() for split in known])
         history = {name: np.concatenate([errors[split][name] for split in known]) for name in errors[known[0]]}
         scores |= {name: recent_score(e, origins, horizon, clock, span) for name, e in history.items()}
-        which = choose_at(history, origins, horizon, clock, span, client.period)
+        which = choose_at(history, origins, horizon, clock, span)
     competes = MEDIAN in errors.get(known[0], {}) if known else median_competes(members, median)
     return Served(which, models.get(which), scores, members if which == MEDIAN else {}, members, competes, span, errors)
 

@@ -59,9 +59,9 @@ class HeadTraining(LocalTraining):
                            "round's cost stays bounded (head mode)")
     median: bool = Field(False, description="also serve the median of the models and the lookback anchors where it "
                          "scores better (edge_agent.models.combination)")
-    selection_days: int = Field(0, ge=0, description="the best candidate over the latest this "
-                                "many days of known outcomes replaces the best over all of them only with evidence "
-                                "(edge_agent.choice; 0: all of them decide)")
+    selection_days: int = Field(0, ge=0, description="choose what to serve on the known "
+                                "outcomes, each weighted by its age, halving every this many days (edge_agent.choice; "
+                                "0: all alike)")
 
     def epochs_over(self, size: int, epochs: int | None = None) -> int:
         """The passes one round makes over ``size`` windows: ``epochs`` (default ``local_epochs``),
