@@ -4,8 +4,8 @@ A fleet has run on every second site of a dataset for a year's training split (F
 product's recipe and round settings, as in bench/value.py). Each other site joins at the first row
 after that split, with nothing before it. On day k after joining (k = 1..30) it holds k days of its
 own rows and serves the forecasts of that day (one origin per row, a day ahead), choosing once at
-the start of the day with the product's rule (``edge_agent.choice``: lowest mean MASE over the
-latest two weeks of its own windows whose outcome is known; a candidate is scored over the windows
+the start of the day with the product's rule (``edge_agent.choice``: lowest mean MASE over its
+own windows whose outcome is known, a day's weight halving every two weeks; a candidate is scored over the windows
 it has forecasts for). Alone, its candidates are the anchors (each refitted every day on every row
 it has; one that needs more rows waits) and its local-only model (trained on its own rows, weekly,
 once it holds the rows local training needs); joined, also the fleet's model, which runs on a

@@ -13,7 +13,7 @@ not a candidate a gateway serves; at 14 and 30 days in quick mode, where it boun
 median of FedAvg, Local-only and the anchors (``edge_agent.models.combination``), and
 ``served``: what the product serves, each gateway re-choosing once a day, among the federated
 model, its local-only model, the anchors and the median, the one with the lowest MASE over its
-latest two weeks of known outcomes (``edge_agent.selection``; validation windows first, then the
+known outcomes, a day's weight halving every two weeks (``edge_agent.choice``; validation windows first, then the
 test windows already past, so no forecast is chosen with its own outcome).
 
 Every score is on one scale per feature, fixed whatever K (the whole training split's), so rows
@@ -59,7 +59,7 @@ SEALED_QUICK_DAYS = [14, 30, 0]
 """The sealed quick mode's histories: 90 days left out to stay within 30 minutes (a training step on
 10-minute data, a lookback of 1,008 rows, costs about six of hourly data; a round's steps are capped
 alike, so a 90-day cell costs what the full one does; the Stambruges rooms hold 96 days in all)."""
-SELECTION_DAYS = TRAINING["selection_days"]  # the recipe's: a gateway re-chooses on its last two weeks
+SELECTION_DAYS = TRAINING["selection_days"]  # the recipe's: the half-life of an outcome's weight in the choice
 
 
 def model_config(backbone: str, dataset: str):

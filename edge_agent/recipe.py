@@ -4,8 +4,8 @@ defaults before any model is built). Chosen by measurement in ``bench/value.py``
 ahead, every feature its own sequence through one shared DLinear whose head is shared too, a
 seasonal base, the MAE loss; small batches and at least 64 steps a round (more passes over a
 short history); and every gateway serving the best of its federated
-model, its local-only model, the anchors and the median of them on its latest two weeks of
-validation windows."""
+model, its local-only model, the anchors and the median of them on its known outcomes, a
+day's weight halving every two weeks (``edge_agent.choice``)."""
 
 from __future__ import annotations
 
