@@ -125,7 +125,7 @@ def broker_config(
     tls: Annotated[bool, typer.Option(help="create a CA and a server certificate and listen with TLS")] = False,
     max_payload_bytes: Annotated[Optional[int], typer.Option(
         min=1024, help="largest message the services accept (the broker's max_packet_size: this plus 1 KiB of MQTT "
-                       "headers) [default: the largest legal update of the fleet's model]",
+                       "headers; default: the largest legal update of the fleet's model)",
     )] = None,
     sites: Annotated[Optional[str], typer.Option(
         help="central setup: comma-separated site ids whose aggregators bridge in (credentials in OUT/sites/)")] = None,
