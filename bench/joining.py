@@ -108,11 +108,11 @@ class Timeline:
                     [(torch.as_tensor(scaler.transform(values), dtype=torch.float32), y)], None, scale))
                 for name, values in candidates.items()}
 
-    def served(self, candidates: dict[str, np.ndarray], reported: dict[str, np.ndarray], names: list[str],
-               selection_days: int) -> list[dict]:
-        """For days 1..D in order: the candidate among ``names`` the product's rule picks at the
-        day's start (of those with forecasts that day; MASE on the rows held then) and the mean
-        ``reported`` score of its forecasts that day."""
+    def served(self, candidates: dict[str, np.ndarray], selection_days: int) -> list[dict]:
+        """For days 1..D in order: the candidate the product's rule picks at the day's start (of
+        those with forecasts that day; MASE on the rows held then) and the mean score of its
+        forecasts that day (``scores``)."""
+        names, reported = list(candidates), self.scores(candidates)
         errors = {name: window_errors(candidates[name], self.rows, self.origins, self.horizon) for name in names}
         out = []
         for day in range(1, self.days + 1):

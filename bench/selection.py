@@ -107,6 +107,15 @@ def evidence(challenger: np.ndarray, default: np.ndarray, origins: np.ndarray, h
     return float(daily.mean() / (daily.std(ddof=1) / math.sqrt(len(daily))))
 
 
+def challenged(errors: dict[str, np.ndarray], default: str, challenger: str, z: float, origins: np.ndarray,
+               horizon: int, at: int, period: int) -> str:
+    """``challenger`` where it beats ``default`` with ``evidence`` above ``z``, else ``default``."""
+    if challenger == default:
+        return default
+    strength = evidence(errors[challenger], errors[default], origins, horizon, at, period)
+    return challenger if strength > z else default
+
+
 def proven(z: float) -> Rule:
     """The best anchor over the latest 14 days, unless the best learned candidate there beats it
     with ``evidence`` above ``z``."""
@@ -114,7 +123,7 @@ def proven(z: float) -> Rule:
         scores = {name: latest_mean(e, origins, horizon, at, period) for name, e in errors.items()}
         anchor = choose({n: v for n, v in scores.items() if n not in LEARNED})
         learned = choose({n: v for n, v in scores.items() if n in LEARNED})
-        return learned if evidence(errors[learned], errors[anchor], origins, horizon, at, period) > z else anchor
+        return challenged(errors, anchor, learned, z, origins, horizon, at, period)
     return rule
 
 
@@ -125,16 +134,14 @@ def held(z: float, anchors_only: bool = False) -> Rule:
         pool = {n: e for n, e in errors.items() if not anchors_only or n not in LEARNED}
         default = choose({n: recent_score(e, origins, horizon, at, None) for n, e in pool.items()})
         challenger = choose({n: latest_mean(e, origins, horizon, at, period) for n, e in errors.items()})
-        strength = -math.inf if challenger == default else evidence(
-            errors[challenger], errors[default], origins, horizon, at, period)
-        return challenger if strength > z else default
+        return challenged(errors, default, challenger, z, origins, horizon, at, period)
     return rule
 
 
 def latest_mean(scores: np.ndarray, origins: np.ndarray, horizon: int, at: int, period: int, days: int = 14) -> float:
-    """The plain mean score over the latest ``days`` days of known windows (NaN: none)."""
-    known = (origins + horizon <= at) & (origins >= at - days * period)
-    return float(scores[known].mean()) if known.any() else math.nan
+    """The plain mean score over the latest ``days`` days of known windows (NaN: none): the
+    product's unweighted mean (``recent_score``) of the windows since then."""
+    return recent_score(np.where(origins >= at - days * period, scores, math.nan), origins, horizon, at, None)
 
 
 RULES: dict[str, Rule] = {

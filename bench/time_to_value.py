@@ -7,8 +7,9 @@ own rows and serves the forecasts of that day (one origin per row, a day ahead),
 the start of the day with the product's rule (``edge_agent.choice``: lowest mean MASE over its
 own windows whose outcome is known, a day's weight halving every two weeks; a candidate is scored over the windows
 it has forecasts for). Alone, its candidates are the anchors (each refitted every day on every row
-it has; one that needs more rows waits) and its local-only model (trained on its own rows, weekly,
-once it holds the rows local training needs); joined, also the fleet's model, which runs on a
+it has; one that needs more rows waits), its local-only model (trained on its own rows, weekly,
+once it holds the rows local training needs) and, as the product serves it, the median of them
+(``edge_agent.newcomer.with_median``); joined, also the fleet's model (in the median too), which runs on a
 lookback filled by season where the gateway holds less than one (``edge_agent.short_context``) and
 serves on day 1, before any outcome is known. The fleet's model is the one of the round the
 gateway joined in, not trained on the newcomer (the product would fine-tune it in the next rounds):
@@ -31,12 +32,12 @@ from sealed import SEALED, SEALED_FROZEN_AT
 from time_to_value_report import markdown, plot, summarize
 from value import federation, model_config
 
-from edge_agent.newcomer import FLEET
+from edge_agent.newcomer import FLEET, with_median
 from edge_agent.recipe import ANCHORS, TRAINING
 
 QUICK = {"datasets": ["homes", "pedestrians"], "seeds": [1, 2, 3], "days": 30, "report_days": [1, 3, 7, 14, 30],
          "rounds": 10, "local_epochs": 1, "local_every_days": 7, "anchors": list(ANCHORS),
-         "selection_days": TRAINING["selection_days"]}
+         "selection_days": TRAINING["selection_days"], "median": TRAINING["median"]}
 FULL = {**QUICK, "seeds": [1, 2, 3, 4, 5]}
 
 
@@ -76,12 +77,11 @@ def newcomer_job(dataset: str, position: int, states: dict, cfg: dict, threads: 
     anchors = {name: timeline.anchor_forecasts(name) for name in cfg["anchors"]}
     runs = []
     for seed, state in states.items():
-        candidates = {FLEET: timeline.model_forecasts(timeline.fleet_model(state, seed)), **anchors,
-                      "local": timeline.local_forecasts(seed, federation(cfg, seed), cfg["local_every_days"])}
-        reported = timeline.scores(candidates)
-        alone = [name for name in candidates if name != FLEET]
-        runs.append({"seed": seed, **{side: timeline.served(candidates, reported, names, cfg["selection_days"])
-                                      for side, names in (("joined", list(candidates)), ("alone", alone))}})
+        joined = {FLEET: timeline.model_forecasts(timeline.fleet_model(state, seed)), **anchors,
+                  "local": timeline.local_forecasts(seed, federation(cfg, seed), cfg["local_every_days"])}
+        sides = {"joined": joined, "alone": {name: f for name, f in joined.items() if name != FLEET}}
+        runs.append({"seed": seed, **{side: timeline.served(with_median(candidates, cfg["median"]), cfg["selection_days"])
+                                      for side, candidates in sides.items()}})
     return {"dataset": dataset, "client": timeline.name, "days": timeline.days, "runs": runs,
             "seconds": time.perf_counter() - started}
 

@@ -218,9 +218,10 @@ def _short_history(cfg: AgentConfig, table: SeriesTable, why: str) -> Forecast:
         return Forecast(next_stamps(table, horizon), list(table.columns), torch.as_tensor(values), name,
                         anchor=f"{why}; {how}", interval=_points_only(cfg, "an anchor"))
     newcomer = Newcomer(table.values, table.index[0], sampling_step(table), period, cfg.model.lookback, horizon)
-    which, values, scores = newcomer_forecast(newcomer, fleet, anchors, cfg.training.selection_days)
+    which, values, scores = newcomer_forecast(newcomer, fleet, anchors, cfg.training.selection_days,
+                                             cfg.training.median)
     known = ", ".join(f"{name} {score:.4f}" for name, score in scores.items() if np.isfinite(score))
-    how = (f"{why}; the fleet's model or an anchor, on its own days (MASE: {known})" if known else
+    how = (f"{why}; the fleet's model, an anchor or their median, on its own days (MASE: {known})" if known else
            f"{why}; the fleet's model while no outcome of its own is known")
     stamps, columns = next_stamps(table, horizon), list(table.columns)
     if which == FLEET:

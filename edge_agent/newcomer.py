@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from edge_agent.anchors import filled, make_anchor
-from edge_agent.candidates import FEDERATED
+from edge_agent.candidates import FEDERATED, MEDIAN
 from edge_agent.choice import choose_at, recent_score
 from edge_agent.data.arrays import StandardScaler, time_features
 from edge_agent.learners.head import client_model
@@ -82,6 +82,22 @@ def window_mase(errors: dict[str, np.ndarray], scale: np.ndarray) -> dict[str, n
     return {name: (error / scale).mean(axis=1) for name, error in errors.items()}
 
 
+def with_median(forecasts: dict[str, np.ndarray], median: bool = True) -> dict[str, np.ndarray]:
+    """``forecasts`` (each (N, H, F), NaN where a candidate has none) and, with ``median`` and at
+    least three of them, their median (``MEDIAN``), as the regular path combines its candidates
+    (``edge_agent.selection``): per window over the members that forecast it, NaN where fewer than
+    three do (with an even count the mean of the two middle ones, as ``median_forecast``)."""
+    if not median or len(forecasts) < 3:
+        return forecasts
+    stacked = np.stack(list(forecasts.values()))
+    present = np.isfinite(stacked).all(axis=(2, 3))
+    enough = present.sum(axis=0) >= 3
+    members = np.where(present[:, :, None, None], stacked, np.nan)
+    combined = np.full(stacked.shape[1:], np.nan)
+    combined[enough] = np.nanmedian(members[:, enough], axis=0)
+    return {**forecasts, MEDIAN: combined}
+
+
 @dataclass(frozen=True)
 class Newcomer:
     """A gateway's rows since it joined (``values`` (n, F), data units, NaN where missing; the
@@ -128,9 +144,10 @@ class Newcomer:
 
 
 def newcomer_forecast(newcomer: Newcomer, fleet_model: nn.Module, anchors: tuple[str, ...],
-                      selection_days: int) -> tuple[str, np.ndarray, dict[str, float]]:
+                      selection_days: int, median: bool = False) -> tuple[str, np.ndarray, dict[str, float]]:
     """What the gateway serves now, the next ``horizon`` rows (H, F) and every candidate's recent
-    MASE: the fleet's model or an anchor, each replayed over the days held (``Newcomer``)."""
+    MASE: the fleet's model, an anchor or (with ``median``) their median, each replayed over the
+    days held (``Newcomer``)."""
     present, period, horizon = len(newcomer.values), newcomer.period, newcomer.horizon
     days = range(1, present // period + 1)
     origins = np.concatenate([newcomer.day_origins(day) for day in days])
@@ -140,10 +157,10 @@ def newcomer_forecast(newcomer: Newcomer, fleet_model: nn.Module, anchors: tuple
         if per_day[-1] is not None:
             forecasts[name] = [np.full((len(newcomer.day_origins(d)), horizon, newcomer.values.shape[1]), np.nan)
                                if f is None else f for d, f in zip(days, per_day)]
-    stacked = {name: np.concatenate(parts) for name, parts in forecasts.items()}
+    stacked = with_median({name: np.concatenate(parts) for name, parts in forecasts.items()}, median)
     errors = {name: window_errors(f, newcomer.values, origins, horizon) for name, f in stacked.items()}
-    span = selection_days * period if selection_days else None
+    half_life = selection_days * period if selection_days else None
     per_window = window_mase(errors, own_scale(newcomer.values, period))
-    scores = {name: recent_score(e, origins, horizon, present, span) for name, e in per_window.items()}
-    which = choose_at(per_window, origins, horizon, present, span)
+    scores = {name: recent_score(e, origins, horizon, present, half_life) for name, e in per_window.items()}
+    which = choose_at(per_window, origins, horizon, present, half_life)
     return which, stacked[which][-1], scores

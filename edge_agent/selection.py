@@ -79,8 +79,8 @@ class Served:
     "median"), its model (None for an anchor and the median), every candidate's score at the
     moment of the choice (NaN: not available), for the median its members by name (a model, None
     for an anchor) and, to re-choose later with the same rule, every ``candidates`` by name with
-    ``median`` (whether the median competes) and the ``span`` of rows the choice looks back on
-    (``served_days``; empty ``candidates``: the choice is fixed), with the per-window scores it
+    ``median`` (whether the median competes) and the ``half_life`` of a window's weight in rows
+    (``half_life_rows``; empty ``candidates``: the choice is fixed), with the per-window scores it
     already computed by split (``errors``), so a re-choice computes only the rest."""
 
     which: str
@@ -89,7 +89,7 @@ class Served:
     members: dict[str, nn.Module | None] = field(default_factory=dict)
     candidates: dict[str, nn.Module | None] = field(default_factory=dict)
     median: bool = False
-    span: int | None = None
+    half_life: int | None = None
     errors: dict[str, dict[str, np.ndarray]] = field(default_factory=dict, repr=False)
 
     @property
@@ -164,7 +164,7 @@ def window_scores(batches: Iterable[Batch], levels: Sequence[float] | None, scal
     return np.concatenate(parts) if parts else np.zeros(0)
 
 
-def selection_span(client: ClientData, selection_days: int) -> int | None:
+def half_life_rows(client: ClientData, selection_days: int) -> int | None:
     """``selection_days``, the half-life of a window's weight in the choice, in rows of the
     client's data (None: 0 days, every window alike)."""
     return selection_days * client.period if selection_days else None
@@ -198,16 +198,16 @@ def select(client: ClientData, models: dict[str, nn.Module], anchors: Sequence[s
     horizon = client.val.horizon
     known = [split for split in KNOWN_SPLITS if (split_windows(client, split).origins() + horizon <= clock).any()]
     errors = {split: split_scores(client, members, median, split) for split in known}
-    span = selection_span(client, selection_days)
+    half_life = half_life_rows(client, selection_days)
     scores = dict.fromkeys([*models, *anchors], math.nan)
     which = choose(scores)
     if known:
         origins = np.concatenate([split_windows(client, split).origins() for split in known])
         history = {name: np.concatenate([errors[split][name] for split in known]) for name in errors[known[0]]}
-        scores |= {name: recent_score(e, origins, horizon, clock, span) for name, e in history.items()}
-        which = choose_at(history, origins, horizon, clock, span)
+        scores |= {name: recent_score(e, origins, horizon, clock, half_life) for name, e in history.items()}
+        which = choose_at(history, origins, horizon, clock, half_life)
     competes = MEDIAN in errors.get(known[0], {}) if known else median_competes(members, median)
-    return Served(which, models.get(which), scores, members if which == MEDIAN else {}, members, competes, span, errors)
+    return Served(which, models.get(which), scores, members if which == MEDIAN else {}, members, competes, half_life, errors)
 
 
 def median_competes(members: dict[str, nn.Module | None], median: bool) -> bool:
@@ -251,7 +251,7 @@ def served_days(client: ClientData, served: Served) -> tuple[list[Batch], np.nda
     origins = np.concatenate([split_windows(client, split).origins() for split in KNOWN_SPLITS])
     history = {name: np.concatenate([errors[split][name] for split in KNOWN_SPLITS]) for name in errors["val"]}
     test = client.test
-    picks = daily_picks(history, origins, test.horizon, client.period, test.origins(), served.span)
+    picks = daily_picks(history, origins, test.horizon, client.period, test.origins(), served.half_life)
     forecasts = {name: with_levels(torch.cat([f for f, _ in fixed_batches(client, name, members.get(name), members,
                                                                            "test")]), served.levels)
                  for name in set(picks)}

@@ -15,7 +15,8 @@ from edge_agent.config import AgentConfig, load_config
 from edge_agent.forecast import fleet_model, forecast
 from edge_agent.learners import fleet_template
 from edge_agent.live import gateway_table
-from edge_agent.newcomer import FLEET, Newcomer, seasonal_fill
+from edge_agent.candidates import MEDIAN
+from edge_agent.newcomer import FLEET, Newcomer, seasonal_fill, with_median
 from edge_agent.state import AgentState
 from edge_agent.toml_config import dump_toml
 from tests.test_hostile import round_message
@@ -101,6 +102,21 @@ def test_a_gateway_too_short_to_train_serves_the_fleets_model_or_an_anchor_by_th
         np.testing.assert_allclose(result.values.numpy(), site.model_forecasts(model, 1)[-1], rtol=1e-5)
     else:
         assert "on its own days (MASE: federated" in result.served_by
-        assert result.model in (FLEET, *cfg.training.anchors)
+        assert result.model in (FLEET, MEDIAN, *cfg.training.anchors)
     (tmp_path / "state" / "global.safetensors").unlink()
     assert forecast(cfg).model != FLEET  # without the fleet's model: the best anchor it can fit
+
+
+def test_the_median_of_a_newcomers_candidates_is_taken_over_those_that_forecast_each_window() -> None:
+    """Per window, the median over the members with a forecast (the mean of the two middle ones
+    for an even count), none where fewer than three forecast it, none at all with fewer than three
+    candidates or without ``median``."""
+    nan = np.nan
+    members = {"a": np.array([1.0, 1.0, 1.0]), "b": np.array([2.0, 2.0, nan]), "c": np.array([9.0, nan, 5.0]),
+               "d": np.array([4.0, 3.0, nan])}
+    forecasts = {name: values.reshape(3, 1, 1) for name, values in members.items()}
+    combined = with_median(forecasts)[MEDIAN].ravel()
+    np.testing.assert_array_equal(combined[:2], [3.0, 2.0])
+    assert np.isnan(combined[2])
+    assert MEDIAN not in with_median(forecasts, median=False)
+    assert MEDIAN not in with_median({"a": forecasts["a"], "b": forecasts["b"]})
