@@ -23,7 +23,7 @@ from edge_agent.toml_config import (  # noqa: F401  (re-exported: every config i
     dump_toml,
     load_config,
 )
-from edge_agent.training_settings import HeadTraining
+from edge_agent.training_settings import HeadTraining, with_defaults
 
 MODE_FIELDS = {"head": {"model"}, "prompt": {"foundation", "foundation_sha256", "prompt"},
                "pretrain": {"foundation_model", "fedal_client"}}
@@ -80,28 +80,13 @@ def _shown(value: object) -> str:
     return text if len(text) <= SHOWN_CHARS else text[: SHOWN_CHARS - 3] + "..."
 
 
-class AgentTraining(HeadTraining):
+AgentTraining = with_defaults(
+    HeadTraining, "AgentTraining", __name__,
     """Local training plus how densely the gateway cuts its history into training windows. The
-    defaults are the product's recipe (README, "Does joining the fleet pay?"): small batches, and
-    the gateway serves whichever of its federated model, its local-only model and the anchors
-    validates best."""
-
-    batch_size: int = Field(RECIPE["batch_size"], ge=1, description="training windows per optimizer step")
-    lr: float = Field(RECIPE["lr"], gt=0, description="learning rate of the local optimizer (Adam)")
-    min_steps: int = Field(RECIPE["min_steps"], ge=0, description="at least this many optimizer steps per round: a "
-                           "short history gets more passes over its few windows (head mode)")
-    max_steps: int = Field(RECIPE["max_steps"], ge=0, description="at most this many optimizer steps per round and "
-                           "model (0: no bound): a round's cost stays bounded however long the history (head mode)")
-    keep_local: bool = Field(RECIPE["keep_local"], description="also train a local-only model and serve it where it "
-                             "validates better")
-    anchors: tuple[str, ...] = Field(RECIPE["anchors"], description="anchors (edge_agent.anchors) the gateway serves "
-                                     "wherever one validates better than its models")
-    median: bool = Field(RECIPE["median"], description="also serve the median of its models and lookback anchors "
-                         "where it scores better")
-    selection_days: int = Field(RECIPE["selection_days"], ge=0, description="choose what to serve on the known "
-                                "outcomes, each weighted by its age, halving every this many days (edge_agent.choice; "
-                                "0: all alike)")
-    stride: int = Field(1, ge=1, description="step between training windows")
+    defaults are the product's recipe (``edge_agent.recipe.TRAINING``; README, "Does joining the
+    fleet pay?"): small batches, and the gateway serves whichever of its federated model, its
+    local-only model, the anchors and their median scores best.""",
+    RECIPE, stride=(int, Field(1, ge=1, description="step between training windows")))
 
 
 class AgentConfig(FleetModel):

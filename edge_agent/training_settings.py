@@ -3,9 +3,11 @@ Torch-free, so that configs are checked before the training loop (``edge_agent.t
 
 from __future__ import annotations
 
+import copy
 import math
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator
 
 from edge_agent.anchors import ANCHORS
 from edge_agent.registry import registered
@@ -77,3 +79,19 @@ class HeadTraining(LocalTraining):
         if len(set(names)) != len(names):
             raise ValueError(f"anchors: {list(names)} names one twice")
         return names
+
+
+def with_defaults(base: type[BaseModel], name: str, module: str, doc: str, defaults: dict[str, Any],
+                  **fields: Any) -> type[BaseModel]:
+    """``base`` as class ``name`` of ``module``, whose fields keep their type, bounds and description but
+    start at ``defaults``, plus new ``fields`` (``(type, Field(...))``): a setting declared once,
+    its default set where the recipe lives."""
+    unknown = set(defaults) - set(base.model_fields)
+    if unknown:
+        raise ValueError(f"with_defaults: {sorted(unknown)} are not fields of {base.__name__}")
+    changed = {}
+    for field, value in defaults.items():
+        info = copy.deepcopy(base.model_fields[field])
+        info.default = value
+        changed[field] = (base.model_fields[field].annotation, info)
+    return create_model(name, __base__=base, __doc__=doc, __module__=module, **changed, **fields)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import functools
 import os
-from enum import Enum
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -156,75 +155,3 @@ def broker_config(
     console.print(f"\nstart the broker:     mosquitto -c {written['mosquitto.conf']}\n{service}")
     if ids:
         console.print(f"start an agent:        edgefl agent run --config {written[ids[0] + '.toml']}")
-
-
-class PretrainStrategy(str, Enum):
-    """How ``edgefl pretrain`` aggregates (the strategies of ``coordinator.simulation.pretrain``)."""
-
-    fedavg = "fedavg"
-    fedal = "fedal"
-
-
-@app.command("pretrain", rich_help_panel=COORDINATOR)
-@needs("coordinator")
-def pretrain_command(
-    out: Annotated[Path, typer.Option(help="foundation checkpoint to write")] = Path("runs/foundation.safetensors"),
-    strategy: Annotated[PretrainStrategy, typer.Option(help="fedavg: FedPoD's masked pretraining (appendix B.1); fedal: FeDaL's "
-                                          "bias elimination, core-sets and server correction")] = PretrainStrategy.fedavg,
-    rounds: Annotated[int, typer.Option(help="federated rounds (paper: 20)")] = 5,
-    local_epochs: Annotated[int, typer.Option(help="local epochs per round (paper: 20)")] = 1,
-    participation: Annotated[float, typer.Option(help="share C of devices per round (paper: 0.5)")] = 0.5,
-    window: Annotated[int, typer.Option(help="hours the model sees: past + forecast horizon")] = 24,
-    stride: Annotated[int, typer.Option(help="step between training windows")] = 3,
-    paper_sizes: Annotated[bool, typer.Option(help="d_model 256, 4 layers, 8 heads (Table 9)")] = False,
-    steps: Annotated[str, typer.Option(help="resolutions of every site in the fleet, e.g. 1h,3h,6h "
-                                       "(mean per interval)")] = "1h",
-    per_variable: Annotated[bool, typer.Option(help="also one client per measured variable of every site")] = False,
-    extra_series: Annotated[bool, typer.Option(help="also pvlib's other real series: Craig CO every 30 min and "
-                                               "hourly rain + particulates (adds their quantities to the model)")] = False,
-    seed: int = 42,
-) -> None:
-    """Pretrain the foundation model by masked reconstruction, federated over the weather sites
-    (with --steps, --per-variable and --extra-series: a fleet that mixes resolutions and quantities)."""
-    from rich.live import Live
-    from rich.table import Table
-
-    from coordinator.simulation.pretrain_config import PretrainConfig
-    from edge_agent.data.variables import EXTRA_VARIABLES, WEATHER_VARIABLES
-    from edge_agent.models.foundation_config import FoundationConfig
-    from edge_agent.times import parse_duration
-
-    with reported(DataError, ValueError, flags=flags_of("rounds", "local_epochs", "participation", "window", "stride",
-                                                         "steps", "seed")):
-        resolutions = [s.strip() for s in steps.split(",")]
-        for step in resolutions:  # the flags are checked before the data (pandas, pvlib) and torch load
-            try:
-                parse_duration(step)
-            except ValueError as err:
-                raise ValueError(f"--steps: {err}") from None
-        variables = WEATHER_VARIABLES + (EXTRA_VARIABLES if extra_series else ())
-        fm = (FoundationConfig.paper if paper_sizes else FoundationConfig)(window=window, variables=variables)
-        cfg = PretrainConfig(strategy=strategy.value, rounds=rounds, local_epochs=local_epochs, participation=participation,
-                             stride=stride, seed=seed)
-        from edge_agent.data import load_sites
-        from edge_agent.data.canonical import device_series
-        from edge_agent.data.extra import extra_series as load_extra
-        from edge_agent.data.resample import mixed_fleet
-
-        fleet = mixed_fleet(load_sites(), resolutions, per_variable)
-        fleet += load_extra() if extra_series else []
-        devices = [device_series(table, fm.variables, fm.window, stride) for table in fleet]
-    from coordinator.simulation.pretrain import pretrain
-    from edge_agent.models.foundation import save_foundation
-
-    table = Table("round", "devices", "train loss", "val masked MSE", "seconds", title=f"foundation pretraining ({strategy.value})")
-    with Live(table, console=console.rich, refresh_per_second=4):
-        model, _ = pretrain(devices, fm, cfg, lambda r: table.add_row(
-            str(r.round), _devices(r.devices, len(devices)), f"{r.train_loss:.4f}", f"{r.val_loss:.4f}", f"{r.seconds:.1f}"))
-    digest = save_foundation(model, out)
-    console.print(f"\nwrote {out} (sha256 {digest})", soft_wrap=True)
-
-
-def _devices(names: tuple[str, ...], fleet: int, shown: int = 6) -> str:
-    """The devices of a round by name, or how many of the fleet where names would not fit."""
-    return ", ".join(names) if len(names) <= shown else f"{len(names)} of {fleet}"

@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 from datetime import timedelta
 from enum import Enum
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import numpy as np
 import typer
@@ -25,7 +25,8 @@ import typer
 from edge_agent.broker_settings import QOS, BrokerConfig
 from edge_agent.data import DataError, GapPolicy
 from edge_agent.data.errors import file_not_found
-from edgefl.errors import LazyConsole, fail, flags_of, reported
+from edgefl.errors import LazyConsole, fail, reported
+from edgefl.model_options import ModelOptions
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -33,6 +34,8 @@ if TYPE_CHECKING:
     from edge_agent.data import SeriesTable
 
 DEFAULT_PREFIX = "sensors"
+OPTIONS = ModelOptions({GapPolicy: ("fill", "max_fill_steps"),
+                       BrokerConfig: ("host", "port", "username", "password", "tls_ca")}, names={})
 DEFAULT_SENSOR = "REPLAY"
 CONNECT_TIMEOUT_S = 10.0
 DRAIN_TIMEOUT_S = 30.0
@@ -252,8 +255,6 @@ def replay_command(
     site: Annotated[Optional[str], typer.Option(help="bundled weather site (see edgefl sites)")] = None,
     csv: Annotated[Optional[Path], typer.Option("--csv", help="your own CSV (date column + numeric columns)")] = None,
     date_column: Annotated[Optional[str], typer.Option(help="name of the date column in --csv")] = None,
-    fill: Annotated[str, typer.Option(help="gaps in --csv: refuse | skip | ffill | interpolate")] = GapPolicy().fill,
-    max_fill_steps: Annotated[int, typer.Option(help="longest gap (steps) that --fill fills")] = GapPolicy().max_fill_steps,
     columns: Annotated[Optional[str], typer.Option(help="comma-separated columns to publish (default all)")] = None,
     rows: Annotated[Optional[int], typer.Option(help="publish this many rows (default: all; without --start-row the last ones)")] = None,
     start_row: Annotated[Optional[int], typer.Option(help="first row to publish (0-based)")] = None,
@@ -266,27 +267,23 @@ def replay_command(
     speedup: Annotated[float, typer.Option(help="data seconds per wall second (3600: an hourly row a second; 0: no waiting)")] = 3600.0,
     rebase: Annotated[bool, typer.Option(help="shift timestamps by whole days so the last row's interval ends at "
                                          "the latest past time with its time of day (--no-rebase: original times)")] = True,
-    host: str = "127.0.0.1",
-    port: int = 1883,
-    username: Optional[str] = None,
-    password: Optional[str] = None,
-    tls_ca: Annotated[Optional[Path], typer.Option(help="CA certificate of the broker (turns TLS on)")] = None,
+    **settings: Any,
 ) -> None:
     """Publish a CSV file or a bundled weather station as live sensor readings to an MQTT broker (QoS 1).
     Timestamps without a zone are taken as UTC."""
-    with reported(DataError, flags=flags_of("host", "port", "username", "password", "tls_ca", "fill", "max_fill_steps")):
+    with reported(DataError, flags=OPTIONS.flags):
         if style not in Style.__members__:
             raise DataError(f"unknown --style '{style}'; choose {', '.join(Style.__members__)}")
         kind = Style(style)
         check_speedup(speedup)
-        table = load_table(site, csv, date_column, GapPolicy(fill=fill, max_fill_steps=max_fill_steps))
+        table = load_table(site, csv, date_column, GapPolicy(**OPTIONS.values(GapPolicy, settings)))
         table = pick_rows(table.select(columns.split(",")) if columns else table, rows, start_row)
         name = device or site or csv.stem
         check_levels("--device", [name])
         if kind is Style.plain:
             check_levels("--prefix level", prefix.split("/"))
             check_levels("column", table.columns)
-        broker = BrokerConfig(host=host, port=port, username=username, password=password, tls_ca=tls_ca)
+        broker = BrokerConfig(**OPTIONS.values(BrokerConfig, settings))
     import pandas as pd  # a table is a pandas table: the sites and CSV files need the gateway extra anyway
     from rich.progress import MofNCompleteColumn, Progress
 
@@ -308,3 +305,6 @@ def replay_command(
                   f"{broker.host}:{broker.port} in {stats.seconds:.1f} s")
     if stats.interrupted:
         raise typer.Exit(130)
+
+
+replay_command.__signature__ = OPTIONS.signature(replay_command)

@@ -19,7 +19,7 @@ from edgefl.extras import missing_extra
 START, GATEWAY, COORDINATOR, EXPORT = "Getting started", "On a gateway", "Coordinator and sites", "Export and energy"
 PANELS = (START, GATEWAY, COORDINATOR, EXPORT)
 """The panels of ``edgefl --help`` in order: the commands to try first, then one per role."""
-LAZY = {"simulate": ("edgefl.simulate_cli", "coordinator")}
+LAZY = {"simulate": ("edgefl.simulate_cli", "coordinator"), "pretrain": ("edgefl.pretrain_cli", "coordinator")}
 """Command name -> the module whose typer ``app`` holds it, and the extra that module needs."""
 
 

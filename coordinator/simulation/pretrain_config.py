@@ -17,12 +17,13 @@ class PretrainConfig(LocalTraining):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    rounds: int = Field(5, ge=1)
+    rounds: int = Field(5, ge=1, description="federated rounds (paper: 20)")
     participation: float = Field(0.5, gt=0.0, le=1.0, description="share C of devices per round")
     batch_size: int = Field(64, ge=1)
     stride: int = Field(3, ge=1, description="step between training windows")
-    seed: int = 42
-    strategy: Literal["fedavg", "fedal"] = Field("fedavg", description="how rounds aggregate")
+    seed: int = Field(42, description="seed of the model's initialization, the devices drawn and the batches")
+    strategy: Literal["fedavg", "fedal"] = Field("fedavg", description="fedavg: FedPoD's masked pretraining (appendix "
+                                                 "B.1); fedal: FeDaL's bias elimination, core-sets and server correction")
     client: FedalClientSettings | None = Field(None, description="FeDaL's device side (None: FedPoD's plain "
                                                "masked reconstruction, or FeDaL's defaults under fedal)")
     server: GBESettings = Field(GBESettings(), description="fedal: the server side (its model is the one pretrained)")
