@@ -35,6 +35,7 @@ from coordinator.pretraining import write_foundation
 from coordinator.store import RoundRow, Store
 from coordinator.store_backends import LeaseLost
 from coordinator.participants import Participants
+from edge_agent.asked import announced
 from coordinator.strategies import ClientInfo, ClientUpdate, RoundPolicy, make_strategy
 from coordinator.strategies.trust import latest_trust
 from coordinator.throttle import IntakeThrottle
@@ -212,10 +213,11 @@ class Coordinator:
 
     def _publish_round(self, row: RoundRow, state_file: str, finished: bool) -> None:
         state = self.store.load_file(state_file)
+        asked = None if finished else self.participants.named(row)
         header = RoundHeader(
             fleet=self.cfg.fleet, sender=SENDER, round=row.round, deadline_unix=row.deadline,
             model_signature=self.signature, finished=finished, campaign=self.campaign,
-            participants=None if finished else self.participants.named(row),
+            **({} if asked is None else announced(asked)),
         )
         self.connection.publish(self.topics.round, encode(header, state), retain=True)
         self._announced = row

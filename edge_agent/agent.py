@@ -241,8 +241,8 @@ class Agent:
             self.finished = True
             self.on_event("finished", {"round": header.round})
             return
-        if header.participants is not None and self.cfg.client_id not in header.participants:
-            log.info("round %d: not asked to train (%d of the fleet are)", header.round, len(header.participants))
+        if not header.asks(self.cfg.client_id):
+            log.info("round %d: not asked to train (%d of the fleet are)", header.round, header.asked_count)
             self.on_event("not_asked", {"round": header.round})
         elif self.backoff.shut_out:
             log.warning("round %d: not training, the coordinator refused us (%s)", header.round,
