@@ -25,6 +25,7 @@ from paho.mqtt.properties import Properties
 
 from mqtt_bench import envelope_header, raise_fd_limit, restamp
 
+from edge_agent.asked import is_asked
 from edge_agent.mqtt import paho_client
 
 SESSION_EXPIRY_S = 600
@@ -98,7 +99,7 @@ class Gateway:
             self._publish("status", b"offline", retain=True)
             self.client.disconnect()
             self.done = True
-        elif header.get("participants") is not None and self.id not in header["participants"]:
+        elif not is_asked(header.get("participants"), header.get("asked"), self.id):
             self.tally["rounds_not_asked"] += 1
         elif header["round"] not in self.sent:
             self.sent.add(header["round"])

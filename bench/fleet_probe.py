@@ -12,6 +12,8 @@ from pathlib import Path
 
 from mqtt_bench import connected_client, envelope_header
 
+from edge_agent.asked import asked_count
+
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
@@ -45,8 +47,9 @@ class Monitor:
         header = envelope_header(message.payload)
         if header["kind"] == "round":
             self.announced.setdefault(header["round"] + header["finished"], now)
-            if header.get("participants") is not None:
-                self.asked[header["round"]] = len(header["participants"])
+            count = asked_count(header.get("participants"), header.get("asked"))
+            if count is not None:
+                self.asked[header["round"]] = count
             if header["finished"]:
                 self.finished.set()
         elif header["kind"] == "reply" and header["about"] == "update" and header["accepted"]:

@@ -34,7 +34,7 @@ from edge_agent.tensors import TensorDict
 
 
 @dataclass(frozen=True)
-class RoundResult:
+class ClosedRound:
     """A closed round: the next global state, per-client messages, who took part and how.
 
     ``on_time`` clients sent updates before the close that entered aggregation; ``imputed`` ones
@@ -112,7 +112,7 @@ class RoundEngine:
             self.history.observe(client_id, round_number, _model_part(params, self.state_keys))
 
     def close(self, round_number: int, current: TensorDict, on_time: Sequence[ClientUpdate],
-              roster: Sequence[ClientInfo], need: int = 0) -> RoundResult:
+              roster: Sequence[ClientInfo], need: int = 0) -> ClosedRound:
         """Close ``round_number`` whose global state was ``current``; ``roster`` is every
         registered client; ``need``: the on-time updates that must pass the screen (else
         ``TooFewScreened``). With no update left after screening the global state stays as it was."""
@@ -145,7 +145,7 @@ class RoundEngine:
         self.trust = trust
         stood_in = {u.client_id for u in stale}
         clipped = (*screened.clipped, *(c for c in cut if c not in screened.clipped))
-        return RoundResult(round_number, state, personal, tuple(u.client_id for u in accepted),
+        return ClosedRound(round_number, state, personal, tuple(u.client_id for u in accepted),
                            tuple(u.client_id for u in imputed if u.client_id not in stood_in),
                            tuple(imputation.dropped), _mean_loss(accepted), self.forecaster.name, metrics,
                            rejected, clipped, sum(u.n_samples for u in entering),

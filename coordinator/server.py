@@ -25,7 +25,7 @@ from pathlib import Path
 
 from coordinator.access import Access
 from coordinator.config import CoordinatorConfig
-from coordinator.engine import RoundEngine, RoundResult, TooFewScreened
+from coordinator.engine import RoundEngine, ClosedRound, TooFewScreened
 from coordinator.intake import (
     STORAGE_ERRORS, Effects, Refusal, check_replay, check_sender, guarded, record, stale_round, with_retries,
 )
@@ -35,6 +35,7 @@ from coordinator.pretraining import write_foundation
 from coordinator.store import RoundRow, Store
 from coordinator.store_backends import LeaseLost
 from coordinator.participants import Participants
+from edge_agent.asked import announced
 from coordinator.strategies import ClientInfo, ClientUpdate, RoundPolicy, make_strategy
 from coordinator.strategies.trust import latest_trust
 from coordinator.throttle import IntakeThrottle
@@ -212,10 +213,11 @@ class Coordinator:
 
     def _publish_round(self, row: RoundRow, state_file: str, finished: bool) -> None:
         state = self.store.load_file(state_file)
+        asked = None if finished else self.participants.named(row)
         header = RoundHeader(
             fleet=self.cfg.fleet, sender=SENDER, round=row.round, deadline_unix=row.deadline,
             model_signature=self.signature, finished=finished, campaign=self.campaign,
-            participants=None if finished else self.participants.named(row),
+            **({} if asked is None else announced(asked)),
         )
         self.connection.publish(self.topics.round, encode(header, state), retain=True)
         self._announced = row
@@ -269,7 +271,7 @@ class Coordinator:
         self._announce(following)
         return following
 
-    def _aggregate(self, row: RoundRow, updates: list, why: str, next_deadline: float | None) -> RoundResult:
+    def _aggregate(self, row: RoundRow, updates: list, why: str, next_deadline: float | None) -> ClosedRound:
         """Run the round engine on ``updates`` and make its result durable (one transaction: the
         twins' history too), opening the next round with ``next_deadline`` unless it is None. If the
         store fails, the strategy, twins, trust and round policy are as before, to close again later."""
@@ -286,7 +288,7 @@ class Coordinator:
         self._report_close(row.round, result, why)
         return result
 
-    def _aggregate_in_batch(self, row: RoundRow, updates: list, why: str, next_deadline: float | None) -> RoundResult:
+    def _aggregate_in_batch(self, row: RoundRow, updates: list, why: str, next_deadline: float | None) -> ClosedRound:
         on_time = [
             ClientUpdate(u.client_id, self._decoded.pop((row.round, u.client_id), None) or self.store.load_update(u),
                          u.n_samples, u.metrics)
@@ -311,7 +313,7 @@ class Coordinator:
             self.on_event("rejected", {"client": client, "code": code, "reason": "screening"})
         return result
 
-    def _report_close(self, number: int, result: RoundResult, why: str) -> None:
+    def _report_close(self, number: int, result: ClosedRound, why: str) -> None:
         rejected = self.store.refusals_in(number)
         self.on_event("closed", {"round": number, "accepted": len(result.on_time), "rejected": rejected,
                                  "imputed": list(result.imputed), "loss": result.loss, "why": why})

@@ -44,7 +44,7 @@ from edge_agent.state import AgentState
 from edge_agent.storage import writable_folder
 from edge_agent.tensors import Layout, TensorDict, first_non_finite, l2_norm, layout_of
 from edge_agent.topics import Topics
-from edge_agent.training_child import RoundResult, TrainingChild
+from edge_agent.training_child import TrainingOutcome, TrainingChild
 
 log = logging.getLogger("edgefl.agent")
 UPDATE_HEADER_MARGIN = 4096  # room for metrics and the campaign id in a real update's header
@@ -241,8 +241,8 @@ class Agent:
             self.finished = True
             self.on_event("finished", {"round": header.round})
             return
-        if header.participants is not None and self.cfg.client_id not in header.participants:
-            log.info("round %d: not asked to train (%d of the fleet are)", header.round, len(header.participants))
+        if not header.asks(self.cfg.client_id):
+            log.info("round %d: not asked to train (%d of the fleet are)", header.round, header.asked_count)
             self.on_event("not_asked", {"round": header.round})
         elif self.backoff.shut_out:
             log.warning("round %d: not training, the coordinator refused us (%s)", header.round,
@@ -343,7 +343,7 @@ class Agent:
             self._guarded(message)
         return True
 
-    def _send_trained(self, result: RoundResult) -> None:
+    def _send_trained(self, result: TrainingOutcome) -> None:
         """The child saved the round's personal state and update: take both over and publish it."""
         self.learner = self._saved_learner()
         self.trained_round = result.round
@@ -352,7 +352,7 @@ class Agent:
         self.connection.publish(self.topics.agent(self.cfg.client_id, "update"), self.files.pending.read_bytes())
         self.on_event("sent", {"round": result.round, "loss": result.loss, "peak_rss_mb": result.peak_rss_mb})
 
-    def _skip_failed_round(self, result: RoundResult) -> None:
+    def _skip_failed_round(self, result: TrainingOutcome) -> None:
         log.error("round %d: %s; no update sent, model restored as of the last good round", result.round,
                   result.reason)
         self.learner = self._saved_learner()

@@ -209,8 +209,8 @@ def _scores(served: Served) -> str:
 
 def _short_history(cfg: AgentConfig, table: SeriesTable, why: str) -> Forecast:
     """Too little history to train: once a day is held and the fleet's model has arrived, the
-    fleet's model or an anchor by the product's rule (``edge_agent.newcomer``); before, the best
-    anchor the gateway can fit. Either says so."""
+    fleet's model, an anchor or their median by the product's rule (``edge_agent.newcomer``);
+    before, the best anchor the gateway can fit. Either says so."""
     anchors, period, horizon = tuple(cfg.training.anchors or RECIPE_ANCHORS), steps_per_day(table), cfg.model.horizon
     fleet = fleet_model(cfg, table)
     if fleet is None or table.n_rows < period:

@@ -1,6 +1,7 @@
 """What a gateway that has just joined serves before it holds the rows local training needs: the
-fleet's model or one of its anchors, whichever forecast its own recent days best by the product's
-rule (``edge_agent.choice``), the fleet's model while no outcome is known yet.
+fleet's model, one of its anchors or (with ``training.median``) their median, whichever forecast
+its own recent days best by the product's rule (``edge_agent.choice``), the fleet's model while no
+outcome is known yet.
 
 The fleet's model needs a lookback the gateway may not hold yet: the rows it has are kept and each
 earlier position takes the earliest row of the same phase of the season (``seasonal_fill``), as a

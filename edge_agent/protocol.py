@@ -25,11 +25,13 @@ from typing import Annotated, Literal, Union
 import torch
 from pydantic import (
     BaseModel, ConfigDict, Field, JsonValue, StringConstraints, TypeAdapter, ValidationError, field_validator,
+    model_validator,
 )
 from safetensors import SafetensorError
 from safetensors.torch import load as load_tensors
 from safetensors.torch import save as save_tensors
 
+from edge_agent.asked import MAX_ASKED_CHARS, MAX_PARTICIPANTS, asked_count, asked_digests, is_asked
 from edge_agent.limits import MAX_JSON_DEPTH, MAX_ROUND, NAME_PATTERN, json_depth
 from edge_agent.tensors import Layout, LayoutError, TensorDict, check_layout, first_non_finite, layout_of
 
@@ -44,7 +46,6 @@ MAX_FEATURES = 10**6
 MAX_BODY_BYTES = 2**40
 MAX_METRICS = 32
 MAX_REASON = 500
-MAX_PARTICIPANTS = 900  # client ids a round announcement may name (64-character ids fit MAX_HEADER_BYTES)
 DIGEST_PATTERN = r"^[0-9a-f]{64}$"
 PLACEHOLDER_DIGEST = "0" * 64  # where only a header's size matters
 Metrics = dict[Annotated[str, StringConstraints(pattern=NAME_PATTERN)], float]
@@ -112,7 +113,26 @@ class RoundHeader(_Header):
     model_signature: str = Field(pattern=r"^[0-9a-f]{16,64}$")
     finished: bool = False
     participants: list[ClientId] | None = Field(None, max_length=MAX_PARTICIPANTS, description="the clients asked "
-                                                 "to train this round; None: every client")
+                                                 "to train this round; None: every client (or ``asked``)")
+    asked: str | None = Field(None, max_length=MAX_ASKED_CHARS, description="a round asking more than "
+                              "MAX_PARTICIPANTS: their id digests, base64 (edge_agent.asked)")
+
+    @model_validator(mode="after")
+    def _one_list(self) -> RoundHeader:
+        if self.participants is not None and self.asked is not None:
+            raise ValueError("a round names its participants or gives their digests, not both")
+        if self.asked is not None:
+            asked_digests(self.asked)
+        return self
+
+    def asks(self, client_id: str) -> bool:
+        """Whether this round asks ``client_id`` to train."""
+        return is_asked(self.participants, self.asked, client_id)
+
+    @property
+    def asked_count(self) -> int | None:
+        """How many clients this round asks (None: every client)."""
+        return asked_count(self.participants, self.asked)
 
 
 class ReplyHeader(_Header):

@@ -65,7 +65,7 @@ class RoundJob(BaseModel):
     metrics: dict[str, float] = {}
 
 
-class RoundResult(BaseModel):
+class TrainingOutcome(BaseModel):
     """The child's answer: ``sent`` (the update is in the state folder, the round marked done) or
     ``failed`` (nothing saved: the agent skips the round), with the loss and the peak resident
     memory of the child and of the data process that ran before it (0: none ran)."""
@@ -107,7 +107,7 @@ class TrainingChild:
         log.info("round %d: %s in child process %d", self.round, self.step.doing, process.pid)
         return process
 
-    def result(self, timeout: float = 0.0) -> RoundResult | None:
+    def result(self, timeout: float = 0.0) -> TrainingOutcome | None:
         """The training process's answer once it has exited (waiting up to ``timeout`` seconds),
         else None; a step that exited without one (or with an error) failed the round."""
         deadline = time.monotonic() + timeout
@@ -124,9 +124,9 @@ class TrainingChild:
         for used in (JOB_FILE, DATA_JOB_FILE, ROUND_DATA):
             (self.folder / used).unlink(missing_ok=True)
         try:
-            return RoundResult.model_validate_json((self.folder / RESULT_FILE).read_bytes())
+            return TrainingOutcome.model_validate_json((self.folder / RESULT_FILE).read_bytes())
         except (OSError, ValueError) as err:
-            return RoundResult(round=self.round, status="failed", reason=f"the {self.step.process} exited with code "
+            return TrainingOutcome(round=self.round, status="failed", reason=f"the {self.step.process} exited with code "
                                f"{code} and no result ({err.__class__.__name__})")
 
     def stop(self) -> None:
@@ -160,7 +160,7 @@ def round_learner(cfg: AgentConfig, folder: Path) -> tuple[Learner, float]:
         return head_learner(cfg, data), float(npz[PEAK])
 
 
-def train_round(job: RoundJob, folder: Path) -> RoundResult:
+def train_round(job: RoundJob, folder: Path) -> TrainingOutcome:
     """Train ``job.round`` on the learner restored from the state folder and save its update."""
     from edge_agent.protocol import UpdateHeader, encode
     from edge_agent.state import AgentState
@@ -174,7 +174,7 @@ def train_round(job: RoundJob, folder: Path) -> RoundResult:
     loss = learner.train(job.round)
     wire = learner.wire_state(job.round)
     if not math.isfinite(loss) or first_non_finite(wire) is not None:
-        return RoundResult(round=job.round, status="failed", loss=loss if math.isfinite(loss) else None,
+        return TrainingOutcome(round=job.round, status="failed", loss=loss if math.isfinite(loss) else None,
                            reason=f"local training diverged (loss {loss} or non-finite parameters)",
                            data_peak_rss_mb=data_peak)
     metrics = {"loss": loss, "seconds": time.perf_counter() - started, **serving, **job.metrics}
@@ -184,7 +184,7 @@ def train_round(job: RoundJob, folder: Path) -> RoundResult:
                           metrics={k: v for k, v in metrics.items() if math.isfinite(v)}, campaign=files.campaign,
                           global_sha256=job.announced)
     files.save_round(learner, job.round, encode(header, wire))
-    return RoundResult(round=job.round, status="sent", loss=loss, seconds=time.perf_counter() - started,
+    return TrainingOutcome(round=job.round, status="sent", loss=loss, seconds=time.perf_counter() - started,
                        data_peak_rss_mb=data_peak)
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 from coordinator.broker_setup import MQTT_HEADERS, write_fleet_setup
 from coordinator.config import CoordinatorConfig
 from coordinator.server import Coordinator
+from edge_agent.asked import MAX_ASKED, announced
 from edge_agent.config import AgentConfig, FleetModel, load_config
 from edge_agent.learners import fleet_template, largest_message
 from edge_agent.limits import MAX_ROUND
@@ -35,7 +36,7 @@ TOPICS = Topics("farm")
 
 def test_the_limit_is_the_largest_legal_message_of_the_fleets_model(tmp_path: Path) -> None:
     """Derived, not a constant: the largest update the protocol admits (every header field at its
-    bound) and the coordinator's retained round naming 900 clients fit; a model with twice the
+    bound) and the coordinator's retained round naming 900 clients, or asking 6,000 by digest, fit; a model with twice the
     lookback gets a larger limit; 30 MB is far over it."""
     written = write_fleet_setup("farm", ["agent01"], tmp_path / "setup")
     cfg = load_config(written["coordinator.toml"], CoordinatorConfig)
@@ -45,10 +46,12 @@ def test_the_limit_is_the_largest_legal_message_of_the_fleets_model(tmp_path: Pa
     ids = [f"c{i:063d}" for i in range(MAX_PARTICIPANTS)]
     update = UpdateHeader(fleet="farm", sender=ids[0], round=MAX_ROUND, n_samples=MAX_SAMPLES, campaign="c" * 64,
                           global_sha256=PLACEHOLDER_DIGEST, metrics={name: -1e308 for name in ids[:MAX_METRICS]})
-    announcement = RoundHeader(fleet="farm", sender="coordinator", round=MAX_ROUND, deadline_unix=1e11,
-                               model_signature="f" * 64, campaign="c" * 64, participants=ids)
+    announcements = [RoundHeader(fleet="farm", sender="coordinator", round=MAX_ROUND, deadline_unix=1e11,
+                                 model_signature="f" * 64, campaign="c" * 64, **announced(asked))
+                     for asked in (ids, [f"c{i:063d}" for i in range(MAX_ASKED)])]
     initial = fleet_template(cfg, cfg.seed).initial
-    assert max(envelope_size(update, initial), envelope_size(announcement, initial)) <= limit < BIG / 100
+    sizes = [envelope_size(header, initial) for header in (update, *announcements)]
+    assert max(sizes) <= limit < BIG / 100
     assert largest_message(FleetModel(model=ModelConfig(lookback=2 * cfg.model.lookback))) > limit
 
 

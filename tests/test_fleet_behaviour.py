@@ -20,7 +20,7 @@ from coordinator.strategies import RoundPolicy
 from coordinator.strategy_settings import ParticipationSettings
 from coordinator.strategies.participation import Progress, Standing
 from edge_agent.learners import fleet_template
-from edge_agent.protocol import MAX_PARTICIPANTS, HelloHeader
+from edge_agent.protocol import HelloHeader
 from edge_agent.refusals import REFUSED_EXIT_CODE
 from edge_agent.toml_config import load_config
 from tests.fleet import MODEL, SEED, agent_config, coordinator_config, start, wait_for, write_client_csvs
@@ -157,14 +157,14 @@ def test_an_agent_on_another_model_is_told_which_fields_differ_and_a_finished_ca
 
 def test_the_round_policy_draws_closes_and_excludes_as_documented() -> None:
     """The policy alone: a seeded draw of ceil(fraction x eligible) clients (at least
-    min_clients, at most MAX_PARTICIPANTS), the close rules in their order, and the streaks of
+    min_clients, at most MAX_ASKED), the close rules in their order, and the streaks of
     missed rounds that leave a client out for as many rounds (until it reports on time again)."""
     policy = RoundPolicy(ParticipationSettings(fraction=0.1, quorum=0.8, grace=0.5, exclude_after=2), 3, SEED)
     fleet = [f"gw{i:04d}" for i in range(1000)]
     first = policy.participants(1, reversed(fleet))
     assert len(first) == 100 and first == sorted(first) == policy.participants(1, fleet)
     assert first != policy.participants(2, fleet) and len(policy.participants(1, fleet[:20])) == 3
-    assert len(RoundPolicy(ParticipationSettings(fraction=0.99), 1, SEED).participants(1, fleet)) == MAX_PARTICIPANTS
+    assert len(RoundPolicy(ParticipationSettings(fraction=0.99), 1, SEED).participants(1, fleet)) == 990
     assert RoundPolicy(ParticipationSettings(), 1, SEED).participants(5, fleet[:7]) == fleet[:7]
     assert policy.quorum(10) == 8 and policy.quorum(2) == 3 and policy.quorum(4) == 3
     opened = 100.0

@@ -27,3 +27,13 @@ def test_a_sampled_fleet_of_virtual_gateways_closes_each_round_with_the_asked_sh
     assert row["completed"] and row["asked_per_round"] == {1: 20, 2: 20}
     assert row["accepted_per_round"] == {1: 20, 2: 20} and row["rejected"] == {}
     assert row["gateway_replies"]["update_accepted"] == 40 and row["gateway_replies"]["rounds_not_asked"] == 360
+
+
+def test_a_round_asking_more_than_900_gateways_announces_them_by_digest_and_closes_with_them(tmp_path: Path) -> None:
+    """Fraction 0.95 of 1,000 gateways: 950 participants, over the 900 ids an announcement can
+    name, travel as digests (``edge_agent.asked``); exactly they send and the round closes with them."""
+    fleet_model, spec = fleet_load.templates("large")
+    row = fleet_load.run_fleet(1000, 1, fleet_model, spec, tmp_path, fraction=0.95)
+    assert row["completed"] and row["asked_per_round"] == {1: 950}
+    assert row["accepted_per_round"] == {1: 950} and row["rejected"] == {}
+    assert row["gateway_replies"]["rounds_not_asked"] == 50

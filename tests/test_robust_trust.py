@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from coordinator.engine import RoundEngine, RoundResult
+from coordinator.engine import RoundEngine, ClosedRound
 from coordinator.server import Coordinator
 from coordinator.simulation.attacks import ATTACKS, INFLATED_SAMPLES
 from coordinator.strategies import ClientInfo, ClientUpdate, make_strategy
@@ -42,7 +42,7 @@ def flipped_round(number: int) -> list[ClientUpdate]:
 
 
 def run(robust: RobustSettings, rounds: int, flipping_from: int = 1, silent_from: int | None = None,
-        twin: str = "drop") -> list[RoundResult]:
+        twin: str = "drop") -> list[ClosedRound]:
     """``rounds`` closes of the real engine with c0 honest, then flipping from ``flipping_from``,
     then silent (imputed) from ``silent_from``."""
     settings = StrategySettings(robust=robust)

@@ -9,7 +9,7 @@ from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from coordinator.engine import RoundEngine, RoundResult
+from coordinator.engine import RoundEngine, ClosedRound
 from coordinator.simulation.participation import Participation
 from coordinator.strategies import ClientInfo, ClientUpdate
 from edge_agent.learners import Learner
@@ -30,7 +30,7 @@ class SimulatedRound:
     but were late, the wall time of the round, and the bytes each client that trained would
     exchange with a coordinator (``wire_bytes``)."""
 
-    result: RoundResult
+    result: ClosedRound
     late: tuple[str, ...]
     seconds: float
     bytes_per_client: dict[str, int]

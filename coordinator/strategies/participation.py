@@ -2,7 +2,8 @@
 coordinator service and the simulation (the ``configure_train`` half of Flower's strategies).
 
 Each round asks ``fraction`` of the eligible clients (online, allowed, not excluded), at least
-``min_clients`` and at most ``MAX_PARTICIPANTS`` of them (the ids travel in the announcement),
+``min_clients`` and at most ``MAX_ASKED`` of them (named in the announcement, or beyond
+``MAX_PARTICIPANTS`` given by digest: ``edge_agent.asked``),
 drawn without replacement from the run's participation stream (seeded by fleet seed and round,
 so the coordinator and a simulation of the same roster draw the same clients). A round closes
 when every participant reported; or once ``quorum`` of them reported (from 3 participants on at
@@ -24,7 +25,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from coordinator.strategy_settings import ParticipationSettings
-from edge_agent.protocol import MAX_PARTICIPANTS, MAX_ROUND
+from edge_agent.asked import MAX_ASKED
+from edge_agent.protocol import MAX_ROUND
 from edge_agent.seeds import Stream, seed_for
 
 
@@ -63,7 +65,7 @@ class RoundPolicy:
         pool = sorted(eligible)
         if not self.settings.sampling:
             return pool
-        count = min(len(pool), MAX_PARTICIPANTS, max(self.min_clients, math.ceil(self.settings.fraction * len(pool))))
+        count = min(len(pool), MAX_ASKED, max(self.min_clients, math.ceil(self.settings.fraction * len(pool))))
         rng = np.random.default_rng(seed_for(self.seed, Stream.PARTICIPATION, round_number))
         return sorted(pool[i] for i in rng.choice(len(pool), count, replace=False))
 
