@@ -127,8 +127,7 @@ class GBESettings(BaseModel):
     correction: bool = Field(True, description="apply the gradient-level correction (off: ablation)")
     tune_steps: int = Field(10, ge=0, description="core-set tuning steps per round (0: no tuning)")
     tune_lr: float = Field(1e-3, gt=0.0, description="learning rate of core-set tuning (Adam)")
-    tune_batch: int = Field(64, ge=1, description="core-set windows per tuning step (each pass over the pooled "
-                            "core-sets visits every window once, in a seeded order: edge_agent.train.seeded_steps)")
+    tune_batch: int = Field(64, ge=1, description="core-set windows per tuning step, drawn with replacement")
     patch: int = Field(3, ge=1, description="patch length of the tuning masks (the clients')")
     mask_rate: float = Field(0.75, gt=0.0, lt=1.0, description="masked share of the tuning masks (the clients')")
 

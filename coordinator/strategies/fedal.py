@@ -14,7 +14,6 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 
 import torch
@@ -26,7 +25,6 @@ from edge_agent.learners.fedal import split_coreset
 from edge_agent.models.foundation import FoundationModel, masked_mse
 from edge_agent.seeds import Stream, derive_seed, seed_for
 from edge_agent.tensors import TensorDict
-from edge_agent.train import mean_term, seeded_steps
 
 NOT_CORRECTED = ("latent_bias",)  # the bias reference is averaged, not a trained parameter
 
@@ -73,9 +71,7 @@ class FeDaL(Strategy):
 
     def tune(self, start: TensorDict, coresets: Sequence[TensorDict], round_number: int) -> tuple[TensorDict, float]:
         """``start`` fine-tuned on the pooled core-sets (each window with its client's measured
-        variables) for ``tune_steps`` steps of the one seeded training loop (``seeded_steps``: passes
-        over the windows in a seeded order, not draws with replacement); unchanged, with NaN loss,
-        without core-sets or tuning steps."""
+        variables); unchanged, with NaN loss, without core-sets or tuning steps."""
         pooled = [c for c in coresets if c]
         if not pooled or self.settings.tune_steps == 0:
             return start, float("nan")
@@ -86,19 +82,21 @@ class FeDaL(Strategy):
         model.load_state_dict(start)
         model.train()
         optimizer = torch.optim.Adam(model.parameters(), lr=self.settings.tune_lr)
-        batch = min(self.settings.tune_batch, len(windows))
-        per_epoch = math.ceil(len(windows) / batch)
-
-        def step_loss(pick: torch.Tensor, epoch: int, step: int) -> torch.Tensor:
-            x = windows[pick]
-            masked = mask_batch(x.shape, self.settings.patch, self.settings.mask_rate,
-                                derive_seed(seed, epoch * per_epoch + step))
-            return masked_mse(model(x.masked_fill(masked, 0.0)), x, masked, present[pick])
-
-        steps = seeded_steps(optimizer, len(windows), math.ceil(self.settings.tune_steps / per_epoch), batch, seed,
-                             step_loss, max_steps=self.settings.tune_steps)
+        generator = torch.Generator().manual_seed(seed)
+        losses = []
+        with torch.random.fork_rng():
+            torch.manual_seed(seed)
+            for step in range(self.settings.tune_steps):
+                pick = torch.randint(len(windows), (min(self.settings.tune_batch, len(windows)),), generator=generator)
+                x = windows[pick]
+                masked = mask_batch(x.shape, self.settings.patch, self.settings.mask_rate, derive_seed(seed, step))
+                loss = masked_mse(model(x.masked_fill(masked, 0.0)), x, masked, present[pick])
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                optimizer.step()
+                losses.append(loss.item())
         tuned = {k: v.detach().clone() for k, v in model.state_dict().items()}
-        return tuned, mean_term(steps)
+        return tuned, sum(losses) / len(losses)
 
     def state_dict(self) -> TensorDict:
         return {f"drift.{k}": v.clone() for k, v in self.drift.items()}
