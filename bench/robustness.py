@@ -15,12 +15,13 @@ rejected, ``fedavg_cosine``), coordinate-wise median and trimmed mean (Yin et al
 default bounds of the row's commit. ``final_loss`` is the mean test MSE of
 the honest clients after the last round, ``clean_loss`` the same clients' with the same
 aggregator and no attacker; means over seeds, null where a run diverged (non-finite loss). Fuzz (bench/fuzz.py), faults (bench/faults.py)
-and influence over time (bench/over_time.py: the flipper over 50 rounds, trust on and off) are the other
-sections of the same report. Usage:
+influence over time (bench/over_time.py: the flipper over 50 rounds, trust on and off) and trust's
+false alarms on the value fleets (bench/trust_alarms.py) are the other sections of the same report. Usage:
 
     python bench/robustness.py --quick                 # all sections, 5 rounds, 2 seeds
     python bench/robustness.py --quick --only attacks  # one section; the others kept from the last report
     python bench/robustness.py --quick --only over_time  # 50 rounds, 1 of 4 and 1 of 7, trust on and off, 2 seeds
+    python bench/robustness.py --quick --only value_alarms  # trust on and off on value.py's dev fleets, 3 seeds
     python bench/robustness.py --quick --only attacks --attacks below_screen --aggregators median
                           # those rows only; the other rows kept from the last report, each with its commit
 """
@@ -35,12 +36,14 @@ from pathlib import Path
 
 from common import bench_parser, commit, configure, run_config, run_parallel, save_figure, write_report
 from over_time import markdown_lines, run_over_time
+from trust_alarms import alarm_lines, run_value_alarms
 
 QUICK = {
     "cells": [[1, 3], [1, 7], [2, 7]], "f_max": 20, "lookback": 48, "horizon": 24, "d_qap": 32, "qap_heads": 4, "hidden": 32,
     "d_ff": 64, "heads": 4, "stride": 29, "val_stride": 24, "batch_size": 32, "lr": 3e-3, "rounds": 5,
     "local_epochs": 1, "seeds": [1, 2], "fuzz_inputs": 100_000, "fuzz_seed": 0,
     "over_time_clients": [4, 7], "over_time_rounds": 50, "over_time_seeds": [1, 2],
+    "alarm_datasets": ["stations", "homes", "pedestrians"], "alarm_days": [14, 0], "alarm_seeds": [1, 2, 3],
 }
 FULL = {**QUICK, "stride": 7, "val_stride": 4, "rounds": 20, "seeds": [1, 2, 3], "fuzz_inputs": 1_000_000,
         "over_time_seeds": [1, 2, 3]}
@@ -53,7 +56,7 @@ AGGREGATORS = {
     "median": {"strategy": "median"},
     "trimmed_mean": {"strategy": "trimmed_mean"},
 }
-SECTIONS = ("attacks", "fuzz", "faults", "over_time")
+SECTIONS = ("attacks", "fuzz", "faults", "over_time", "value_alarms")
 CLEAN = "none"
 
 
@@ -210,6 +213,8 @@ def markdown(summary: dict) -> str:
         lines += ["", f"Fuzz: {fuzz['inputs']} inputs, {fuzz['crashes']} crashes, {fuzz['seconds']:.0f} s."]
     if summary["over_time"]:
         lines += markdown_lines(summary["over_time"])
+    if summary["value_alarms"]:
+        lines += alarm_lines(summary["value_alarms"])
     if summary["faults"]:
         lines += ["", "| fault | rounds completed | updates lost |", "|---|---|---|"]
         lines += [f"| {f['fault']} | {f['rounds_completed']} | {f['updates_lost']} |" for f in summary["faults"]]
@@ -250,7 +255,8 @@ def previous(out: Path) -> dict:
     old = json.loads(path.read_text()) if path.exists() else {}
     measured_at = old.get("config", {}).get("commit", "unknown")
     return {"attacks": [{"commit": measured_at, **row} for row in old.get("attacks", [])], "fuzz": old.get("fuzz", {}),
-            "faults": old.get("faults", []), "over_time": old.get("over_time", []), "config": old.get("config", {}),
+            "faults": old.get("faults", []), "over_time": old.get("over_time", []),
+            "value_alarms": old.get("value_alarms", []), "config": old.get("config", {}),
             "section_configs": old.get("section_configs", {})}
 
 
@@ -267,7 +273,8 @@ def main() -> None:
     sections = [args.only] if args.only else list(SECTIONS)
     fresh = {"attacks": lambda: run_attacks(cfg, args.attacks, args.aggregators, args.workers),
              "fuzz": lambda: run_fuzz_section(cfg), "faults": lambda: run_faults_section(args.quick),
-             "over_time": lambda: run_over_time(cfg, args.workers)}
+             "over_time": lambda: run_over_time(cfg, args.workers),
+             "value_alarms": lambda: run_value_alarms(cfg, args.workers)}
     results = {section: fresh[section]() for section in sections}
     summary = previous(args.out)  # read last, so a run that wrote other rows meanwhile is kept
     summary.update({**results, "attacks": merged(summary["attacks"], results.get("attacks", []))})
