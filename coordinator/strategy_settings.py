@@ -54,8 +54,9 @@ class RobustSettings(BaseModel):
                                      "(the average progress of its on-time deltas along the median of the other "
                                      "updates' deltas, in median delta norms; rounds of 3 or more updates) moves toward "
                                      "each new one; the weight of its updates and twin forecasts falls from full at "
-                                     "trust_full to 0 (left out, low_trust) at trust_zero; None (default, until its false alarms on the value "
-                                     "fleets are measured): no trust; 0.2 is what docs/security.md measures")
+                                     "trust_full to 0 (left out, low_trust) at trust_zero; None (default: with 0.2 it cut 3-9% of honest client-rounds "
+                                     "on the value fleets at 14 days, docs/security.md): no trust; 0.2 is what "
+                                     "docs/security.md measures")
     trust_full: float = Field(-0.15, ge=-4, le=4, description="the trust from which a client keeps its full weight "
                               "(honest clients of the bench's station fleets mostly stay above it, the most unusual "
                               "averaging about -0.09: 4% of their client-rounds fell below on 4 clients, none on 7)")
