@@ -158,7 +158,8 @@ class RoundEngine:
         state, personal, metrics = current, {}, {}
         if entering:
             aggregate = self.strategy.aggregate(round_number, current, accepted, imputed, clients)
-            state, personal, metrics = self._stepped(current, aggregate.global_state), aggregate.personal, aggregate.metrics
+            state, personal, metrics = aggregate.global_state, aggregate.personal, aggregate.metrics
+            state = self._stepped(current, state)
         for update in accepted:
             self._observe(update.client_id, round_number, update.params)
             self.on_time[update.client_id] = round_number
