@@ -7,7 +7,8 @@ slowest of them. The timed simulation (``coordinator.simulation.timing``) closes
 the policy's own rule, the same ``RoundPolicy.close_reason`` the service runs:
 
 - ``sync_quorum``: today's default, quorum 0.8 (3 of 4) + grace 0.5; the straggler's updates
-  arrive late, and since it is never on time they are not used.
+  arrive late, and since it is never on time they are not used; after 3 misses it is not waited
+  for (asked again after 3, then 6, 12... rounds), as the service excludes it.
 - ``sync_all``: quorum 1, every round waits for the straggler.
 - ``buffered``: K = 3, each late update folded in with its change scaled by 1/sqrt(1 + t).
 

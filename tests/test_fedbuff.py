@@ -89,14 +89,16 @@ def test_the_buffered_close_rule_counts_held_late_updates_toward_k() -> None:
 
 
 def test_the_timed_schedule_closes_buffered_rounds_on_k_and_folds_the_straggler_in() -> None:
-    """Durations 1, 1.2, 1.5 and 5 s. Synchronous: every round closes at quorum + grace (1.5 s
-    + 0.75 s) and the straggler's round-1 update arrives in round 3. Buffered, K = 3: rounds
-    close when the third update is in (1.5 s), and round 4 closes at 5.7 s on two on-time
-    updates and the straggler's round-1 update, which arrived at 5 s."""
+    """Durations 1, 1.2, 1.5 and 5 s. Synchronous: rounds 1-3 close at quorum + grace (1.5 s +
+    0.75 s) without the straggler, whose round-1 update arrives in round 3; having missed 3 rounds
+    it is not waited for in rounds 4-6 (those close once the other three reported: 1.5 s), and
+    asked again in round 7. Buffered, K = 3: rounds close when the third update is in (1.5 s),
+    and round 4 closes at 5.7 s on two on-time updates and the straggler's round-1 update, which
+    arrived at 5 s."""
     durations = [1.0, 1.2, 1.5, 5.0]
-    synchronous = timed(RoundPolicy(ParticipationSettings(), 1, 0), durations, 5, 30.0)
-    assert synchronous.closed_at == pytest.approx((2.25, 4.5, 6.75, 9.0, 11.25))
-    assert set(synchronous.closed_by) == {"quorum + grace"}
+    synchronous = timed(RoundPolicy(ParticipationSettings(), 1, 0), durations, 7, 30.0)
+    assert synchronous.closed_at == pytest.approx((2.25, 4.5, 6.75, 8.25, 9.75, 11.25, 13.5))
+    assert synchronous.closed_by == ("quorum + grace",) * 3 + ("all participants reported",) * 3 + ("quorum + grace",)
     assert synchronous.participation.late[0, 3] == 1 and synchronous.participation.arrival[0, 3] == 3
     settings = ParticipationSettings(policy="buffered", buffer=BufferSettings(size=3))
     buffered = timed(RoundPolicy(settings, 1, 0), durations, 5, 30.0)

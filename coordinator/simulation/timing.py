@@ -3,7 +3,9 @@ round policy, given how long each client takes to train, so that a simulation ru
 policy (FedBuff) with the service's close rule (``RoundPolicy.close_reason``) and measures wall
 time against synchronous rounds (bench/round_policy.py).
 
-Every client is online and asked in every round. A client that is idle when a round opens
+Every client is online; each round asks all but those the policy excludes for missed rounds
+(``RoundPolicy.excluded``, as the service does: no round waits for them, their quorum counts
+only the others), and every client trains. A client that is idle when a round opens
 trains from that round's global state and reports after its duration; one still busy with an
 earlier round reports that update late (it arrives during the round open then, held for that
 round's close) and at once trains from the open round's state. Aggregation and transfers take no
@@ -19,7 +21,7 @@ import numpy as np
 
 from coordinator.simulation.participation import Participation
 from coordinator.strategies import RoundPolicy
-from coordinator.strategies.participation import Progress
+from coordinator.strategies.participation import Progress, Standing
 
 IDLE = float("inf")  # a client's next report time while it waits for the next round
 
@@ -40,8 +42,10 @@ class _Open:
     number: int
     opened_at: float
     deadline: float
+    asked: int
     reported: set[int]
     held: set[int]
+    waiting: set[int]
     quorum_at: float | None = None
 
 
@@ -58,14 +62,17 @@ def timed(policy: RoundPolicy, durations: Sequence[float], rounds: int, deadline
     closed_at: list[float] = []
     closed_by: list[str] = []
     now = 0.0
+    standing: dict[str, Standing] = {}  # each client's missed rounds, by its index
     for number in range(1, rounds + 1):
-        state = _Open(number, now, now + deadline_s, set(), set())
+        excluded = policy.excluded(standing, number)
+        asked = [i for i in range(n) if str(i) not in excluded]
+        state = _Open(number, now, now + deadline_s, len(asked), set(), set(), set(asked))
         for i in range(n):
             if done_at[i] == IDLE:
                 version[i], done_at[i] = number, now + durations[i]
         while True:
             upcoming = min(done_at)
-            closed = _close_before(policy, state, n, upcoming, deadline_s)
+            closed = _close_before(policy, state, upcoming, deadline_s)
             if closed is not None:
                 now, why = closed
                 break
@@ -74,19 +81,21 @@ def timed(policy: RoundPolicy, durations: Sequence[float], rounds: int, deadline
                 present[number - 1, i], done_at[i] = 1, IDLE
                 state.reported.add(i)
                 state.held.discard(i)
+                state.waiting.discard(i)
             else:
                 late[version[i] - 1, i], arrival[version[i] - 1, i] = 1, number
                 if number - version[i] <= _max_staleness(policy):
                     state.held.add(i)
                 version[i], done_at[i] = number, upcoming + durations[i]
-            if state.quorum_at is None and len(state.reported) >= policy.quorum(n):
+            if state.quorum_at is None and len(state.reported) >= policy.quorum(state.asked):
                 state.quorum_at = upcoming
-            why = _reason(policy, state, n, upcoming)
+            why = _reason(policy, state, upcoming)
             if why is not None:
                 now = upcoming
                 break
         closed_at.append(now)
         closed_by.append(why)
+        standing = policy.standings([(number, [str(i) for i in asked], [str(i) for i in state.reported])], standing)
     return Timed(Participation("timed", present, late, arrival), tuple(closed_at), tuple(closed_by))
 
 
@@ -96,14 +105,13 @@ def _max_staleness(policy: RoundPolicy) -> int:
     return -1 if buffer is None else buffer.max_staleness
 
 
-def _reason(policy: RoundPolicy, state: _Open, n: int, now: float) -> str | None:
+def _reason(policy: RoundPolicy, state: _Open, now: float) -> str | None:
     """Why the open round closes at ``now`` (None: it stays open)."""
-    progress = Progress(len(state.reported), n - len(state.reported), state.opened_at, state.quorum_at,
-                        len(state.held))
-    return policy.close_reason(progress, n, state.deadline, now)
+    progress = Progress(len(state.reported), len(state.waiting), state.opened_at, state.quorum_at, len(state.held))
+    return policy.close_reason(progress, state.asked, state.deadline, now)
 
 
-def _close_before(policy: RoundPolicy, state: _Open, n: int, upcoming: float,
+def _close_before(policy: RoundPolicy, state: _Open, upcoming: float,
                   deadline_s: float) -> tuple[float, str] | None:
     """A close that comes before the next update arrives at ``upcoming``: the grace period's end
     or the deadline (which moves on by ``deadline_s`` where it finds too few updates)."""
@@ -113,7 +121,7 @@ def _close_before(policy: RoundPolicy, state: _Open, n: int, upcoming: float,
             times.append(state.quorum_at + policy.settings.grace * (state.quorum_at - state.opened_at))
         due = [t for t in sorted(times) if t < upcoming]
         for t in due:
-            why = _reason(policy, state, n, t)
+            why = _reason(policy, state, t)
             if why is not None:
                 return t, why
         if state.deadline >= upcoming:
