@@ -142,6 +142,9 @@ class AggregatorConfig(CoordinatorConfig):
                              "partial weighted mean); set the fleet's strategy at the central coordinator")
         if "rounds" in self.model_fields_set:
             raise ValueError("rounds: the central coordinator decides the rounds")
+        if self.participation.buffering is not None:
+            raise ValueError("participation.policy 'buffered': a site closes on the central round's deadline (a "
+                             "partial FedAvg); set the fleet's round policy at the central coordinator")
         if self.store.url is not None:
             raise ValueError("store.url: a site aggregator keeps its state in SQLite in state_dir (the leader "
                              "lease on PostgreSQL is per fleet, which the central coordinator holds)")

@@ -15,6 +15,18 @@ in for its client at the next close, if the client has no on-time update there (
 = "next_round"``, ``twins.late``). A close that needs ``need`` on-time updates and has fewer
 after the screen raises ``TooFewScreened`` before anything changes. Updates are ordered by
 client id, so the same updates give bit-identical results wherever the round closes.
+
+With the buffered round policy (FedBuff: Nguyen et al., "Federated Learning with Buffered
+Asynchronous Aggregation", AISTATS 2022, Algorithm 1) every late update is held, whether or not
+its client is sometimes on time (twin history still only from those), and enters the next close
+where its client has no on-time update and it is at most ``max_staleness`` rounds old: its change
+from the global state it was trained from (the round its header names, whose announced state its
+``global_sha256`` binds) is scaled by s(t) = (1 + t)^-a, t = rounds between that round and the
+close, and applied to the close's global state with its own sample count. The strategy combines
+the buffer as ever (FedAvg: current + sum_i p_i s(t_i) delta_i, p_i the sample shares, the
+paper's 1/K for equal counts) and the global state moves by ``server_lr`` times that change.
+On-time updates have t = 0 and pass unchanged, so with nothing late and ``server_lr = 1`` a
+buffered close is bit-identical to a synchronous one.
 """
 
 from __future__ import annotations
@@ -23,7 +35,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from coordinator.strategies import ClientInfo, ClientUpdate, Strategy
-from coordinator.strategy_settings import RobustSettings
+from coordinator.strategy_settings import BufferSettings, RobustSettings
 from coordinator.strategies.bounds import MIN_DIRECTION_UPDATES, screen
 from coordinator.strategies.trust import LOW_TRUST, progress_along_others, multiplier, scored, weighed
 from coordinator.twin_settings import TwinSettings
@@ -78,15 +90,16 @@ class RoundEngine:
 
     def __init__(self, strategy: Strategy, twins: TwinSettings, history: TensorStorage | None = None, *,
                  robust: RobustSettings, on_time: dict[str, int] | None = None, state_keys: Iterable[str] = (),
-                 trust: Mapping[str, float] | None = None):
+                 trust: Mapping[str, float] | None = None, buffer: BufferSettings | None = None):
         """``history``: the store's tensor storage, to keep the twins' history there (the service),
         else it stays in memory; ``robust``: how updates are screened before the strategy sees them; ``on_time``: each
         client's newest closed round with an accepted on-time update (a service resuming);
         ``state_keys``: the global state's tensor names, known before a close (a service resuming
         takes late updates before its first close); else learnt from the first close; ``trust``:
-        each client's trust as the last close left it (a service resuming)."""
-        self.strategy, self.max_age, self.robust = strategy, twins.twin_max_age, robust
-        self.late = LateUpdates() if twins.late_updates == "next_round" else None
+        each client's trust as the last close left it (a service resuming); ``buffer``: the
+        buffered round policy's settings (None: synchronous rounds)."""
+        self.strategy, self.max_age, self.robust, self.buffer = strategy, twins.twin_max_age, robust, buffer
+        self.late = LateUpdates() if twins.late_updates == "next_round" or buffer is not None else None
         self.forecaster = make_forecaster(twins.twin)
         self.history = TwinHistory(self.forecaster.window, history)
         self.on_time = dict(on_time or {})
@@ -96,14 +109,23 @@ class RoundEngine:
     def observe_late(self, update: ClientUpdate, round_number: int, trained_from: TensorDict) -> bool:
         """An update for ``round_number`` that arrived after the round closed, trained from the
         global state ``trained_from``: twin history, and held for the next close, only from a
-        client recently on time (see the module docstring). Returns whether it was kept."""
+        client recently on time, held from any client under the buffered policy (see the module
+        docstring). Returns whether it was kept."""
         last = self.on_time.get(update.client_id)
-        if last is None or (self.max_age is not None and last < round_number - self.max_age):
-            return False
-        self._observe(update.client_id, round_number, update.params)
-        if self.late is not None:
-            self.late.hold(update, round_number, trained_from)
+        recent = last is not None and (self.max_age is None or last >= round_number - self.max_age)
+        if recent:
+            self._observe(update.client_id, round_number, update.params)
+        if self.late is None or not (recent or self.buffer is not None):
+            return recent
+        self.late.hold(update, round_number, trained_from)
         return True
+
+    def held(self, round_number: int) -> list[str]:
+        """The clients whose late updates the buffered close of ``round_number`` would take where
+        they have no on-time update (none under the synchronous policy)."""
+        if self.buffer is None or self.late is None:
+            return []
+        return self.late.usable(round_number, self.buffer.max_staleness)
 
     def _observe(self, client_id: str, round_number: int, params: TensorDict) -> None:
         """A client's model into its twin's history, unless the twin reads none (``drop``: no
@@ -121,7 +143,7 @@ class RoundEngine:
         reported = {u.client_id for u in on_time}
         clients = {c.client_id: c for c in roster}
         missing = {c.client_id for c in roster if c.client_id not in reported}
-        stale = self.late.stand_ins(round_number, current, missing) if self.late is not None else []
+        stale = self._stale(round_number, current, missing)
         missing -= {u.client_id for u in stale}
         imputation = impute_missing(sorted((c, clients[c].n_samples) for c in missing), self.history, self.forecaster,
                                     round_number, self.max_age)
@@ -137,6 +159,7 @@ class RoundEngine:
         if entering:
             aggregate = self.strategy.aggregate(round_number, current, accepted, imputed, clients)
             state, personal, metrics = aggregate.global_state, aggregate.personal, aggregate.metrics
+            state = self._stepped(current, state)
         for update in accepted:
             self._observe(update.client_id, round_number, update.params)
             self.on_time[update.client_id] = round_number
@@ -150,6 +173,25 @@ class RoundEngine:
                            tuple(imputation.dropped), _mean_loss(accepted), self.forecaster.name, metrics,
                            rejected, clipped, sum(u.n_samples for u in entering),
                            tuple(u.client_id for u in imputed if u.client_id in stood_in), dict(trust))
+
+    def _stale(self, round_number: int, current: TensorDict, missing: set[str]) -> list[ClientUpdate]:
+        """The held late updates that enter this close for ``missing`` clients: stand-ins
+        (synchronous) or the buffer's staleness-scaled changes (buffered)."""
+        if self.late is None:
+            return []
+        if self.buffer is None:
+            return self.late.stand_ins(round_number, current, missing)
+        usable = [c for c in self.late.usable(round_number, self.buffer.max_staleness) if c in missing]
+        return self.late.buffered(round_number, current, usable, self.buffer.staleness_exponent)
+
+    def _stepped(self, current: TensorDict, aggregated: TensorDict) -> TensorDict:
+        """The buffered policy's server step: ``current`` moved by ``server_lr`` times the change
+        the strategy made (unchanged with synchronous rounds or ``server_lr = 1``)."""
+        if self.buffer is None or self.buffer.server_lr == 1.0:
+            return aggregated
+        lr = self.buffer.server_lr
+        return {k: current[k] + lr * (v - current[k]) if v.is_floating_point() and k in current else v
+                for k, v in aggregated.items()}
 
     def _scored(self, current: TensorDict, screened: Sequence[ClientUpdate], reported: set[str]) -> dict[str, float]:
         """The trust after this round's on-time updates, scored against the others that passed the

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import astuple, dataclass
 
 from coordinator.access import Access
@@ -39,8 +40,10 @@ class OpenRound:
 class Participants:
     """The open round's participants and progress, and the clients' records of missed rounds."""
 
-    def __init__(self, policy: RoundPolicy, store: Store, access: Access):
-        self.policy, self.store, self.access = policy, store, access
+    def __init__(self, policy: RoundPolicy, store: Store, access: Access,
+                 held: Callable[[int], Sequence[str]] = lambda _: ()):
+        """``held``: the clients whose late updates a round's buffered close would take (the engine's)."""
+        self.policy, self.store, self.access, self.held = policy, store, access, held
         self._open: OpenRound | None = None
         self.standing = self._saved_standing()
 
@@ -95,7 +98,8 @@ class Participants:
     def _progress(self, row: RoundRow, state: OpenRound, fresh: bool) -> Progress:
         """Read again after new messages (``fresh``) or every ``PROGRESS_EVERY_S``: who is still
         expected is every participant online without an update (with ``fraction = 1``: every
-        allowed online client not excluded, joiners too); updates the screen left out do not count."""
+        allowed online client not excluded, joiners too); updates the screen left out do not count;
+        the held late updates of clients without an on-time update count for the buffered policy."""
         now = time.time()
         if state.progress is not None and not fresh and now - state.read_at < PROGRESS_EVERY_S:
             return state.progress
@@ -108,7 +112,8 @@ class Participants:
             expected = {c for c in pending if c not in excluded and self.access.allows(c)}
         if state.quorum_at is None and reported >= self.policy.quorum(len(state.asked)):
             state.quorum_at = now
-        state.progress, state.read_at = Progress(reported, len(expected), state.opened_at, state.quorum_at), now
+        held = sum(not self.store.has_update(row.round, c) for c in self.held(row.round))
+        state.progress, state.read_at = Progress(reported, len(expected), state.opened_at, state.quorum_at, held), now
         return state.progress
 
     def left_out(self, row: RoundRow, clients: set[str], short: TooFewScreened) -> None:

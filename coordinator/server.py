@@ -77,7 +77,8 @@ class Coordinator:
         self.strategy = make_strategy(cfg, template.initial, cfg.seed)
         self.engine = RoundEngine(self.strategy, cfg, self.store.tensors, robust=cfg.robust,
                                   on_time=self.store.last_on_time(), state_keys=template.initial,
-                                  trust=latest_trust(r.metrics for r in self.store.rounds() if r.closed_at is not None))
+                                  trust=latest_trust(r.metrics for r in self.store.rounds() if r.closed_at is not None),
+                                  buffer=cfg.participation.buffering)
         self.observer = Observer.for_coordinator(cfg)  # metrics; the dashboard with [http]
         self.on_event = self.observer.relay(on_event)
         self.connection = self._connection(f"edgefl-coordinator-{cfg.fleet}")
@@ -90,7 +91,7 @@ class Coordinator:
         self.campaign = self._campaign()
         self._announced: RoundRow | None = None  # the round on the broker as of our last announcement
         policy = RoundPolicy(cfg.participation, cfg.min_clients, cfg.seed)
-        self.participants = Participants(policy, self.store, self.access)
+        self.participants = Participants(policy, self.store, self.access, self.engine.held)
 
     def _connection(self, client_id: str, *extra_subscriptions: str) -> Connection:
         """The broker session: every agent's hello/update/status and the round topic, acknowledged
@@ -576,7 +577,8 @@ class Coordinator:
         a client sometimes on time."""
         client = update.client_id
         if self._observe_late(update, number):
-            code, reason = "late", "the round had closed: kept as twin history"
+            code, reason = "late", ("the round had closed: held for the next close (buffered)" if self.engine.buffer
+                                    else "the round had closed: kept as twin history")
         else:
             code, reason = "late_no_twin", "the round had closed and the client has no recent on-time update: not used"
         self.store.log("update", client, number, True, code, reason)

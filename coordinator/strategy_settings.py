@@ -5,6 +5,8 @@ line in ``STRATEGIES``."""
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from edge_agent.models.foundation_config import FoundationConfig
@@ -22,6 +24,7 @@ STRATEGIES: LazyRegistry[type] = LazyRegistry("coordinator.strategies", {  # coo
     "fedgame": "fedgame:FedGAME",
 })
 VARIANTS = ("game", "gat", "mean")
+MAX_BUFFER = 10_000  # bound on K and on the staleness kept (rounds)
 """Fed-GAME's aggregators (``coordinator.strategies.game``)."""
 
 
@@ -164,6 +167,24 @@ class GameSettings(BaseModel):
         return self
 
 
+class BufferSettings(BaseModel):
+    """``[participation.buffer]``: FedBuff's server side (Nguyen et al., AISTATS 2022, Algorithm 1),
+    read only with ``policy = "buffered"``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    size: int | None = Field(None, ge=1, le=MAX_BUFFER, description="K: updates (on time, and late ones from "
+                             "earlier rounds) that close a round; None: the quorum's count of the round's "
+                             "participants")
+    server_lr: float = Field(1.0, gt=0, le=10, description="eta_g: the global model moves by this multiple of the "
+                             "aggregated (staleness-weighted) change")
+    staleness_exponent: float = Field(0.5, ge=0, le=4, description="a: an update trained t rounds before the close "
+                                      "enters with its change scaled by s(t) = (1 + t)^-a (0.5: the paper's "
+                                      "1/sqrt(1 + t); 0: no discount)")
+    max_staleness: int = Field(8, ge=1, le=MAX_BUFFER, description="a late update trained more than this many "
+                               "rounds before the close is left out (bounded staleness)")
+
+
 class ParticipationSettings(BaseModel):
     """``[participation]``: the round policy."""
 
@@ -179,11 +200,28 @@ class ParticipationSettings(BaseModel):
     exclude_after: int = Field(3, ge=1, description="a client that missed this many rounds in a row it was asked "
                                "to is left out for as many rounds, then asked once more, the time out doubling "
                                "with each further miss; only an on-time update clears that (not a hello)")
+    policy: Literal["synchronous", "buffered"] = Field(
+        "synchronous", description="synchronous: a round closes at quorum + grace or its deadline, a late update "
+        "stands in for its client as late_updates says; buffered (FedBuff): a round closes once buffer.size updates "
+        "are in, late ones from earlier rounds included, each late change scaled down by its staleness")
+    buffer: BufferSettings = Field(BufferSettings(), description="the buffered policy's K, server learning rate "
+                                   "and staleness discount")
 
     @property
     def sampling(self) -> bool:
         """Whether rounds name their participants (else every eligible client trains)."""
         return self.fraction < 1.0
+
+    @property
+    def buffering(self) -> BufferSettings | None:
+        """The buffer's settings where the policy is buffered (None: synchronous rounds)."""
+        return self.buffer if self.policy == "buffered" else None
+
+    @model_validator(mode="after")
+    def _buffer_needs_policy(self) -> "ParticipationSettings":
+        if self.policy == "synchronous" and self.buffer != BufferSettings():
+            raise ValueError("buffer: read only with policy = 'buffered' (set it, or leave [participation.buffer] out)")
+        return self
 
 
 class StrategySettings(BaseModel):

@@ -26,7 +26,8 @@ class TwinSettings(BaseModel):
     late_updates: Literal["next_round", "history"] = Field(
         "next_round", description="next_round: a late update stands in for its client in the next close where the "
         "client has no on-time update (its delta applied to the current global, weight n_samples/sqrt(1+rounds "
-        "late)), else its twin; history: twin history only (FedDTW's delayed-update scenario)")
+        "late)), else its twin; history: twin history only (FedDTW's delayed-update scenario); the buffered round "
+        "policy (participation.policy) holds every late update whatever this says")
 
     @field_validator("twin")
     @classmethod

@@ -26,6 +26,7 @@ VALUE = {"clients": 3, "f_max": 3, "val_stride": 31, "rounds": 2, "local_epochs"
          "learned": ["local", "fedavg"], "anchors": ["seasonal_naive", "window_average", "theta"]}
 ROBUSTNESS = {**FEDQAPER, "clients": 4, "f_max": 4, "stride": 193, "val_stride": 97, "batch_size": 64, "rounds": 2,
               "max_windows": 16, "patience": 1}
+ROUND_POLICY = {**ROBUSTNESS, "rounds": 3, "straggler": 4.0, "deadline_s": 30.0, "buffer_size": 3}
 FEDAL = {"folds": [["greensboro", "amsterdam"]], "steps": ["1h"], "single_variables": ["temp_air"], "rounds": 1,
          "local_epochs": 1, "participation": 0.5, "stride": 97, "test_every": 50, "prox_mu": 0.01, "rates": [0.5],
          "horizon": 12, "history_days": 14, "local_epochs_max": 1, "local_patience": 1, "attack_clients": 1,
@@ -67,6 +68,7 @@ def twice(job, first: tuple, other: tuple) -> tuple[object, object]:
     ("value", ("stations", 14, "dlinear", None, 1, VALUE), ("stations", 14, None, "theta", None, VALUE)),
     ("fedgame", ("stations", 6, "fedgame", "game", 1, FEDGAME), ("stations", 6, "no_fl", "game", 2, FEDGAME)),
     ("robustness", ("trimmed_mean", "sign_flip", 1, 1, ROBUSTNESS), ("fedavg", "value_1e30", 2, 2, ROBUSTNESS)),
+    ("round_policy", ("buffered", 1, ROUND_POLICY), ("sync_quorum", 2, ROUND_POLICY)),
 ])
 def test_a_benchmark_job_gives_the_same_numbers_when_run_again(bench: str, first: tuple, other: tuple) -> None:
     module = importlib.import_module(bench)

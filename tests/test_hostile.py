@@ -89,14 +89,15 @@ def poison(global_state: dict[str, torch.Tensor], campaign: str) -> dict[str, tu
 class Device:
     """A raw MQTT client publishing on its own agent topics, hearing its replies and the rounds."""
 
-    def __init__(self, port: int):
+    def __init__(self, port: int, name: str = HOSTILE):
+        self.name = name
         self.replies: queue.Queue[ReplyHeader] = queue.Queue()
         self.rounds: queue.Queue[tuple[RoundHeader, dict]] = queue.Queue()
         self.campaign = ""
-        self.client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="hostile-raw", protocol=mqtt.MQTTv5)
+        self.client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=f"{name}-raw", protocol=mqtt.MQTTv5)
         self.client.on_message = self._on_message
         self.client.connect("127.0.0.1", port)
-        self.client.subscribe([(TOPICS.agent(HOSTILE, "task"), 1), (TOPICS.round, 1)])
+        self.client.subscribe([(TOPICS.agent(name, "task"), 1), (TOPICS.round, 1)])
         self.client.loop_start()
 
     def _on_message(self, _client, _userdata, message: mqtt.MQTTMessage) -> None:
@@ -107,7 +108,7 @@ class Device:
             self.rounds.put((header, tensors))
 
     def send(self, leaf: str, payload: bytes) -> None:
-        self.client.publish(TOPICS.agent(HOSTILE, leaf), payload, qos=1).wait_for_publish(30)
+        self.client.publish(TOPICS.agent(self.name, leaf), payload, qos=1).wait_for_publish(30)
 
     def reply(self, timeout: float = 60) -> ReplyHeader:
         """The next answer, past any to a repeated hello of ``register``."""

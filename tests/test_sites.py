@@ -159,6 +159,7 @@ def test_a_site_weighs_what_its_gateways_hold_while_a_gateway_stays_capped() -> 
     ({"mode": "prompt", "foundation": "fm.pt"}, "not supported over sites yet"),
     ({"strategy": "fedavgm"}, "'fedavg' only"),
     ({"rounds": 3}, "the central coordinator decides the rounds"),
+    ({"participation": {"policy": "buffered"}}, "a site closes on the central round's deadline"),
 ])
 def test_aggregator_config_refuses_what_a_site_cannot_do(tmp_path: Path, fields: dict, says: str) -> None:
     with pytest.raises(ValidationError, match=says):

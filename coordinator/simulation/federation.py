@@ -112,7 +112,8 @@ def run_federation(
     learners = head_learners(clients, cfg, fed, fed.seed)
     roster = [ClientInfo(c.name, (claims or {}).get(c.name, c.n_train)) for c in clients]
     initial = initial_shared_state(cfg, fed.seed)
-    engine = RoundEngine(make_strategy(fed, initial, fed.seed), fed, robust=fed.robust)
+    engine = RoundEngine(make_strategy(fed, initial, fed.seed), fed, robust=fed.robust,
+                         buffer=fed.participation.buffering)
     sizes = [c.n_train for c in clients]
     records, states, best = [], [], {"val": float("inf"), "round": 0, "served": None, "federated": None}
 

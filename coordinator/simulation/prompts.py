@@ -105,7 +105,8 @@ def run_prompt_federation(tables: Sequence[SeriesTable], foundation: FoundationM
     learners = prompt_learners(tables, foundation, prompt, cfg, tune_foundation)
     roster = [ClientInfo(t.name, lr.n_samples, t.latitude, t.longitude) for t, lr in zip(tables, learners)]
     initial = initial_prompt_state(foundation, prompt, cfg.seed, tune_foundation)
-    engine = RoundEngine(make_strategy(cfg, initial, cfg.seed), cfg, robust=cfg.robust)
+    engine = RoundEngine(make_strategy(cfg, initial, cfg.seed), cfg, robust=cfg.robust,
+                         buffer=cfg.participation.buffering)
     records: list[PromptRound] = []
 
     def after_round(done: SimulatedRound) -> None:

@@ -10,7 +10,9 @@ when every participant reported; or once ``quorum`` of them reported (from 3 par
 most all but one unless ``quorum = 1``, so one straggler does not hold a small fleet to the
 deadline) and a grace period
 passed, ``grace`` times the time the quorum took; or at the deadline; never with fewer than
-``min_clients`` on-time updates, counted after the screen. A client that missed
+``min_clients`` on-time updates, counted after the screen. The buffered policy (FedBuff) closes
+a round instead once its on-time updates and the late ones held for its close reach the buffer's
+K (or when every participant reported, or at the deadline). A client that missed
 ``exclude_after`` rounds in a row it was asked to is left out for ``exclude_after`` rounds, then
 asked once more; each further miss doubles the time out. Only an on-time update that reaches the
 close clears that record: a hello or a late update does not, so a device that keeps its retained
@@ -52,6 +54,7 @@ class Progress:
     waiting: int
     opened_at: float
     quorum_at: float | None
+    held: int = 0  # late updates of earlier rounds that will enter this close (the buffered policy's)
 
 
 class RoundPolicy:
@@ -78,6 +81,11 @@ class RoundPolicy:
             share = min(share, participants - 1)
         return max(self.min_clients, share)
 
+    def buffer_size(self, participants: int) -> int:
+        """K of the buffered policy: the buffer's ``size``, else the quorum's count."""
+        size = self.settings.buffer.size
+        return self.quorum(participants) if size is None else size
+
     def close_reason(self, progress: Progress, participants: int, deadline: float, now: float) -> str | None:
         """Why the round closes now, or None while it stays open (the deadline without
         ``min_clients`` updates extends the round: not a close)."""
@@ -85,7 +93,10 @@ class RoundPolicy:
             return None
         if progress.waiting == 0:
             return "all participants reported"
-        if progress.quorum_at is not None and progress.reported >= self.quorum(participants):
+        if self.settings.buffering is not None:
+            if progress.reported + progress.held >= self.buffer_size(participants):
+                return "buffer full"
+        elif progress.quorum_at is not None and progress.reported >= self.quorum(participants):
             grace = self.settings.grace * max(progress.quorum_at - progress.opened_at, 0.0)
             if now >= progress.quorum_at + grace:
                 return "quorum + grace"

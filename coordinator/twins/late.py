@@ -1,7 +1,9 @@
 """Late updates as stand-ins: an update that arrived after its round closed counts in the next
 close where its client has no on-time update, in place of the client's twin. Its delta from the
 global state it was trained from is applied to that close's global state and its weight falls
-with its staleness t (rounds late) as FedBuff's s(t) = 1/sqrt(1 + t) (Nguyen et al., 2022)."""
+with its staleness t (rounds late) as FedBuff's s(t) = 1/sqrt(1 + t) (Nguyen et al., 2022). The
+buffered round policy (``buffered``) keeps the weight and scales the change by s(t) instead, as
+FedBuff's Algorithm 1 does, so a stale update moves the model less however few updates there are."""
 
 from __future__ import annotations
 
@@ -30,6 +32,11 @@ def staleness_weight(n_samples: int, rounds_late: int) -> int:
     return max(1, round(n_samples / math.sqrt(1 + max(rounds_late, 0))))
 
 
+def staleness_scale(rounds_late: int, exponent: float) -> float:
+    """FedBuff's staleness discount s(t) = (1 + t)^-a of an update ``rounds_late`` rounds old."""
+    return (1.0 + max(rounds_late, 0)) ** -exponent
+
+
 class LateUpdates:
     """The late updates received since the last close, the newest per client."""
 
@@ -51,3 +58,20 @@ class LateUpdates:
         return [ClientUpdate(client, {**{k: current[k] + d for k, d in held.delta.items()}, **held.extra},
                              staleness_weight(held.n_samples, round_number - held.round), held.metrics)
                 for client, held in sorted(self._held.items()) if client in missing]
+
+    def usable(self, round_number: int, max_staleness: int) -> list[str]:
+        """The clients whose held updates are at most ``max_staleness`` rounds old at the close
+        of ``round_number`` (what a buffered close takes where they have no on-time update)."""
+        return [client for client, held in sorted(self._held.items()) if round_number - held.round <= max_staleness]
+
+    def buffered(self, round_number: int, current: TensorDict, clients: Collection[str],
+                 exponent: float) -> list[ClientUpdate]:
+        """The held updates of ``clients`` as updates of ``round_number`` from ``current``, each
+        change scaled by ``staleness_scale``, each with its own sample count."""
+        updates = []
+        for client in sorted(clients):
+            held = self._held[client]
+            scale = staleness_scale(round_number - held.round, exponent)
+            moved = {k: current[k] + (d if scale == 1.0 else (d * scale).to(d.dtype)) for k, d in held.delta.items()}
+            updates.append(ClientUpdate(client, {**moved, **held.extra}, held.n_samples, held.metrics))
+        return updates
