@@ -24,8 +24,8 @@ STRATEGIES: LazyRegistry[type] = LazyRegistry("coordinator.strategies", {  # coo
     "fedgame": "fedgame:FedGAME",
 })
 VARIANTS = ("game", "gat", "mean")
-MAX_BUFFER = 10_000  # bound on K and on the staleness kept (rounds)
 """Fed-GAME's aggregators (``coordinator.strategies.game``)."""
+MAX_BUFFER = 10_000  # bound on K and on the staleness kept (rounds)
 
 
 class RobustSettings(BaseModel):
