@@ -12,7 +12,10 @@ broker retains does not make it crash-loop.
 
 Training runs in a child process (``edge_agent.training_child``): while it trains, the loop goes
 on answering the coordinator's replies, its own presence and the forecasts; round and personal
-messages wait until the round's result is in."""
+messages wait until the round's result is in. The agent never loads torch: what it must know of
+its learner comes from a child too (``edge_agent.model_facts``), it checks and stores global
+states as numpy arrays, and the served bundle's export and a personal message's installation
+are jobs of the round's child."""
 
 from __future__ import annotations
 
@@ -20,31 +23,34 @@ import logging
 import queue
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from edge_agent.config import AgentConfig, signed_settings
-from edge_agent.data import DataError, SeriesTable
-from edge_agent.learners import HeadLearner, Learner, fleet_template, make_learner
+from edge_agent.data.errors import DataError
 from edge_agent.live import LiveHistory
+from edge_agent.model_facts import FleetFacts, LearnerFacts, model_facts, spec_layout
 from edge_agent.mqtt import Connection, Incoming
 from edge_agent.protocol import (
-    PLACEHOLDER_DIGEST,
     HelloHeader,
     PersonalHeader,
     ProtocolError,
     ReplyHeader,
     RoundHeader,
-    UpdateHeader,
     check_tensors,
     decode,
     encode,
 )
-from edge_agent.serving.renewal import BundleRenewal, BundleWriter
+from edge_agent.round_data import MODE as HEAD_MODE
+from edge_agent.serving.renewal import BundleRenewal
 from edge_agent.refusals import RETRY, Refused, RefusalBackoff, settled
 from edge_agent.state import AgentState
 from edge_agent.storage import writable_folder
-from edge_agent.tensors import Layout, TensorDict, first_non_finite, l2_norm, layout_of
+from edge_agent.tensors import Layout, TensorDict, first_non_finite, l2_norm, tensors_to_bytes
 from edge_agent.topics import Topics
-from edge_agent.training_child import TrainingOutcome, TrainingChild
+from edge_agent.training_child import RoundJob, TrainingChild, TrainingOutcome
+
+if TYPE_CHECKING:
+    from edge_agent.data import SeriesTable
 
 log = logging.getLogger("edgefl.agent")
 UPDATE_HEADER_MARGIN = 4096  # room for metrics and the campaign id in a real update's header
@@ -55,16 +61,19 @@ class Agent:
     """One gateway's training service."""
 
     def __init__(self, cfg: AgentConfig, on_event: Callable[[str, dict], None] | None = None,
-                 write_bundle: BundleWriter | None = None):
-        """``write_bundle``: how a live gateway with ``[serving]`` exports the model it serves
-        (``export.bundle.write_bundle``, given by ``edgefl agent run``); without it nothing is served."""
+                 write_bundle: str | None = None):
+        """``write_bundle``: the ``module:function`` a live gateway with ``[serving]`` exports the
+        model it serves with, in the round's child (``export.bundle:write_bundle``, named by
+        ``edgefl agent run``); without it nothing is served."""
         self.cfg = cfg
         self.topics = Topics(cfg.fleet)
         self.files = AgentState(writable_folder(cfg.state_dir, "state_dir"))
         self.trained_round = self.files.trained_round()
         self.live = LiveHistory(cfg) if cfg.data.source == "sensors" else None
-        self.learner: Learner | None = None
+        self.facts: LearnerFacts | None = None  # the learner's, once the gateway's history can train one
+        self.fleet: FleetFacts | None = None  # the fleet's initial model's (head mode)
         self.table: SeriesTable | None = None
+        self._tried_rows: int | None = None  # the rows of the last history no learner could be built on
         self._try_adopt(self.live.table() if self.live else cfg.data.load())
         self.serving = BundleRenewal(self.live, write_bundle) if self.live and cfg.serving and write_bundle else None
         self.on_event = on_event or (lambda kind, data: None)
@@ -83,40 +92,40 @@ class Agent:
         self.connection.on_connected.append(self._on_connected)
 
     def _try_adopt(self, table: SeriesTable | None) -> bool:
-        """Train on ``table`` from now on: the learner rebuilt on it with its saved state. A live
-        history a learner cannot train on yet (None, or too gappy for a window) is logged and
-        the agent keeps what it had; any other source's problem stops the agent."""
-        if table is None:
+        """Train on ``table`` from now on: the facts of the learner built on it with its saved state
+        (``edge_agent.model_facts``, a child process). A live history a learner cannot train on yet
+        (None, or too gappy for a window) is logged, tried again once it has more rows, and the
+        agent keeps what it had; any other source's problem stops the agent."""
+        if table is None or table.n_rows == self._tried_rows:
             return False
         try:
-            learner = self.files.restore(make_learner(self.cfg, table))
+            answer = model_facts(self.cfg, self.trained_round, with_learner=True)
         except DataError as err:
             if self.live is None:
                 raise
             self.live.waiting("history not trainable yet", str(err))
+            self._tried_rows = table.n_rows
             return False
-        self.table, self.learner = table, learner
-        wire = learner.wire_state(self.trained_round)
-        self._check_update_size(wire)
-        self.layout, self.global_norm = layout_of(learner.global_part(wire)), self._model_norm()
+        self._check_update_size(answer.learner.update_bytes)
+        self.table, self.facts, self.fleet = table, answer.learner, answer.fleet
+        self.layout, self.global_norm = spec_layout(answer.learner.layout), answer.learner.norm
         return True
 
     def _refresh_history(self) -> None:
         """A live gateway: adopt its latest history (registering once it first suffices, and
         again when its sample count changed, so the coordinator weighs it by what it holds)."""
         table = self.live.table() if self.live else None
-        if table is None or (self.learner is not None and table.n_rows == self.table.n_rows):
+        if table is None or (self.facts is not None and table.n_rows == self.table.n_rows):
             return
-        before = self.learner.n_samples if self.learner else None
-        if self._try_adopt(table) and self.learner.n_samples != before and self.connection.connected.is_set():
+        before = self.facts.n_samples if self.facts else None
+        if self._try_adopt(table) and self.facts.n_samples != before and self.connection.connected.is_set():
             self._introduce(resend=before is None)
 
-    def _check_update_size(self, wire: TensorDict) -> None:
+    def _check_update_size(self, update_bytes: int) -> None:
         """An update over ``max_payload_bytes`` (the broker's ``max_packet_size``, less the MQTT
-        headers) would be refused by the broker and re-sent after every reconnect, forever: refuse to start."""
-        header = UpdateHeader(fleet=self.cfg.fleet, sender=self.cfg.client_id, round=1, n_samples=1,
-                              global_sha256=PLACEHOLDER_DIGEST)
-        size = len(encode(header, wire)) + UPDATE_HEADER_MARGIN
+        headers) would be refused by the broker and re-sent after every reconnect, forever: refuse
+        to start (``update_bytes``: the envelope of an update with a bare header)."""
+        size = update_bytes + UPDATE_HEADER_MARGIN
         if size > self.cfg.max_payload_bytes:
             raise ValueError(f"max_payload_bytes: this model's updates take about {size} bytes, over the limit of "
                              f"{self.cfg.max_payload_bytes}; raise it for the broker, the coordinator and every "
@@ -133,7 +142,7 @@ class Agent:
         why, polled = "an error (traceback follows)", time.monotonic()
         try:
             while not (self.finished and self.serving is None) and not stop():
-                if self.learner is None and time.monotonic() - polled > HISTORY_POLL_S:
+                if self.facts is None and time.monotonic() - polled > HISTORY_POLL_S:
                     self._refresh_history()
                     polled = time.monotonic()
                 if self.serving is not None and self.serving.tick():
@@ -171,11 +180,11 @@ class Agent:
         been subscribed to our hello yet; updates wait in its persistent session) and, after
         the refusal backoff, when it refused us (resend)."""
         cid = self.cfg.client_id
-        if self.learner is None:
+        if self.facts is None:
             return  # not enough history yet: the fleet must not wait for this gateway
         hello = HelloHeader(
-            fleet=self.cfg.fleet, sender=cid, n_features=self.learner.n_features, n_samples=self.learner.n_samples,
-            latitude=self.table.latitude, longitude=self.table.longitude, model_signature=self.learner.signature,
+            fleet=self.cfg.fleet, sender=cid, n_features=self.facts.n_features, n_samples=self.facts.n_samples,
+            latitude=self.table.latitude, longitude=self.table.longitude, model_signature=self.facts.signature,
             model_settings=signed_settings(self.cfg),
         )
         self.connection.publish(self.topics.agent(cid, "hello"), encode(hello))
@@ -201,7 +210,7 @@ class Agent:
             log.info("the coordinator cleared the round left by an earlier campaign: waiting for its announcement")
             return
         try:
-            header, tensors = decode(message.payload, self.cfg.max_payload_bytes)
+            header, tensors = decode(message.payload, self.cfg.max_payload_bytes, framework="np")
         except ProtocolError as err:
             log.warning("ignoring a bad message on %s: %s", message.topic, err)
             return
@@ -217,38 +226,46 @@ class Agent:
             self._on_personal(header, tensors)
 
     def _on_round(self, header: RoundHeader, global_state: TensorDict) -> None:
-        if self.learner is None:
+        if self.facts is None:
             log.info("round %d: no model yet (waiting for sensor history)%s", header.round,
                      self._keep_fleet_model(header, global_state))
             return
         if not self._in_campaign(header):
             return
-        problem = self._global_problem(header, global_state, self.learner.signature, self.layout, self.global_norm,
+        problem = self._global_problem(header, global_state, self.facts.signature, self.layout, self.global_norm,
                                        "the last accepted one's")
+        export = problem is None and self.serving is not None and self.cfg.mode == HEAD_MODE
         if problem is None:
-            self.learner.load_global(global_state)
             self.files.save_global(global_state)
             self.global_norm = l2_norm(global_state)
-            if self.serving is not None and isinstance(self.learner, HeadLearner):
-                self.serving.renew(self.learner, self.trained_round + 1)
         else:
             log.error("round %d: refusing the global model (%s); keeping the last good one", header.round, problem)
             self.on_event("global_refused", {"round": header.round, "reason": problem})
-            self.learner = self._saved_learner()
+        train = self._should_train(header)
+        if export or train:
+            self._start_child(RoundJob(config=self.cfg, round=header.round, announced=header.body_sha256,
+                                       task="train" if train else "export",
+                                       export_round=self.trained_round + 1 if export else None,
+                                       bundle_writer=self.serving.writer if export else ""))
         if header.finished:
             going_on = "; serving forecasts and waiting for the next campaign" if self.serving is not None else ""
             log.info("campaign %s finished with round %d%s", header.campaign, header.round, going_on)
             self.finished = True
             self.on_event("finished", {"round": header.round})
-            return
+
+    def _should_train(self, header: RoundHeader) -> bool:
+        """Whether to train the announced round (said when not: asked or refused)."""
+        if header.finished:
+            return False
         if not header.asks(self.cfg.client_id):
             log.info("round %d: not asked to train (%d of the fleet are)", header.round, header.asked_count)
             self.on_event("not_asked", {"round": header.round})
-        elif self.backoff.shut_out:
+            return False
+        if self.backoff.shut_out:
             log.warning("round %d: not training, the coordinator refused us (%s)", header.round,
                         self.backoff.terminal[-1])
-        elif header.round > self.trained_round:
-            self._train_and_send(header.round, header.body_sha256)
+            return False
+        return header.round > self.trained_round
 
     def _stale(self, header) -> bool:
         """A reply or personal message of another campaign (queued in our broker session since
@@ -271,28 +288,23 @@ class Agent:
         if self.files.campaign is not None or self.trained_round:
             log.warning("state of campaign %s (round %d) dropped: starting over for campaign %s",
                         self.files.campaign, self.trained_round, header.campaign)
-            self.learner, self.trained_round = make_learner(self.cfg, self.table), 0
-            self.global_norm = self._model_norm()
+            self.trained_round, self.global_norm = 0, self.facts.fresh_norm
         self.files.join(header.campaign)
         self.finished = False
         self.on_event("joined", {"campaign": header.campaign})
         return True
-
-    def _model_norm(self) -> float:
-        """The L2 norm of the learner's part of the global state (the reference of
-        ``max_global_growth`` until a global model is accepted)."""
-        return l2_norm(self.learner.global_part(self.learner.wire_state(self.trained_round)))
 
     def _keep_fleet_model(self, header: RoundHeader, state: TensorDict) -> str:
         """A head-mode gateway that cannot train yet keeps the fleet's global state, so what it
         serves meanwhile may be the fleet's model (``edge_agent.newcomer``); said in the log line.
         Checked as an installed one is (signature, layout, finite values, norm against the initial
         model's); the campaign is joined later, with the learner."""
-        if self.cfg.mode != HeadLearner.kind:
+        if self.cfg.mode != HEAD_MODE:
             return ""
-        template = fleet_template(self.cfg, self.cfg.seed)
-        problem = self._global_problem(header, state, template.signature, layout_of(template.initial),
-                                       l2_norm(template.initial), "the initial model's")
+        if self.fleet is None:
+            self.fleet = model_facts(self.cfg, self.trained_round, with_learner=False).fleet
+        problem = self._global_problem(header, state, self.fleet.signature, spec_layout(self.fleet.layout),
+                                       self.fleet.norm, "the initial model's")
         if problem is not None:
             log.error("round %d: refusing the global model (%s)", header.round, problem)
             return ""
@@ -315,28 +327,30 @@ class Agent:
             return f"its norm {norm:.3g} exceeds {self.cfg.max_global_growth:g} x {reference}"
         return None
 
-    def _saved_learner(self) -> Learner:
-        """The learner as of the last good round: rebuilt and restored from the state folder
-        (personal state and last accepted global state), as after a restart."""
-        return self.files.restore(make_learner(self.cfg, self.table))
-
-    def _train_and_send(self, round_index: int, announced: str) -> None:
-        """Start training ``round_index`` in a child process on the latest history; its update, bound
-        to the round's announcement (``announced``: its body_sha256, which the coordinator checks),
-        is published when the child is done (``finish_training``)."""
-        self._refresh_history()
-        self.training = TrainingChild(self.cfg, round_index, announced, self.live.metrics() if self.live else {})
+    def _start_child(self, job: RoundJob, personal: bytes = b"") -> None:
+        """Start ``job`` in a child process; a training job on the latest history, its update bound
+        to the round's announcement (``job.announced``: its body_sha256, which the coordinator
+        checks) and published when the child is done (``finish_training``)."""
+        if job.task == "train":
+            self._refresh_history()
+            job = job.model_copy(update={"metrics": self.live.metrics() if self.live else {}})
+        self.training = TrainingChild(job, personal)
 
     def finish_training(self, timeout: float = 0.0) -> bool:
-        """Once the training child is done (waiting up to ``timeout`` s): publish its update, or
-        skip a failed round; then handle the messages that waited. True when it was done."""
+        """Once the round's child is done (waiting up to ``timeout`` s): serve the bundle it exported,
+        publish its update or skip a failed round, or take its answer to a personal message; then
+        handle the messages that waited. True when it was done."""
         result = self.training.result(timeout)
+        if self.training.take_new_bundle() and self.serving is not None:
+            self.serving.renewed()
         if result is None:
             return False
-        self.training = None
-        if result.status == "sent":
+        task, self.training = self.training.job.task, None
+        if task == "personal":
+            self._personal_done(result)
+        elif task == "train" and result.status == "sent":
             self._send_trained(result)
-        else:
+        elif task == "train":
             self._skip_failed_round(result)
         waiting, self.waiting_messages = self.waiting_messages, []
         for message in waiting:
@@ -344,8 +358,7 @@ class Agent:
         return True
 
     def _send_trained(self, result: TrainingOutcome) -> None:
-        """The child saved the round's personal state and update: take both over and publish it."""
-        self.learner = self._saved_learner()
+        """The child saved the round's personal state and update: publish it."""
         self.trained_round = result.round
         log.info("round %d: trained in %.1f s (training process peak %.0f MB, data process peak %.0f MB)",
                  result.round, result.seconds, result.peak_rss_mb, result.data_peak_rss_mb)
@@ -355,7 +368,6 @@ class Agent:
     def _skip_failed_round(self, result: TrainingOutcome) -> None:
         log.error("round %d: %s; no update sent, model restored as of the last good round", result.round,
                   result.reason)
-        self.learner = self._saved_learner()
         self.files.mark_trained(result.round)
         self.trained_round = result.round
         self.on_event("failed", {"round": result.round, "loss": result.loss, "reason": result.reason})
@@ -363,20 +375,23 @@ class Agent:
     def _on_personal(self, header: PersonalHeader, tensors: TensorDict) -> None:
         """The round's strategy sent this client its own tensors (FedPoD: personalized prompts);
         non-finite ones are refused like a non-finite global model, and one of a round other than
-        the one this agent trained last (re-sent by a restarted coordinator) is stale."""
+        the one this agent trained last (re-sent by a restarted coordinator) is stale. The learner
+        installs it in a child process (``finish_training`` takes its answer)."""
         if header.round != self.trained_round:
             log.info("ignoring the personal message of round %d: our last trained round is %d", header.round,
                      self.trained_round)
             return
-        try:
-            if (bad := first_non_finite(tensors)) is not None:
-                raise ValueError(f"{bad} holds NaN or inf values")
-            self.learner.install_personal(tensors)
-        except (KeyError, ValueError, RuntimeError) as err:
-            log.warning("ignoring the personal message of round %d: %s", header.round, err)
+        if (bad := first_non_finite(tensors)) is not None:
+            log.warning("ignoring the personal message of round %d: %s holds NaN or inf values", header.round, bad)
             return
-        self.files.save_personal(self.learner)
-        self.on_event("personal", {"round": header.round})
+        self._start_child(RoundJob(config=self.cfg, round=header.round, task="personal"), tensors_to_bytes(tensors))
+
+    def _personal_done(self, result: TrainingOutcome) -> None:
+        """The child installed the personal message and saved the personal state, or refused it."""
+        if result.status == "failed":
+            log.warning("ignoring the personal message of round %d: %s", result.round, result.reason)
+            return
+        self.on_event("personal", {"round": result.round})
 
     def _on_reply(self, reply: ReplyHeader) -> None:
         """Answers to our hello and updates; a refusal goes to the backoff, which schedules the

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Protocol
 from edge_agent.sensors.ingest import SensorIngest
 from edge_agent.sensors.settings import SensorSettings
 from edge_agent.serving.history import SensorHistory
+from edge_agent.rows_needed import training_rows_needed
 from edge_agent.toml_config import DataSource
 
 if TYPE_CHECKING:
@@ -44,6 +45,4 @@ class LiveHistory(SensorHistory):
     """The training agent's sensor history: none until it holds one training window."""
 
     def __init__(self, cfg: AgentConfig):
-        from edge_agent.learners import training_rows_needed  # torch: the training agent has it loaded
-
         super().__init__(cfg.live_gateway(), training_rows_needed(cfg))

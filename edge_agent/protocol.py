@@ -22,18 +22,18 @@ import math
 import struct
 from typing import Annotated, Literal, Union
 
-import torch
 from pydantic import (
     BaseModel, ConfigDict, Field, JsonValue, StringConstraints, TypeAdapter, ValidationError, field_validator,
     model_validator,
 )
 from safetensors import SafetensorError
-from safetensors.torch import load as load_tensors
-from safetensors.torch import save as save_tensors
 
 from edge_agent.asked import MAX_ASKED_CHARS, MAX_PARTICIPANTS, asked_count, asked_digests, is_asked
 from edge_agent.limits import MAX_JSON_DEPTH, MAX_ROUND, NAME_PATTERN, json_depth
-from edge_agent.tensors import Layout, LayoutError, TensorDict, check_layout, first_non_finite, layout_of
+from edge_agent.tensors import (
+    Framework, Layout, LayoutError, TensorDict, check_layout, dtype_name, first_non_finite, layout_of, tensors_from_bytes,
+    tensors_to_bytes,
+)
 
 MAGIC = b"EDFL"
 SCHEMA_VERSION = 1
@@ -186,25 +186,29 @@ def body_digest(tensors: TensorDict | None) -> str:
 
 
 def _body_of(tensors: TensorDict | None) -> bytes:
-    return save_tensors({k: v.contiguous() for k, v in tensors.items()}) if tensors else b""
+    return tensors_to_bytes(tensors) if tensors else b""
 
 
 def _digest(body: bytes) -> str:
     return hashlib.sha256(body).hexdigest() if body else ""
 
 
-def _layout_key(layout: Layout) -> tuple[tuple[str, tuple[int, ...], torch.dtype], ...]:
+def _layout_key(layout: Layout) -> tuple[tuple[str, tuple[int, ...], object], ...]:
     """``layout`` as ``_body_size``'s cache key: hashable, in the body's order."""
     return tuple((name, shape, dtype) for name, (shape, dtype) in layout.items())
 
 
 @functools.lru_cache(maxsize=64)
-def _body_size(layout: tuple[tuple[str, tuple[int, ...], torch.dtype], ...]) -> int:
-    return len(save_tensors({name: torch.zeros(shape, dtype=dtype) for name, shape, dtype in layout}))
+def _body_size(layout: tuple[tuple[str, tuple[int, ...], object], ...]) -> int:
+    import torch  # the sizes of torch's dtypes: only the sides that hold torch tensors size bodies
+
+    return len(tensors_to_bytes({name: torch.zeros(shape, dtype=getattr(torch, dtype_name(dtype)))
+                                 for name, shape, dtype in layout}))
 
 
-def decode(payload: bytes, max_bytes: int) -> tuple[Header, TensorDict]:
-    """Parse and verify an envelope; raises ``ProtocolError`` naming what is wrong."""
+def decode(payload: bytes, max_bytes: int, framework: Framework = "pt") -> tuple[Header, TensorDict]:
+    """Parse and verify an envelope, its tensors as ``framework``'s (numpy arrays for the
+    torch-free training agent); raises ``ProtocolError`` naming what is wrong."""
     if len(payload) > max_bytes:
         raise ProtocolError("too_large", f"payload of {len(payload)} bytes exceeds the limit of {max_bytes}")
     if len(payload) < PREFIX.size:
@@ -223,7 +227,7 @@ def decode(payload: bytes, max_bytes: int) -> tuple[Header, TensorDict]:
         raise ProtocolError("truncated", f"body has {len(body)} bytes, header says {header.body_bytes}")
     if body and hashlib.sha256(body).hexdigest() != header.body_sha256:
         raise ProtocolError("bad_digest", "body does not match its SHA-256 digest")
-    return header, _parse_body(body)
+    return header, _parse_body(body, framework)
 
 
 def claimed_round(payload: bytes) -> int:
@@ -269,12 +273,12 @@ def _parse_header(raw: bytes) -> Header:
         raise ProtocolError("bad_header", problems) from err
 
 
-def _parse_body(body: bytes) -> TensorDict:
+def _parse_body(body: bytes, framework: Framework) -> TensorDict:
     if not body:
         return {}
     try:
-        return load_tensors(body)
-    except (SafetensorError, ValueError, RuntimeError) as err:
+        return tensors_from_bytes(body, framework)
+    except (SafetensorError, ValueError, RuntimeError, TypeError, KeyError) as err:  # numpy has no bfloat16
         raise ProtocolError("bad_body", f"body is not a safetensors blob ({err})") from err
 
 

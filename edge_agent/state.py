@@ -1,18 +1,21 @@
 """The files an agent keeps in its ``state_dir``, each replaced atomically: progress (the campaign
 it takes part in and the last round trained), the learner's personal state, the last global
 state, and an update not yet acknowledged (re-sent after every reconnect until the coordinator
-answers). All of it belongs to one campaign; joining another starts over."""
+answers). All of it belongs to one campaign; joining another starts over. torch-free: the
+training agent writes the global states it accepts as numpy arrays, its child processes read
+them as torch tensors."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from safetensors.torch import load_file
-
-from edge_agent.learners import Learner
 from edge_agent.storage import write_bytes_atomically, write_tensors_atomically
-from edge_agent.tensors import TensorDict
+from edge_agent.tensors import Framework, TensorDict, read_tensors
+
+if TYPE_CHECKING:
+    from edge_agent.learners import Learner
 
 
 class AgentState:
@@ -59,14 +62,14 @@ class AgentState:
     def save_global(self, state: TensorDict) -> None:
         write_tensors_atomically(self._global, state)
 
-    def fleet_state(self) -> TensorDict | None:
+    def fleet_state(self, framework: Framework = "pt") -> TensorDict | None:
         """The last global state accepted, None before the first."""
-        return load_file(str(self._global)) if self._global.is_file() else None
+        return read_tensors(self._global, framework) if self._global.is_file() else None
 
     def restore(self, learner: Learner) -> Learner:
         """The learner with its saved personal state and the last global state installed."""
         if self._personal.is_file():
-            learner.restore(load_file(str(self._personal)))
+            learner.restore(read_tensors(self._personal))
         if self._global.is_file():
-            learner.load_global(load_file(str(self._global)))
+            learner.load_global(read_tensors(self._global))
         return learner

@@ -1,5 +1,6 @@
 """Crash-safe local files: write to a temporary file, fsync, rename, fsync the folder. torch is
-imported only by the tensor helpers, so the serving-only process can use this module."""
+imported only by the tensor helpers, and only for torch tensors, so the serving-only process and
+the training agent can use this module."""
 
 from __future__ import annotations
 
@@ -61,19 +62,18 @@ def fsync_folder(folder: Path) -> None:
 
 
 def write_tensors_atomically(path: Path, tensors: TensorDict) -> None:
-    """Save tensors as a safetensors file, atomically."""
-    from safetensors.torch import save
+    """Save tensors (torch's or numpy arrays) as a safetensors file, atomically."""
+    from edge_agent.tensors import tensors_to_bytes
 
-    write_bytes_atomically(path, save({k: v.contiguous() for k, v in tensors.items()}))
+    write_bytes_atomically(path, tensors_to_bytes(tensors))
 
 
 def write_tagged_tensors(path: Path, tensors: TensorDict, tag: str, metadata: dict[str, str]) -> None:
     """Save tensors with string metadata and ``format`` = ``tag``, atomically (read back by
     ``read_tagged_tensors``)."""
-    from safetensors.torch import save
+    from edge_agent.tensors import tensors_to_bytes
 
-    state = {k: v.detach().contiguous() for k, v in tensors.items()}
-    write_bytes_atomically(path, save(state, metadata={"format": tag, **metadata}))
+    write_bytes_atomically(path, tensors_to_bytes(tensors, metadata={"format": tag, **metadata}))
 
 
 def read_tagged_tensors(path: Path, tag: str, error: type[ValueError] = ValueError) -> tuple[TensorDict, dict[str, str]]:

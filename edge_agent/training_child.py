@@ -1,6 +1,8 @@
 """One round of local training in a child process, so the agent's MQTT loop (session, refusals,
-presence, forecasts) never waits for it and the memory training takes goes back to the system
-when the round ends.
+presence, forecasts) never waits for it, the memory training takes goes back to the system
+when the round ends, and the agent itself never loads torch. Whatever else needs the learner runs
+here too (``RoundJob.task``): exporting the served bundle after an accepted global model, and
+installing a personal message of the round's strategy.
 
 The agent writes a job (its config and the round, JSON, mode 0600) and starts ``python -m
 edge_agent.training_child <job>``, a fresh interpreter (no fork of a threaded process). In head
@@ -11,7 +13,8 @@ state, as after a restart), trains, and makes the result durable as the agent di
 the personal state and the encoded update (the wire envelope: JSON header + safetensors body) go
 to the state folder, then the round is marked done. Its answer is a small JSON file (status, loss,
 peak memory, its own and the data process's); nothing is pickled. A child that dies (killed, out of memory) leaves no answer: the
-agent skips the round as it skips a diverged one."""
+agent skips the round as it skips a diverged one (an export keeps the last bundle, a personal
+message is ignored)."""
 
 from __future__ import annotations
 
@@ -33,9 +36,12 @@ from edge_agent.storage import write_bytes_atomically
 
 if TYPE_CHECKING:
     from edge_agent.learners import Learner
+    from edge_agent.state import AgentState
 
 log = logging.getLogger("edgefl.agent")
-FOLDER, JOB_FILE, RESULT_FILE = "training", "job.json", "result.json"
+FOLDER, JOB_FILE, RESULT_FILE, PERSONAL_FILE = "training", "job.json", "result.json", "personal.safetensors"
+EXPORT_JOB_FILE, EXPORT_RESULT_FILE = "export_job.json", "export_result.json"
+ANSWER_OF = {JOB_FILE: RESULT_FILE, EXPORT_JOB_FILE: EXPORT_RESULT_FILE}
 STOP_WAIT_S = 10.0
 
 
@@ -50,61 +56,89 @@ class Step(NamedTuple):
 
 
 DATA_STEP = Step(round_data.__name__, DATA_JOB_FILE, "preparing its data", "data process")
+EXPORT_STEP = Step(__name__, EXPORT_JOB_FILE, "exporting the served bundle", "export process")
 TRAINING_STEP = Step(__name__, JOB_FILE, "training", "training process")
+DOING = {"train": "training", "personal": "installing the personal message"}
+
+
+Task = Literal["train", "export", "personal"]
 
 
 class RoundJob(BaseModel):
-    """What the child trains: the agent's config, the round and its announcement, and the sensor
-    metrics the agent's ingest counted (they go into the update)."""
+    """What the child does: the agent's config, the round and its announcement, and the sensor
+    metrics the agent's ingest counted (they go into the update). ``task``: train the round, only
+    export the served bundle, or install the personal message the agent left in ``PERSONAL_FILE``;
+    with ``export_round``, the bundle served once that round is announced is exported first, by a
+    process of its own (``EXPORT_STEP``), with ``bundle_writer`` (``module:function``, an
+    ``edge_agent.serving.renewal.BundleWriter``)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     config: AgentConfig
-    round: int = Field(ge=1)
-    announced: str = Field(description="the round announcement's body_sha256, which the update names")
+    round: int = Field(ge=0)
+    announced: str = Field("", description="the round announcement's body_sha256, which the update names")
     metrics: dict[str, float] = {}
+    task: Task = "train"
+    export_round: int | None = Field(None, ge=1)
+    bundle_writer: str = ""
 
 
 class TrainingOutcome(BaseModel):
-    """The child's answer: ``sent`` (the update is in the state folder, the round marked done) or
-    ``failed`` (nothing saved: the agent skips the round), with the loss and the peak resident
-    memory of the child and of the data process that ran before it (0: none ran)."""
+    """The child's answer: ``sent`` (the update is in the state folder, the round marked done),
+    ``done`` (an export or a personal message handled) or ``failed`` (nothing saved: the agent
+    skips the round or ignores the message), with the loss, whether a new bundle was exported and
+    the peak resident memory of the child and of the data process that ran before it (0: none ran)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     round: int
-    status: Literal["sent", "failed"]
+    status: Literal["sent", "done", "failed"]
     loss: float | None = None
     reason: str = ""
     seconds: float = 0.0
+    exported: bool = False
     peak_rss_mb: float = 0.0
     data_peak_rss_mb: float = 0.0
 
 
 class TrainingChild:
-    """A round being trained in child processes, one after the other (the data process in head
-    mode, then the training process); ``result`` polls them without waiting."""
+    """A round's job in child processes, one after the other (the data process in head mode, the
+    export process when a bundle is to be served, then the training process); ``result`` polls
+    them without waiting, and ``new_bundle`` says when the export process has written a bundle."""
 
-    def __init__(self, cfg: AgentConfig, round_index: int, announced: str, metrics: dict[str, float]):
-        self.round = round_index
+    def __init__(self, job: RoundJob, personal: bytes = b""):
+        """``personal``: the safetensors body of the personal message a ``personal`` job installs."""
+        cfg, self.job, self.round = job.config, job, job.round
         self.folder = Path(cfg.state_dir) / FOLDER
         self.folder.mkdir(parents=True, exist_ok=True)
         for stale in (RESULT_FILE, ROUND_DATA):
             (self.folder / stale).unlink(missing_ok=True)
-        job = RoundJob(config=cfg, round=round_index, announced=announced, metrics=metrics)
-        write_bytes_atomically(self.folder / JOB_FILE, job.model_dump_json(exclude_unset=True).encode(), mode=0o600)
-        self.steps = [TRAINING_STEP]
+        for stale in ANSWER_OF.values():
+            (self.folder / stale).unlink(missing_ok=True)
+        if job.task == "personal":
+            write_bytes_atomically(self.folder / PERSONAL_FILE, personal, mode=0o600)
+        self.steps: list[Step] = []
         if cfg.mode == round_data.MODE:
-            data_job = DataJob.of(cfg).model_dump_json(exclude_unset=True).encode()
-            write_bytes_atomically(self.folder / DATA_JOB_FILE, data_job, mode=0o600)
-            self.steps.insert(0, DATA_STEP)
+            self._write(DATA_JOB_FILE, DataJob.of(cfg))
+            self.steps.append(DATA_STEP)
+        if job.export_round is not None:
+            self._write(EXPORT_JOB_FILE, job.model_copy(update={"task": "export"}))
+            self.steps.append(EXPORT_STEP)
+        if job.task != "export":
+            self._write(JOB_FILE, job)
+            self.steps.append(TRAINING_STEP)
+        self.new_bundle = False
         self.process = self._start_next()
+
+    def _write(self, name: str, job: BaseModel) -> None:
+        write_bytes_atomically(self.folder / name, job.model_dump_json(exclude_unset=True).encode(), mode=0o600)
 
     def _start_next(self) -> subprocess.Popen:
         """The next step's process (``python -m <module> <its job>``)."""
         self.step = self.steps.pop(0)
         process = subprocess.Popen([sys.executable, "-m", self.step.module, str(self.folder / self.step.job)])
-        log.info("round %d: %s in child process %d", self.round, self.step.doing, process.pid)
+        doing = self.step.doing if self.step is not TRAINING_STEP else DOING[self.job.task]
+        log.info("round %d: %s in child process %d", self.round, doing, process.pid)
         return process
 
     def result(self, timeout: float = 0.0) -> TrainingOutcome | None:
@@ -118,16 +152,37 @@ class TrainingChild:
                 return None
             if code is None:
                 return None
-            if code or not self.steps:
+            if self.step is EXPORT_STEP:
+                self._exported(code)
+            if (code and self.step is not EXPORT_STEP) or not self.steps:
                 break
             self.process = self._start_next()
-        for used in (JOB_FILE, DATA_JOB_FILE, ROUND_DATA):
-            (self.folder / used).unlink(missing_ok=True)
+        answer = self.folder / ANSWER_OF.get(self.step.job, RESULT_FILE)
         try:
-            return TrainingOutcome.model_validate_json((self.folder / RESULT_FILE).read_bytes())
+            return TrainingOutcome.model_validate_json(answer.read_bytes())
         except (OSError, ValueError) as err:
             return TrainingOutcome(round=self.round, status="failed", reason=f"the {self.step.process} exited with code "
                                f"{code} and no result ({err.__class__.__name__})")
+        finally:
+            for used in (JOB_FILE, DATA_JOB_FILE, EXPORT_JOB_FILE, ROUND_DATA, PERSONAL_FILE, *ANSWER_OF.values()):
+                (self.folder / used).unlink(missing_ok=True)
+
+    def _exported(self, code: int) -> None:
+        """The export process is done: a new bundle to serve at once, or the last one kept (a
+        failed export never stops the round's training)."""
+        try:
+            outcome = TrainingOutcome.model_validate_json((self.folder / EXPORT_RESULT_FILE).read_bytes())
+        except (OSError, ValueError):
+            log.warning("round %d: the export process exited with code %d and no result; forecasts keep the last "
+                        "bundle", self.round, code)
+            return
+        self.new_bundle = outcome.exported
+        log.info("round %d: export process done (export process peak %.0f MB)", self.round, outcome.peak_rss_mb)
+
+    def take_new_bundle(self) -> bool:
+        """Whether a new bundle was exported since the last call."""
+        new, self.new_bundle = self.new_bundle, False
+        return new
 
     def stop(self) -> None:
         """End the child (the agent is stopping): the round stays untrained and is trained again
@@ -160,23 +215,50 @@ def round_learner(cfg: AgentConfig, folder: Path) -> tuple[Learner, float]:
         return head_learner(cfg, data), float(npz[PEAK])
 
 
-def train_round(job: RoundJob, folder: Path) -> TrainingOutcome:
-    """Train ``job.round`` on the learner restored from the state folder and save its update."""
-    from edge_agent.protocol import UpdateHeader, encode
+def run_job(job: RoundJob, folder: Path) -> TrainingOutcome:
+    """Do ``job.task`` on the learner restored from the state folder."""
+    from edge_agent.serving.renewal import export_bundle
     from edge_agent.state import AgentState
+
+    files, started = AgentState(job.config.state_dir), time.perf_counter()
+    learner, data_peak = round_learner(job.config, folder)
+    learner = files.restore(learner)
+    if job.task == "export":
+        outcome = TrainingOutcome(round=job.round, status="done", exported=export_bundle(
+            job.bundle_writer, learner, job.config, job.export_round))
+    elif job.task == "train":
+        outcome = train_round(job, files, learner, started)
+    else:
+        outcome = install_personal(job, files, learner, folder)
+    return outcome.model_copy(update={"data_peak_rss_mb": data_peak})
+
+
+def install_personal(job: RoundJob, files: AgentState, learner: Learner, folder: Path) -> TrainingOutcome:
+    """Install the personal message the agent left (the agent checked its values are finite) and
+    save the personal state; one the learner refuses is ignored, naming why."""
+    from edge_agent.tensors import read_tensors
+
+    try:
+        learner.install_personal(read_tensors(folder / PERSONAL_FILE))
+    except (KeyError, ValueError, RuntimeError) as err:
+        return TrainingOutcome(round=job.round, status="failed", reason=str(err))
+    files.save_personal(learner)
+    return TrainingOutcome(round=job.round, status="done")
+
+
+def train_round(job: RoundJob, files: AgentState, learner: Learner, started: float) -> TrainingOutcome:
+    """Train ``job.round`` on ``learner`` (restored from the state folder) and save its update
+    (``started``: when the job began, for the seconds it reports)."""
+    from edge_agent.protocol import UpdateHeader, encode
     from edge_agent.tensors import first_non_finite
 
-    cfg, started = job.config, time.perf_counter()
-    files = AgentState(cfg.state_dir)
-    learner, data_peak = round_learner(cfg, folder)
-    learner = files.restore(learner)
+    cfg = job.config
     serving = learner.serving_metrics(job.round)
     loss = learner.train(job.round)
     wire = learner.wire_state(job.round)
     if not math.isfinite(loss) or first_non_finite(wire) is not None:
         return TrainingOutcome(round=job.round, status="failed", loss=loss if math.isfinite(loss) else None,
-                           reason=f"local training diverged (loss {loss} or non-finite parameters)",
-                           data_peak_rss_mb=data_peak)
+                               reason=f"local training diverged (loss {loss} or non-finite parameters)")
     metrics = {"loss": loss, "seconds": time.perf_counter() - started, **serving, **job.metrics}
     if not all(math.isfinite(v) for v in metrics.values()):
         log.warning("round %d: leaving out non-finite metrics %s", job.round, metrics)
@@ -184,17 +266,16 @@ def train_round(job: RoundJob, folder: Path) -> TrainingOutcome:
                           metrics={k: v for k, v in metrics.items() if math.isfinite(v)}, campaign=files.campaign,
                           global_sha256=job.announced)
     files.save_round(learner, job.round, encode(header, wire))
-    return TrainingOutcome(round=job.round, status="sent", loss=loss, seconds=time.perf_counter() - started,
-                       data_peak_rss_mb=data_peak)
+    return TrainingOutcome(round=job.round, status="sent", loss=loss, seconds=time.perf_counter() - started)
 
 
 def main(job_path: Path) -> None:
     """The child: run the job, then write its answer next to it with the peak memory it took."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     job = RoundJob.model_validate_json(job_path.read_bytes())
-    result = train_round(job, job_path.parent)
+    result = run_job(job, job_path.parent)
     answer = result.model_copy(update={"peak_rss_mb": round(peak_rss_mb(), 1)})
-    write_bytes_atomically(job_path.parent / RESULT_FILE, answer.model_dump_json().encode())
+    write_bytes_atomically(job_path.parent / ANSWER_OF[job_path.name], answer.model_dump_json().encode())
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ one line a command prints instead of a traceback when a library of its extra is 
 from __future__ import annotations
 
 import functools
+import importlib.util
 from collections.abc import Callable
 from typing import NoReturn, TypeVar
 
@@ -44,3 +45,11 @@ def needs(extra: str) -> Callable[[Command], Command]:
         return run  # type: ignore[return-value]
 
     return decorate
+
+
+def require_installed(*modules: str) -> None:
+    """Raise ``ModuleNotFoundError`` (for ``needs``) for the first of ``modules`` that is not
+    installed, without importing any: what a command's child processes will import."""
+    for module in modules:
+        if importlib.util.find_spec(module) is None:
+            raise ModuleNotFoundError(f"No module named {module!r}", name=module)

@@ -14,7 +14,7 @@ from edge_agent.candidates import quality, served_name
 from edge_agent.refusals import REFUSED_EXIT_CODE, Refused
 from edge_agent.storage import StateDirError
 from edgefl.errors import LazyConsole, escape, fail, say
-from edgefl.extras import needs
+from edgefl.extras import needs, require_installed
 from edgefl.service_run import CONFIG_FLAGS, Stopper, serve_agent, setup_logging
 
 console = LazyConsole(stderr=True)  # rich is loaded by the commands that print
@@ -22,6 +22,8 @@ coordinator_app = typer.Typer(help="The coordinator service.", no_args_is_help=T
 aggregator_app = typer.Typer(help="A site aggregator next to a site broker.", no_args_is_help=True)
 agent_app = typer.Typer(help="The edge agent on a gateway.", no_args_is_help=True)
 ConfigPath = Annotated[Path, typer.Option(*CONFIG_FLAGS, help="TOML configuration file")]
+BUNDLE_WRITER = "export.bundle:write_bundle"  # imported by the round's child: the agent never loads torch
+CHILD_LIBRARIES = ("torch", "statsforecast")  # what the agent's child processes import, checked at its start
 
 
 def _print_event(kind: str, data: dict) -> None:
@@ -231,11 +233,11 @@ def agent_run(config: ConfigPath, verbose: bool = False) -> None:
     """Train for every announced round and send the shared parameters to the coordinator."""
     setup_logging(verbose)
     cfg = _agent_config(config)
+    require_installed(*CHILD_LIBRARIES)
     from edge_agent.agent import Agent
-    from export.bundle import write_bundle
 
     try:
-        agent = Agent(cfg, on_event=_print_agent_event, write_bundle=write_bundle)
+        agent = Agent(cfg, on_event=_print_agent_event, write_bundle=BUNDLE_WRITER)
     except (DataError, ValueError, StateDirError) as err:
         fail(str(err))
     for note in agent.table.notes if agent.table is not None else []:

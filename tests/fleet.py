@@ -86,14 +86,25 @@ def edgefl_without(modules: tuple[str, ...]) -> list[str]:
             "runpy.run_module('edgefl.cli', run_name='__main__', alter_sys=True)\n"]
 
 
-def start(folder: Path, name: str, *args: str, missing: tuple[str, ...] = ()) -> subprocess.Popen:
+def edgefl_reporting(modules: tuple[str, ...], report: Path) -> list[str]:
+    """The Python arguments that run the ``edgefl`` CLI and, as it exits, write to ``report`` which of
+    ``modules`` it had loaded (space-separated; empty: none)."""
+    return ["-c", "import atexit, runpy, sys\n"
+            f"atexit.register(lambda: open({str(report)!r}, 'w').write("
+            f"' '.join(m for m in {modules!r} if m in sys.modules)))\n"
+            "runpy.run_module('edgefl.cli', run_name='__main__', alter_sys=True)\n"]
+
+
+def start(folder: Path, name: str, *args: str, missing: tuple[str, ...] = (), reported: tuple[str, ...] = ()
+          ) -> subprocess.Popen:
     """Run an ``edgefl`` command in the background, its output in ``<name>.log``, with as many
     torch threads as this process (float sums depend on it; the in-process replays must match);
-    ``missing``: modules it runs without (``edgefl_without``)."""
+    ``missing``: modules it runs without (``edgefl_without``); ``reported``: modules it says in
+    ``<name>.modules`` it had loaded when it exits (``edgefl_reporting``)."""
     log = open(folder / f"{name}.log", "w")
     env = {**os.environ, "OMP_NUM_THREADS": str(torch.get_num_threads())}
-    process = subprocess.Popen([sys.executable, *edgefl_without(missing), *args], stdout=log,
-                               stderr=subprocess.STDOUT, env=env)
+    python = edgefl_reporting(reported, folder / f"{name}.modules") if reported else edgefl_without(missing)
+    process = subprocess.Popen([sys.executable, *python, *args], stdout=log, stderr=subprocess.STDOUT, env=env)
     STARTED.append(process)
     return process
 

@@ -353,7 +353,7 @@ def test_an_agent_refuses_a_poisoned_global_and_survives_a_diverged_round(tmp_pa
     config = agent_config(tmp_path, free_port(), 0, write_client_csvs(tmp_path, 1)[0])
     events: list[tuple[str, dict]] = []
     agent = Agent(load_config(config, AgentConfig), on_event=lambda kind, data: events.append((kind, data)))
-    good, ours = agent.learner.wire_state(0), agent.learner.signature
+    good, ours = fleet_template(agent.cfg, agent.cfg.seed).initial, agent.facts.signature
     poisoned = [
         ({k: torch.full_like(v, float("nan")) for k, v in good.items()}, ours),
         ({k: torch.full_like(v, 1e30) for k, v in good.items()}, ours),
@@ -364,13 +364,13 @@ def test_an_agent_refuses_a_poisoned_global_and_survives_a_diverged_round(tmp_pa
     for number, (state, signature) in enumerate(poisoned, 2):
         handled(agent, round_message(number, state, signature))
     assert [kind for kind, _ in events] == ["joined", "sent", *["global_refused", "sent"] * len(poisoned)]
-    assert all(torch.isfinite(t).all() for t in agent.learner.wire_state(6).values())
+    assert all(torch.isfinite(t).all() for t in agent.files.fleet_state().values())
 
     agent.cfg = agent.cfg.model_copy(update={"training": agent.cfg.training.model_copy(update={"lr": 1e30})})
     handled(agent, round_message(6, good, ours))
     assert events[-1][0] == "failed" and agent.files.trained_round() == 6
     assert "diverged" in events[-1][1]["reason"]
-    agent.learner.load_global = None  # not callable: handling the round raises
+    agent.files.save_global = None  # not callable: handling the round raises
     handled(agent, round_message(7, good, ours))
     assert events[-1][0] == "error"
 

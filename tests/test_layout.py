@@ -31,8 +31,11 @@ def modules() -> dict[str, Path]:
 TORCH_FREE = ("edge_agent.config", "coordinator.config", "coordinator.simulation.federation_config",
               "edgefl.cli", "edgefl.commands", "edgefl.simulate_cli")
 """Modules that load no heavy library when imported: the configs, and the commands' modules."""
+TRAINING_AGENT = ("edge_agent.agent", "edge_agent.model_facts", "edge_agent.training_child", "edgefl.services")
+"""The modules of the long-lived ``agent run`` process."""
 HEAVY = {"torch", "pandas", "statsforecast", "onnxruntime", "matplotlib", "snntorch", "onnx", "nir", "h5py", "pvlib",
          "paho"}
+TRAINING_AGENT_HEAVY = HEAVY - {"pandas", "onnxruntime", "paho"}  # its tables, the bundle it serves, MQTT
 
 
 def executed(tree: ast.Module) -> list[ast.stmt]:
@@ -132,18 +135,29 @@ def test_the_checks_catch_a_cycle_and_a_wrong_direction() -> None:
     assert "edge_agent" not in ALLOWED["edge_agent"] - {"edge_agent"} and "coordinator" not in ALLOWED["edge_agent"]
 
 
-def test_configs_and_commands_import_no_heavy_library() -> None:
-    known = modules()
-    for name in TORCH_FREE:
+def heavy_chains(names: tuple[str, ...], heavy: set[str]) -> list[str]:
+    """How importing each of ``names`` loads a library of ``heavy``: one import chain per library module."""
+    known, chains = modules(), []
+    for name in names:
         loaded = loaded_by(name, known)
-        heavy = sorted(target for target in loaded if target.split(".")[0] in HEAVY)
-        chains = []
-        for target in heavy:
+        for target in sorted(target for target in loaded if target.split(".")[0] in heavy):
             chain = [target]
             while loaded[chain[-1]]:
                 chain.append(loaded[chain[-1]])
             chains.append(" <- ".join(chain))
-        assert not chains, "\n".join(chains)
+    return chains
+
+
+def test_configs_and_commands_import_no_heavy_library() -> None:
+    chains = heavy_chains(TORCH_FREE, HEAVY)
+    assert not chains, "\n".join(chains)
+
+
+def test_the_training_agents_modules_import_no_torch() -> None:
+    """What the long-lived ``agent run`` process imports loads neither torch nor what the learners
+    need; its child processes do (tests/test_live_gateway.py runs it where torch cannot be imported)."""
+    chains = heavy_chains(TRAINING_AGENT, TRAINING_AGENT_HEAVY)
+    assert not chains, "\n".join(chains)
 
 
 def test_the_heavy_import_check_follows_packages_and_skips_function_bodies(tmp_path: Path) -> None:

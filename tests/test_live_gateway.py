@@ -33,6 +33,7 @@ STATION, BAROMETER, FORECASTS = "zigbee2mqtt/amsterdam", "zigbee2mqtt/barometer"
 REPLAY_AGE = "2d"  # a replayed station's last row ends up to a day ago (edgefl replay's whole-day rebase)
 KINDS = ("not_a_number", "missing_field", "not_finite", "bad_timestamp", "too_old", "in_future", "out_of_order",
          "unknown_topic")
+TRAINING_AGENT_WITHOUT = ("torch", "statsforecast")  # what the long-lived `agent run` process never imports
 
 
 def live_config(folder: Path, port: int, barometer: bool) -> Path:
@@ -108,9 +109,14 @@ def hostile(last_seen: pd.Timestamp) -> list[tuple[str, bytes]]:
 def test_a_live_gateway_stores_replayed_readings_keeps_them_across_a_restart_and_trains_on_them(
     tmp_path: Path, mosquitto
 ) -> None:
+    """The long-lived agent process never loads torch or statsforecast (``TRAINING_AGENT_WITHOUT``;
+    each agent says at its exit which it had loaded), as a small gateway's must: it learns its
+    model's facts, trains and exports the bundle it serves in child processes, through a restart,
+    two trained rounds and two accepted global models."""
     port, watch = mosquitto.port, Watch(mosquitto.port)
     try:
-        first = start(tmp_path, "agent-first", "agent", "run", "-c", str(live_config(tmp_path, port, True)))
+        first = start(tmp_path, "agent-first", "agent", "run", "-c", str(live_config(tmp_path, port, True)),
+                      reported=TRAINING_AGENT_WITHOUT)
         wait_for(lambda: b"online" in watch.seen, 180, "the first agent's sensor client")
         replay(port, "--columns", ",".join(FEATURES))
         replay(port, "--columns", "pressure", "--device", "barometer")
@@ -119,7 +125,8 @@ def test_a_live_gateway_stores_replayed_readings_keeps_them_across_a_restart_and
         first.send_signal(signal.SIGTERM)
         first.wait(60)
         watch.seen.clear()
-        second = start(tmp_path, "agent", "agent", "run", "-c", str(live_config(tmp_path, port, False)))
+        second = start(tmp_path, "agent", "agent", "run", "-c", str(live_config(tmp_path, port, False)),
+                       reported=TRAINING_AGENT_WITHOUT)
         wait_for(lambda: b"online" in watch.seen, 180, "the restarted agent's sensor client")
     finally:
         watch.close()
@@ -136,6 +143,7 @@ def test_a_live_gateway_stores_replayed_readings_keeps_them_across_a_restart_and
     assert second.poll() is None  # a live gateway serves on after the campaign ends, and joins the next
     second.send_signal(signal.SIGTERM)
     assert second.wait(60) == 0
+    assert [(tmp_path / f"{name}.modules").read_text() for name in ("agent-first", "agent")] == ["", ""]
 
     site = load_site("amsterdam").select(list(FEATURES))
     assert table.columns == FEATURES and table.n_rows == ROWS and table.observed.all()

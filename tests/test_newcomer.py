@@ -69,7 +69,7 @@ def test_an_agent_that_cannot_train_yet_keeps_the_fleets_model_and_refuses_a_bad
     still checked (signature, layout, finite, norm) and, when good, kept for what it serves."""
     cfg = head_config(tmp_path, {"source": "sensors"})
     agent = Agent(cfg)
-    assert agent.learner is None
+    assert agent.facts is None
     template = fleet_template(cfg, cfg.seed)
     good = {k: v + 0.01 for k, v in template.initial.items()}
     bad = [({k: torch.full_like(v, float("nan")) for k, v in good.items()}, template.signature),

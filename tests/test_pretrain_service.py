@@ -30,7 +30,7 @@ from edge_agent.models.fedal_settings import FedalClientSettings
 from edge_agent.models.foundation import load_foundation
 from edge_agent.models.foundation_config import FoundationConfig
 from edge_agent.protocol import HelloHeader, UpdateHeader, encode
-from edge_agent.tensors import layout_of
+from edge_agent.tensors import layout_of, named_layout
 from tests.fleet import SEED, coordinator_config, start, wait_for
 from tests.test_hostile import message
 from tests.test_service import finish, served_rounds, state
@@ -213,14 +213,14 @@ def test_pretrain_mode_picks_and_checks_its_strategy(tmp_path: Path) -> None:
 
 def test_a_fedal_agent_checks_globals_without_and_payload_size_with_its_coreset(tmp_path: Path) -> None:
     """The agent checks announced global states against the model alone (the core-set is not
-    announced back), while its update-size check counts the core-set: 4000 windows (1.7 MB) do
-    not fit 500 kB, the model alone would."""
+    announced back), while its update-size check counts the core-set: 256 windows (the most a
+    config allows, 124 kB) do not fit 100 kB, the model alone would."""
     cfg = load_config(pretrain_agent(tmp_path, free_port(), 0), AgentConfig)
     fleet = load_config(pretrain_coordinator(tmp_path, free_port()), CoordinatorConfig)
-    assert Agent(cfg).layout == layout_of(fleet_template(fleet, SEED).initial)
-    big = cfg.fedal_client.model_copy(update={"coreset": cfg.fedal_client.coreset.model_copy(update={"size": 4000})})
+    assert Agent(cfg).layout == named_layout(layout_of(fleet_template(fleet, SEED).initial))
+    big = cfg.fedal_client.model_copy(update={"coreset": cfg.fedal_client.coreset.model_copy(update={"size": 256})})
     with pytest.raises(ValueError, match=r"max_payload_bytes: this model's updates take about \d+ bytes"):
-        Agent(cfg.model_copy(update={"fedal_client": big, "max_payload_bytes": 500_000}))
+        Agent(cfg.model_copy(update={"fedal_client": big, "max_payload_bytes": 100_000}))
 
 
 @pytest.mark.parametrize("device_side", [DEVICE_SIDE, None], ids=["fedal", "plain"])

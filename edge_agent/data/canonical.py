@@ -8,13 +8,12 @@ from typing import TYPE_CHECKING
 import torch
 
 from edge_agent.data.errors import DataError
-from edge_agent.data.arrays import min_training_rows
 from edge_agent.data.windows import prepare_client
+from edge_agent.rows_needed import DEVICE_HORIZON
 
 if TYPE_CHECKING:
     from edge_agent.data.table import SeriesTable
 
-DEVICE_HORIZON = 1  # device_series cuts whole windows; one step is split off only to reuse prepare_client
 
 
 @dataclass(frozen=True)
@@ -34,11 +33,6 @@ def canonical_index(table: SeriesTable, variables: tuple[str, ...]) -> torch.Ten
     if unknown:
         raise DataError(f"{table.name}: variables {unknown} are not in the foundation model's {list(variables)}")
     return torch.tensor([variables.index(c) for c in table.columns])
-
-
-def device_rows_needed(window: int) -> int:
-    """The least history ``device_series`` accepts for ``window``-long windows."""
-    return min_training_rows(window, DEVICE_HORIZON)
 
 
 def device_series(table: SeriesTable, variables: tuple[str, ...], window: int, stride: int) -> DeviceSeries:

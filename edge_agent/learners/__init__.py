@@ -8,8 +8,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from edge_agent.config import AgentConfig, FleetModel
-from edge_agent.data.arrays import min_training_rows
-from edge_agent.data.canonical import device_rows_needed, device_series
+from edge_agent.data.canonical import device_series
 from edge_agent.data.windows import ClientData, prepare_client
 from edge_agent.learners.base import Learner
 from edge_agent.learners.fedal import FedalLearner, coreset_layout
@@ -18,6 +17,7 @@ from edge_agent.learners.head import HeadLearner, head_signature, initial_shared
 from edge_agent.learners.prompt import PromptLearner, initial_prompt_state, prompt_signature
 from edge_agent.models.foundation import load_foundation
 from edge_agent.protocol import largest_envelope
+from edge_agent.rows_needed import training_rows_needed
 from edge_agent.tensors import Layout, TensorDict, layout_of
 
 if TYPE_CHECKING:
@@ -97,15 +97,6 @@ LEARNERS: dict[str, tuple[Callable[[AgentConfig, SeriesTable], Learner], Callabl
 def make_learner(cfg: AgentConfig, table: SeriesTable) -> Learner:
     """The learner an ``agent.toml`` asks for, on the gateway's own data."""
     return LEARNERS[cfg.mode][0](cfg, table)
-
-
-def training_rows_needed(cfg: AgentConfig) -> int:
-    """The least history the learner of ``cfg.mode`` trains on (its ``prepare_client`` split)."""
-    if cfg.mode == PromptLearner.kind:
-        return device_rows_needed(cfg.prompt.lookback + cfg.prompt.horizon)
-    if cfg.mode == "pretrain":
-        return device_rows_needed(cfg.foundation_model.window)
-    return min_training_rows(cfg.model.lookback, cfg.model.horizon)
 
 
 def fleet_template(cfg: FleetModel, seed: int) -> FleetTemplate:

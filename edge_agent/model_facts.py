@@ -1,0 +1,174 @@
+"""What the training agent knows of its model without holding it: the facts a learner shows (what
+its hello says, how its global state is laid out, the norm a new global model is measured
+against, how large its updates are) and, for a gateway that cannot train yet, the same of the
+fleet's initial model.
+
+The agent never loads torch: ``python -m edge_agent.model_facts <job>`` builds the learner on the
+gateway's table with the state folder restored (as the training child does), writes these facts
+as a small JSON file (strict pydantic, nothing pickled) and exits. The agent runs it when it
+adopts a history (at start, and when a live gateway's history grows) and checks every incoming
+global state against it, in numpy."""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from edge_agent.config import AgentConfig
+from edge_agent.data.errors import DataError
+from edge_agent.storage import write_bytes_atomically
+from edge_agent.tensors import Layout, TensorDict, dtype_name
+
+log = logging.getLogger("edgefl.agent")
+FOLDER, JOB_FILE, ANSWER_FILE = "training", "facts_job.json", "facts.json"
+FACTS_TIMEOUT_S = 1800.0
+STRICT = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+
+class TensorSpec(BaseModel):
+    """One tensor's shape and dtype name (``float32``)."""
+
+    model_config = STRICT
+
+    shape: list[int]
+    dtype: str
+
+
+class FleetFacts(BaseModel):
+    """The fleet's initial model (``fleet_template``): its signature, the layout of its global
+    state and that state's L2 norm (the reference a gateway without a learner checks against)."""
+
+    model_config = STRICT
+
+    signature: str
+    layout: dict[str, TensorSpec]
+    norm: float
+
+
+class LearnerFacts(FleetFacts):
+    """The gateway's learner: what its hello says; ``layout`` and ``norm`` of the global part of its
+    wire state as restored from the state folder, ``fresh_norm`` of a fresh learner's (the reference
+    once a new campaign is joined) and the bytes of an update's envelope."""
+
+    n_features: int = Field(ge=1)
+    n_samples: int = Field(ge=1)
+    fresh_norm: float
+    update_bytes: int = Field(ge=0)
+
+
+class ModelFacts(BaseModel):
+    """The child's answer: the learner's facts, or the reason the gateway's data gives none
+    (``problem``; ``data`` for a ``DataError``, ``value`` for another ``ValueError``); the fleet's
+    facts in head mode (what a gateway that cannot train yet keeps the fleet's model by)."""
+
+    model_config = STRICT
+
+    learner: LearnerFacts | None = None
+    fleet: FleetFacts | None = None
+    problem: str = ""
+    problem_kind: str = ""
+    peak_rss_mb: float = 0.0
+
+
+class FactsJob(BaseModel):
+    """What the child builds: the agent's config, the round it trained last, whether it has a
+    table to build a learner on."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    config: AgentConfig
+    trained_round: int = Field(ge=0)
+    with_learner: bool = True
+
+
+def spec_layout(specs: dict[str, TensorSpec]) -> Layout:
+    """The ``Layout`` the specs describe (dtypes by name)."""
+    return {name: (tuple(spec.shape), spec.dtype) for name, spec in specs.items()}
+
+
+def _specs(state: TensorDict) -> dict[str, TensorSpec]:
+    return {name: TensorSpec(shape=list(t.shape), dtype=dtype_name(t.dtype)) for name, t in state.items()}
+
+
+def model_facts(cfg: AgentConfig, trained_round: int, with_learner: bool) -> ModelFacts:
+    """Run the facts child for ``cfg`` and read its answer (waiting for it); a ``DataError`` or
+    ``ValueError`` it met is raised here as in-process, naming the same thing."""
+    folder = Path(cfg.state_dir) / FOLDER
+    folder.mkdir(parents=True, exist_ok=True)
+    answer = folder / ANSWER_FILE
+    answer.unlink(missing_ok=True)
+    job = FactsJob(config=cfg, trained_round=trained_round, with_learner=with_learner)
+    write_bytes_atomically(folder / JOB_FILE, job.model_dump_json(exclude_unset=True).encode(), mode=0o600)
+    try:
+        code = subprocess.run([sys.executable, "-m", __name__, str(folder / JOB_FILE)], timeout=FACTS_TIMEOUT_S).returncode
+    finally:
+        (folder / JOB_FILE).unlink(missing_ok=True)
+    if code or not answer.is_file():
+        raise RuntimeError(f"the model facts process exited with code {code} and no answer (its traceback is above)")
+    facts = ModelFacts.model_validate_json(answer.read_bytes())
+    answer.unlink()
+    log.info("model facts from a child process (model facts process peak %.0f MB)", facts.peak_rss_mb)
+    if facts.problem_kind == "data":
+        raise DataError(facts.problem)
+    if facts.problem_kind:
+        raise ValueError(facts.problem)
+    return facts
+
+
+def learner_facts(cfg: AgentConfig, trained_round: int) -> LearnerFacts:
+    """The facts of ``cfg``'s learner on the gateway's table, restored from the state folder."""
+    from edge_agent.learners import make_learner
+    from edge_agent.live import gateway_table
+    from edge_agent.protocol import PLACEHOLDER_DIGEST, UpdateHeader, encode
+    from edge_agent.state import AgentState
+    from edge_agent.tensors import l2_norm
+
+    learner = make_learner(cfg, gateway_table(cfg))
+    fresh = l2_norm(learner.global_part(learner.wire_state(0)))
+    AgentState(cfg.state_dir).restore(learner)
+    wire = learner.wire_state(trained_round)
+    shared = learner.global_part(wire)
+    header = UpdateHeader(fleet=cfg.fleet, sender=cfg.client_id, round=1, n_samples=1, global_sha256=PLACEHOLDER_DIGEST)
+    return LearnerFacts(signature=learner.signature, layout=_specs(shared), norm=l2_norm(shared), fresh_norm=fresh,
+                        n_features=learner.n_features, n_samples=learner.n_samples,
+                        update_bytes=len(encode(header, wire)))
+
+
+def fleet_facts(cfg: AgentConfig) -> FleetFacts | None:
+    """The facts of the fleet's initial model in head mode (None in the other modes)."""
+    from edge_agent.learners import HeadLearner, fleet_template
+    from edge_agent.tensors import l2_norm
+
+    if cfg.mode != HeadLearner.kind:
+        return None
+    template = fleet_template(cfg, cfg.seed)
+    return FleetFacts(signature=template.signature, layout=_specs(template.initial), norm=l2_norm(template.initial))
+
+
+def facts_of(job: FactsJob) -> ModelFacts:
+    """The facts ``job`` asks for, or the data's reason there are none."""
+    fleet = fleet_facts(job.config)
+    if not job.with_learner:
+        return ModelFacts(fleet=fleet)
+    try:
+        return ModelFacts(learner=learner_facts(job.config, job.trained_round), fleet=fleet)
+    except ValueError as err:
+        return ModelFacts(fleet=fleet, problem=str(err), problem_kind="data" if isinstance(err, DataError) else "value")
+
+
+def main(job_path: Path) -> None:
+    """The child: compute the facts and write them next to the job, with the peak memory it took."""
+    from edge_agent.round_data import peak_rss_mb
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    facts = facts_of(FactsJob.model_validate_json(job_path.read_bytes()))
+    answer = facts.model_copy(update={"peak_rss_mb": round(peak_rss_mb(), 1)})
+    write_bytes_atomically(job_path.parent / ANSWER_FILE, answer.model_dump_json().encode())
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]))
