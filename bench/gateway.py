@@ -15,7 +15,8 @@ default head-mode model) is measured as three processes:
    round, from the announcement of round 1 to the agent's exit;
 3. ``edgefl agent serve``, the torch-free serving process, publishing a forecast every second
    from that bundle: resident memory (VmRSS, steady), optionally run by another interpreter
-   (``--serve-python``: a virtualenv holding only ``pip install 'edgefl[serve]'``).
+   (``--serve-python``: a virtualenv holding only ``pip install 'edgefl[serve]'``; repeated, one
+   measurement per interpreter, keyed by its Python version).
 
 Then the forecast latency of the served model at batch 1 on one thread, torch eager against
 ONNX Runtime, after a warm-up; with ``--install-mb``, the size of a fresh virtualenv's
@@ -27,6 +28,8 @@ command that produced it.
     python bench/gateway.py             # 3 rounds, 1000 timed forecasts
     python bench/gateway.py --quick     # 2 rounds, 200 timed forecasts
     python bench/gateway.py --serve-python /tmp/serve/bin/python --install-mb serve,gateway
+    python bench/gateway.py --serve-python .venv/bin/python --serve-python /tmp/serve-3.12/bin/python \
+        --serve-python /tmp/serve-3.13/bin/python   # agent serve on three Python versions
 """
 
 from __future__ import annotations
@@ -197,16 +200,23 @@ class Watch:
 
 
 def serving_footprint(work: Path, agent_toml: Path, python: str) -> dict:
-    """Steady memory of ``edgefl agent serve`` publishing a forecast every second."""
-    server = edgefl(work, "serve", "agent", "serve", "-c", str(agent_toml), python=python)
-    log = work / "serve.log"
+    """Steady memory of ``edgefl agent serve`` run by ``python``, publishing a forecast every second."""
+    name = f"serve-{python_version(python)}"
+    server = edgefl(work, name, "agent", "serve", "-c", str(agent_toml), python=python)
+    log = work / f"{name}.log"
     wait_for(lambda: "(loaded: " in log.read_text(), 120, "the serving process's bundle")
     time.sleep(2.0)  # a couple of forecasts out
     rss, parts = steady_rss(server.pid, 5.0), memory_parts(server.pid)
     server.send_signal(signal.SIGTERM)
     server.wait(60)
     loaded = next(line for line in log.read_text().splitlines() if "(loaded: " in line)
-    return {"rss": rss, "parts": parts, "loaded": loaded.rpartition("(loaded: ")[2].rstrip(")")}
+    return {"rss": rss, "parts": parts, "loaded": loaded.rpartition("(loaded: ")[2].rstrip(")"), "python": python}
+
+
+def python_version(python: str) -> str:
+    """``3.13`` for an interpreter of Python 3.13."""
+    return subprocess.run([python, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"], check=True,
+                          capture_output=True, text=True).stdout.strip()
 
 
 def latency(agent_toml: Path, calls: int, warmup: int) -> dict:
@@ -302,8 +312,9 @@ def table(summary: dict) -> str:
              f"| RSS model facts child (peak) | {rss['model_facts']:.0f} MB | <= {GOALS['training_rss_mb']} MB |",
              f"| RSS export child (peak) | {rss['export']:.0f} MB | <= {GOALS['training_rss_mb']} MB |",
              f"| RSS agent while its child trains (peak) | {rss['agent_while_training']:.0f} MB | |",
-             f"| RSS serving-only (`agent serve`) | {rss['serving']:.0f} MB | <= {GOALS['serving_rss_mb']} MB |",
-             f"| of which anonymous / mapped from files | {rss['serving_anonymous']:.0f} / {rss['serving_file']:.0f} MB | |",
+             *(f"| RSS serving-only (`agent serve`), Python {version} | {mb:.0f} MB "
+               f"({rss['serving_parts'][version]['anonymous']:.0f} anonymous, {rss['serving_parts'][version]['file']:.0f} "
+               f"from files) | <= {GOALS['serving_rss_mb']} MB |" for version, mb in rss["serving"].items()),
              f"| CPU per round (train + ONNX export) | {summary['round_cpu_s']:.2f} s | |",
              f"| forecast torch eager p50 / p99 | {ms['torch_p50']:.3f} / {ms['torch_p99']:.3f} ms | |",
              f"| forecast ONNX Runtime p50 / p99 | {ms['ort_p50']:.3f} / {ms['ort_p99']:.3f} ms | |",
@@ -320,8 +331,9 @@ def table(summary: dict) -> str:
 
 def main() -> None:
     parser = bench_parser(__doc__, "2 rounds and 200 timed forecasts")
-    parser.add_argument("--serve-python", default=sys.executable,
-                        help="interpreter of `agent serve` (e.g. a virtualenv with only edgefl[serve])")
+    parser.add_argument("--serve-python", action="append", default=None,
+                        help="interpreter of `agent serve` (e.g. a virtualenv with only edgefl[serve]); repeat it "
+                        "to measure several Python versions (default: this one)")
     parser.add_argument("--install-mb", default="", help="comma-separated extras whose install size to measure "
                         "(a fresh virtualenv each: minutes)")
     args, cfg, started = configure(parser, QUICK, FULL)
@@ -331,7 +343,8 @@ def main() -> None:
         try:
             agent_toml, coordinator_toml = write_configs(work, broker.port, cfg["rounds"])
             agent = agent_footprint(work, broker.port, agent_toml, coordinator_toml, cfg["rounds"])
-            serving = serving_footprint(work, agent_toml, args.serve_python)
+            serving = {python_version(python): serving_footprint(work, agent_toml, python)
+                       for python in args.serve_python or [sys.executable]}
             forecast_ms = latency(agent_toml, cfg["calls"], cfg["warmup"])
         finally:
             broker.stop()
@@ -339,21 +352,24 @@ def main() -> None:
     forecast_ms["ort_speedup"] = round(forecast_ms["torch_p50"] / forecast_ms["ort_p50"], 1)
     summary = {"rss_mb": {k: round(agent[k], 1) for k in ("idle", "training", "round_data", "model_facts", "export",
                                                            "agent_while_training")}
-               | {"serving": round(serving["rss"], 1)}
-               | {f"serving_{part}": round(mb, 1) for part, mb in serving["parts"].items()},
+               | {"serving": {version: round(run["rss"], 1) for version, run in serving.items()},
+                  "serving_parts": {version: {part: round(mb, 1) for part, mb in run["parts"].items()}
+                                    for version, run in serving.items()}},
                "round_cpu_s": round(agent["round_cpu_s"], 2), "forecast_ms": forecast_ms,
                **({"install_mb": sizes} if sizes else {}), **committed_results(),
                "config": {**run_config(cfg, args.quick, started), "site": SITE, "features": list(FEATURES),
                           "rows": ROWS, "model": default_model(),
-                          "serving_loaded": serving["loaded"], "serving_python": args.serve_python, "goals": GOALS,
+                          "serving_loaded": {version: run["loaded"] for version, run in serving.items()},
+                          "serving_python": {version: run["python"] for version, run in serving.items()}, "goals": GOALS,
                           "rss": "idle and serving: steady VmRSS over 5 s; training and round_data: the highest "
                                  "VmHWM of the training children and of the data children that run before them (one "
                                  "each per round, never at once); model_facts: of the children the agent learns its "
                                  "model's facts from; export: of the children exporting each accepted global model's "
                                  "bundle (between the data and the training child, and one for the campaign's last); "
                                  "agent_while_training: the agent's own VmRSS, "
-                                 "sampled every 50 ms; serving_anonymous and serving_file: the serving process's resident "
-                                 "memory after those 5 s, allocated by itself and mapped from files (smaps_rollup)"}}
+                                 "sampled every 50 ms; serving by Python version (major.minor) of the serving interpreter; "
+                                 "serving_parts: the serving process's resident memory after those 5 s, allocated by "
+                                 "itself and mapped from files (smaps_rollup)"}}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "gateway.json").write_text(json.dumps(summary, indent=2))
     print(table(summary))
