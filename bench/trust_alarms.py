@@ -83,20 +83,26 @@ def mean(values) -> float:
 def run_value_alarms(cfg: dict, workers: int) -> list[dict]:
     jobs = [(dataset, days, setting, seed) for dataset in cfg["alarm_datasets"] for days in cfg["alarm_days"]
             for seed in cfg["alarm_seeds"] for setting in SETTINGS]
-    runs = run_parallel(alarms_job, jobs, workers,
-                        lambda r: f"{r['dataset']:>11} {r['history_days']:>3} d {r['setting']:>9} seed {r['seed']}: "
-                                  f"cut {r['cut']}/{r['client_rounds']}, out {r['out']} ({r['seconds']:.0f} s)")
-    return alarm_rows(runs)
+    return alarm_rows(run_parallel(alarms_job, jobs, workers, described))
+
+
+def described(run: dict) -> str:
+    """One finished job's progress line."""
+    return (f"{run['dataset']:>11} {run['history_days']:>3} d {run['setting']:>9} seed {run['seed']}: "
+            f"cut {run['cut']}/{run['client_rounds']}, out {run['out']} ({run['seconds']:.0f} s)")
+
+
+COLUMNS = ("dataset", "history", "false alarms", "left out", "first cut in round", "tested round", "test change",
+           "val change, last round", "client runs worse", "seeds", "commit")
+CAPTION = ("False alarms on the value fleets (issue 46): every client honest, FedAvg at the product's recipe with "
+           "trust 0.2; false alarms = client-rounds whose weight trust cut, left out = those it left out; test change "
+           "= fleet-mean test MASE with trust vs without, of the round with the best validation score (as value.py "
+           "tests it); val change = the validation MASE after the last round (means over seeds).")
 
 
 def alarm_lines(rows: list[dict]) -> list[str]:
     """The section's table."""
-    lines = ["", "False alarms on the value fleets (issue 46): every client honest, FedAvg at the product's recipe "
-             "with trust 0.2; false alarms = client-rounds whose weight trust cut, left out = those it left out; "
-             "test change = fleet-mean test MASE with trust vs without, of the round with the best validation score "
-             "(as value.py tests it); val change = the validation MASE after the last round (means over seeds).", "",
-             "| dataset | history | false alarms | left out | first cut in round | tested round | test change | "
-             "val change, last round | client runs worse | seeds | commit |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["", CAPTION, "", "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     for r in rows:
         days = "full" if r["history_days"] == 0 else f"{r['history_days']} d"
         lines.append(f"| {r['dataset']} | {days} | {r['false_alarms']:.1%} | {r['left_out']:.1%} | "
