@@ -14,7 +14,7 @@ import time
 import xml.etree.ElementTree as ElementTree
 from pathlib import Path
 
-from requirements import BUILD, REPO, gateway, pins
+from requirements import BUILD, REPO, extra, gateway, pins
 from rootfs import CACHE, ensure_rootfs, ensure_venv, inside, say, session
 from worktree import commit, stage_source
 
@@ -24,7 +24,8 @@ SERVE_TESTS = ["tests/test_serving.py", "tests/test_replay.py",
 GATEWAY_TESTS = ["tests/test_live_gateway.py::test_a_live_gateway_stores_replayed_readings_keeps_them_across_a_restart_and_trains_on_them",
                  "tests/test_packaging.py"]
 PYTEST = ["-m", "pytest", "-q", "-p", "no:cacheprovider", *SERVE_TESTS, *GATEWAY_TESTS]
-TEST_ENV = gateway() + pins(("pytest",)) + list(BUILD)
+# the live gateway test also runs a coordinator and replays a site
+TEST_ENV = list(dict.fromkeys(gateway() + extra("coordinator") + extra("sites") + pins(("pytest",)) + list(BUILD)))
 
 
 def outcomes(junit: Path) -> dict:

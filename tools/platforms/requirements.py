@@ -36,6 +36,15 @@ def pins(names: tuple[str, ...]) -> list[str]:
     return [table[name] for name in names]
 
 
+def extra(name: str) -> list[str]:
+    """The requirements of the package's extra ``name``, the extras it names (``edgefl[serve]``) expanded."""
+    found = []
+    for requirement in project()["optional-dependencies"][name]:
+        nested = re.fullmatch(r"edgefl\[([\w,]+)\]", requirement.strip())
+        found += [r for inner in nested.group(1).split(",") for r in extra(inner)] if nested else [requirement]
+    return [r.split(";")[0].strip() for r in found]
+
+
 def gateway() -> list[str]:
-    """Every dependency of the package (train and serve: torch included)."""
-    return [r.split(";")[0].strip() for r in project()["dependencies"]]
+    """What a training gateway installs, ``edgefl[gateway]`` (train and serve: torch included)."""
+    return [r.split(";")[0].strip() for r in project()["dependencies"]] + extra("gateway")
