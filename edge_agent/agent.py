@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 from edge_agent.config import AgentConfig, signed_settings
 from edge_agent.data.errors import DataError
 from edge_agent.live import LiveHistory
-from edge_agent.model_facts import FleetFacts, LearnerFacts, model_facts, spec_layout
+from edge_agent.model_facts import FactsChild, FleetFacts, LearnerFacts, ModelFacts, model_facts, raise_problem, spec_layout
 from edge_agent.mqtt import Connection, Incoming
 from edge_agent.protocol import (
     HelloHeader,
@@ -74,7 +74,8 @@ class Agent:
         self.fleet: FleetFacts | None = None  # the fleet's initial model's (head mode)
         self.table: SeriesTable | None = None
         self._tried_rows: int | None = None  # the rows of the last history no learner could be built on
-        self._try_adopt(self.live.table() if self.live else cfg.data.load())
+        self.adopting: tuple[SeriesTable, FactsChild] | None = None  # a grown history, its facts on the way
+        self._adopt_first(self.live.table() if self.live else cfg.data.load())
         self.serving = BundleRenewal(self.live, write_bundle) if self.live and cfg.serving and write_bundle else None
         self.on_event = on_event or (lambda kind, data: None)
         self.finished = False
@@ -91,15 +92,21 @@ class Agent:
         )
         self.connection.on_connected.append(self._on_connected)
 
-    def _try_adopt(self, table: SeriesTable | None) -> bool:
-        """Train on ``table`` from now on: the facts of the learner built on it with its saved state
-        (``edge_agent.model_facts``, a child process). A live history a learner cannot train on yet
-        (None, or too gappy for a window) is logged, tried again once it has more rows, and the
-        agent keeps what it had; any other source's problem stops the agent."""
-        if table is None or table.n_rows == self._tried_rows:
+    def _adopt_first(self, table: SeriesTable | None) -> None:
+        """At start, waiting for the child (``edge_agent.model_facts``): the facts of the learner built
+        on ``table`` with its saved state; without a table to train on, the fleet's (head mode)."""
+        if table is not None or self.cfg.mode == HEAD_MODE:
+            self._take_facts(table, model_facts(self.cfg, self.trained_round, with_learner=table is not None))
+
+    def _take_facts(self, table: SeriesTable | None, answer: ModelFacts) -> bool:
+        """Train on ``table`` from now on, by ``answer``'s facts. A live history a learner cannot train
+        on yet (too gappy for a window) is logged, tried again once it has more rows, and the agent
+        keeps what it had; any other source's problem stops the agent. True when adopted."""
+        self.fleet = answer.fleet or self.fleet
+        if table is None:
             return False
         try:
-            answer = model_facts(self.cfg, self.trained_round, with_learner=True)
+            raise_problem(answer)
         except DataError as err:
             if self.live is None:
                 raise
@@ -107,19 +114,24 @@ class Agent:
             self._tried_rows = table.n_rows
             return False
         self._check_update_size(answer.learner.update_bytes)
-        self.table, self.facts, self.fleet = table, answer.learner, answer.fleet
+        self.table, self.facts = table, answer.learner
         self.layout, self.global_norm = spec_layout(answer.learner.layout), answer.learner.norm
         return True
 
-    def _refresh_history(self) -> None:
-        """A live gateway: adopt its latest history (registering once it first suffices, and
-        again when its sample count changed, so the coordinator weighs it by what it holds)."""
-        table = self.live.table() if self.live else None
-        if table is None or (self.facts is not None and table.n_rows == self.table.n_rows):
+    def _watch_history(self) -> None:
+        """A live gateway that cannot train yet: once its history has grown, a child finds out in the
+        background whether a learner can be built on it now; once one can, register."""
+        if self.adopting is None:
+            table = self.live.table() if self.live else None
+            if table is not None and table.n_rows != self._tried_rows:
+                self.adopting = table, FactsChild(self.cfg, self.trained_round, with_learner=True)
             return
-        before = self.facts.n_samples if self.facts else None
-        if self._try_adopt(table) and self.facts.n_samples != before and self.connection.connected.is_set():
-            self._introduce(resend=before is None)
+        table, child = self.adopting
+        if (answer := child.result()) is None:
+            return
+        self.adopting = None
+        if self._take_facts(table, answer) and self.connection.connected.is_set():
+            self._introduce(resend=True)
 
     def _check_update_size(self, update_bytes: int) -> None:
         """An update over ``max_payload_bytes`` (the broker's ``max_packet_size``, less the MQTT
@@ -143,7 +155,7 @@ class Agent:
         try:
             while not (self.finished and self.serving is None) and not stop():
                 if self.facts is None and time.monotonic() - polled > HISTORY_POLL_S:
-                    self._refresh_history()
+                    self._watch_history()
                     polled = time.monotonic()
                 if self.serving is not None and self.serving.tick():
                     self.on_event("forecast", {"round": self.trained_round})
@@ -162,8 +174,9 @@ class Agent:
             raise
         finally:
             log.info("%s exits: %s", self.cfg.client_id, why)
-            if self.training is not None:
-                self.training.stop()
+            for child in (self.training, self.adopting and self.adopting[1]):
+                if child:
+                    child.stop()
             self.connection.stop(self.topics.agent(self.cfg.client_id, "status"))
             if self.live:
                 self.live.stop()
@@ -299,10 +312,8 @@ class Agent:
         serves meanwhile may be the fleet's model (``edge_agent.newcomer``); said in the log line.
         Checked as an installed one is (signature, layout, finite values, norm against the initial
         model's); the campaign is joined later, with the learner."""
-        if self.cfg.mode != HEAD_MODE:
+        if self.cfg.mode != HEAD_MODE or self.fleet is None:
             return ""
-        if self.fleet is None:
-            self.fleet = model_facts(self.cfg, self.trained_round, with_learner=False).fleet
         problem = self._global_problem(header, state, self.fleet.signature, spec_layout(self.fleet.layout),
                                        self.fleet.norm, "the initial model's")
         if problem is not None:
@@ -332,7 +343,6 @@ class Agent:
         to the round's announcement (``job.announced``: its body_sha256, which the coordinator
         checks) and published when the child is done (``finish_training``)."""
         if job.task == "train":
-            self._refresh_history()
             job = job.model_copy(update={"metrics": self.live.metrics() if self.live else {}})
         self.training = TrainingChild(job, personal)
 
@@ -358,10 +368,15 @@ class Agent:
         return True
 
     def _send_trained(self, result: TrainingOutcome) -> None:
-        """The child saved the round's personal state and update: publish it."""
+        """The child saved the round's personal state and update: publish it, registering again
+        first when the history it trained on holds another sample count (the coordinator weighs the
+        gateway by what it holds)."""
         self.trained_round = result.round
         log.info("round %d: trained in %.1f s (training process peak %.0f MB, data process peak %.0f MB)",
                  result.round, result.seconds, result.peak_rss_mb, result.data_peak_rss_mb)
+        if result.n_samples is not None and result.n_samples != self.facts.n_samples:
+            self.facts = self.facts.model_copy(update={"n_samples": result.n_samples})
+            self._introduce(resend=False)
         self.connection.publish(self.topics.agent(self.cfg.client_id, "update"), self.files.pending.read_bytes())
         self.on_event("sent", {"round": result.round, "loss": result.loss, "peak_rss_mb": result.peak_rss_mb})
 

@@ -5,19 +5,22 @@ fleet's initial model.
 
 The agent never loads torch: ``python -m edge_agent.model_facts <job>`` builds the learner on the
 gateway's table with the state folder restored (as the training child does), writes these facts
-as a small JSON file (strict pydantic, nothing pickled) and exits. The agent runs it when it
-adopts a history (at start, and when a live gateway's history grows) and checks every incoming
-global state against it, in numpy."""
+as a small JSON file (strict pydantic, nothing pickled) and exits. The agent runs it at start
+(waiting: ``model_facts``) and, while a live gateway's history is not yet trainable, in the
+background when that history has grown (``FactsChild``, polled by the agent's loop); it checks
+every incoming global state against the facts, in numpy. Once it trains, the training child
+reports the sample count of each round's history."""
 
 from __future__ import annotations
 
 import logging
-import subprocess
 import sys
+import time
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from edge_agent.children import ChildSteps, Step, write_job
 from edge_agent.config import AgentConfig
 from edge_agent.data.errors import DataError
 from edge_agent.storage import write_bytes_atomically
@@ -25,6 +28,7 @@ from edge_agent.tensors import Layout, TensorDict, dtype_name
 
 log = logging.getLogger("edgefl.agent")
 FOLDER, JOB_FILE, ANSWER_FILE = "training", "facts_job.json", "facts.json"
+FACTS_STEP = Step(__name__, JOB_FILE, "reading the learner's facts", "model facts process")
 FACTS_TIMEOUT_S = 1800.0
 STRICT = ConfigDict(extra="forbid", frozen=True, strict=True)
 
@@ -62,8 +66,9 @@ class LearnerFacts(FleetFacts):
 
 class ModelFacts(BaseModel):
     """The child's answer: the learner's facts, or the reason the gateway's data gives none
-    (``problem``; ``data`` for a ``DataError``, ``value`` for another ``ValueError``); the fleet's
-    facts in head mode (what a gateway that cannot train yet keeps the fleet's model by)."""
+    (``problem``; ``data`` for a ``DataError``, ``value`` for another ``ValueError``); without the
+    learner's, the fleet's facts in head mode (what a gateway that cannot train yet keeps the
+    fleet's model by)."""
 
     model_config = STRICT
 
@@ -94,28 +99,52 @@ def _specs(state: TensorDict) -> dict[str, TensorSpec]:
     return {name: TensorSpec(shape=list(t.shape), dtype=dtype_name(t.dtype)) for name, t in state.items()}
 
 
-def model_facts(cfg: AgentConfig, trained_round: int, with_learner: bool) -> ModelFacts:
-    """Run the facts child for ``cfg`` and read its answer (waiting for it); a ``DataError`` or
-    ``ValueError`` it met is raised here as in-process, naming the same thing."""
-    folder = Path(cfg.state_dir) / FOLDER
-    folder.mkdir(parents=True, exist_ok=True)
-    answer = folder / ANSWER_FILE
-    answer.unlink(missing_ok=True)
-    job = FactsJob(config=cfg, trained_round=trained_round, with_learner=with_learner)
-    write_bytes_atomically(folder / JOB_FILE, job.model_dump_json(exclude_unset=True).encode(), mode=0o600)
-    try:
-        code = subprocess.run([sys.executable, "-m", __name__, str(folder / JOB_FILE)], timeout=FACTS_TIMEOUT_S).returncode
-    finally:
-        (folder / JOB_FILE).unlink(missing_ok=True)
-    if code or not answer.is_file():
-        raise RuntimeError(f"the model facts process exited with code {code} and no answer (its traceback is above)")
-    facts = ModelFacts.model_validate_json(answer.read_bytes())
-    answer.unlink()
-    log.info("model facts from a child process (model facts process peak %.0f MB)", facts.peak_rss_mb)
+class FactsChild:
+    """The facts child for one job, started at once and polled without waiting (``result``)."""
+
+    def __init__(self, cfg: AgentConfig, trained_round: int, with_learner: bool):
+        self.folder = Path(cfg.state_dir) / FOLDER
+        self.folder.mkdir(parents=True, exist_ok=True)
+        (self.folder / ANSWER_FILE).unlink(missing_ok=True)
+        write_job(self.folder, JOB_FILE, FactsJob(config=cfg, trained_round=trained_round, with_learner=with_learner))
+        self.children = ChildSteps(self.folder, [FACTS_STEP], "model facts")
+
+    def result(self, timeout: float = 0.0) -> ModelFacts | None:
+        """The child's answer once it has exited (waiting up to ``timeout`` s), else None; a child
+        that exited without one raises ``RuntimeError``."""
+        code = self.children.exit_code(timeout)
+        if code is None:
+            return None
+        (self.folder / JOB_FILE).unlink(missing_ok=True)
+        answer = self.folder / ANSWER_FILE
+        if code or not answer.is_file():
+            raise RuntimeError(f"the model facts process exited with code {code} and no answer (its traceback is above)")
+        facts = ModelFacts.model_validate_json(answer.read_bytes())
+        answer.unlink()
+        log.info("model facts from a child process (model facts process peak %.0f MB)", facts.peak_rss_mb)
+        return facts
+
+    def stop(self) -> None:
+        self.children.stop()
+        (self.folder / JOB_FILE).unlink(missing_ok=True)
+
+
+def raise_problem(facts: ModelFacts) -> ModelFacts:
+    """``facts``, or the ``DataError`` or ``ValueError`` the child met, raised as in-process."""
     if facts.problem_kind == "data":
         raise DataError(facts.problem)
     if facts.problem_kind:
         raise ValueError(facts.problem)
+    return facts
+
+
+def model_facts(cfg: AgentConfig, trained_round: int, with_learner: bool) -> ModelFacts:
+    """Run the facts child for ``cfg`` and wait for its answer (at most ``FACTS_TIMEOUT_S``)."""
+    child, deadline = FactsChild(cfg, trained_round, with_learner), time.monotonic() + FACTS_TIMEOUT_S
+    while (facts := child.result(timeout=1.0)) is None:
+        if time.monotonic() > deadline:
+            child.stop()
+            raise RuntimeError(f"the model facts process gave no answer within {FACTS_TIMEOUT_S:g} s")
     return facts
 
 
@@ -150,14 +179,15 @@ def fleet_facts(cfg: AgentConfig) -> FleetFacts | None:
 
 
 def facts_of(job: FactsJob) -> ModelFacts:
-    """The facts ``job`` asks for, or the data's reason there are none."""
-    fleet = fleet_facts(job.config)
+    """The learner's facts ``job`` asks for; without them (not asked, or the data's reason there
+    are none) the fleet's, which a gateway that cannot train yet checks global states by."""
     if not job.with_learner:
-        return ModelFacts(fleet=fleet)
+        return ModelFacts(fleet=fleet_facts(job.config))
     try:
-        return ModelFacts(learner=learner_facts(job.config, job.trained_round), fleet=fleet)
+        return ModelFacts(learner=learner_facts(job.config, job.trained_round))
     except ValueError as err:
-        return ModelFacts(fleet=fleet, problem=str(err), problem_kind="data" if isinstance(err, DataError) else "value")
+        return ModelFacts(fleet=fleet_facts(job.config), problem=str(err),
+                          problem_kind="data" if isinstance(err, DataError) else "value")
 
 
 def main(job_path: Path) -> None:

@@ -20,16 +20,16 @@ from __future__ import annotations
 
 import logging
 import math
-import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal, NamedTuple
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from edge_agent import round_data
+from edge_agent.children import ChildSteps, Step, remaining, write_job
 from edge_agent.config import AgentConfig
 from edge_agent.round_data import DATA_JOB_FILE, PEAK, ROUND_DATA, DataJob, peak_rss_mb
 from edge_agent.storage import write_bytes_atomically
@@ -42,17 +42,6 @@ log = logging.getLogger("edgefl.agent")
 FOLDER, JOB_FILE, RESULT_FILE, PERSONAL_FILE = "training", "job.json", "result.json", "personal.safetensors"
 EXPORT_JOB_FILE, EXPORT_RESULT_FILE = "export_job.json", "export_result.json"
 ANSWER_OF = {JOB_FILE: RESULT_FILE, EXPORT_JOB_FILE: EXPORT_RESULT_FILE}
-STOP_WAIT_S = 10.0
-
-
-class Step(NamedTuple):
-    """One child process of a round: its module (run with ``-m``), its job file, what the log says
-    it is doing and what it is called in a failed round's reason."""
-
-    module: str
-    job: str
-    doing: str
-    process: str
 
 
 DATA_STEP = Step(round_data.__name__, DATA_JOB_FILE, "preparing its data", "data process")
@@ -94,6 +83,7 @@ class TrainingOutcome(BaseModel):
     round: int
     status: Literal["sent", "done", "failed"]
     loss: float | None = None
+    n_samples: int | None = Field(None, ge=1, description="the samples the round's learner held")
     reason: str = ""
     seconds: float = 0.0
     exported: bool = False
@@ -117,52 +107,38 @@ class TrainingChild:
             (self.folder / stale).unlink(missing_ok=True)
         if job.task == "personal":
             write_bytes_atomically(self.folder / PERSONAL_FILE, personal, mode=0o600)
-        self.steps: list[Step] = []
+        steps: list[Step] = []
         if cfg.mode == round_data.MODE:
-            self._write(DATA_JOB_FILE, DataJob.of(cfg))
-            self.steps.append(DATA_STEP)
+            write_job(self.folder, DATA_JOB_FILE, DataJob.of(cfg))
+            steps.append(DATA_STEP)
         if job.export_round is not None:
-            self._write(EXPORT_JOB_FILE, job.model_copy(update={"task": "export"}))
-            self.steps.append(EXPORT_STEP)
+            write_job(self.folder, EXPORT_JOB_FILE, job.model_copy(update={"task": "export"}))
+            steps.append(EXPORT_STEP)
         if job.task != "export":
-            self._write(JOB_FILE, job)
-            self.steps.append(TRAINING_STEP)
+            write_job(self.folder, JOB_FILE, job)
+            steps.append(TRAINING_STEP._replace(doing=DOING[job.task]))
         self.new_bundle = False
-        self.process = self._start_next()
-
-    def _write(self, name: str, job: BaseModel) -> None:
-        write_bytes_atomically(self.folder / name, job.model_dump_json(exclude_unset=True).encode(), mode=0o600)
-
-    def _start_next(self) -> subprocess.Popen:
-        """The next step's process (``python -m <module> <its job>``)."""
-        self.step = self.steps.pop(0)
-        process = subprocess.Popen([sys.executable, "-m", self.step.module, str(self.folder / self.step.job)])
-        doing = self.step.doing if self.step is not TRAINING_STEP else DOING[self.job.task]
-        log.info("round %d: %s in child process %d", self.round, doing, process.pid)
-        return process
+        self.children = ChildSteps(self.folder, steps, f"round {job.round}")
 
     def result(self, timeout: float = 0.0) -> TrainingOutcome | None:
         """The training process's answer once it has exited (waiting up to ``timeout`` seconds),
         else None; a step that exited without one (or with an error) failed the round."""
         deadline = time.monotonic() + timeout
-        while True:
-            try:
-                code = self.process.wait(max(0.0, deadline - time.monotonic())) if timeout else self.process.poll()
-            except subprocess.TimeoutExpired:
-                return None
-            if code is None:
-                return None
-            if self.step is EXPORT_STEP:
+        while (code := self.children.exit_code(remaining(deadline))) is not None:
+            step = self.children.step
+            if step is EXPORT_STEP:
                 self._exported(code)
-            if (code and self.step is not EXPORT_STEP) or not self.steps:
-                break
-            self.process = self._start_next()
-        answer = self.folder / ANSWER_OF.get(self.step.job, RESULT_FILE)
+            if (code and step is not EXPORT_STEP) or not self.children.advance():
+                return self._answer(step, code)
+        return None
+
+    def _answer(self, step: Step, code: int) -> TrainingOutcome:
+        """The answer ``step`` left (a failed round's if none), the round's files removed."""
         try:
-            return TrainingOutcome.model_validate_json(answer.read_bytes())
+            return TrainingOutcome.model_validate_json((self.folder / ANSWER_OF.get(step.job, RESULT_FILE)).read_bytes())
         except (OSError, ValueError) as err:
-            return TrainingOutcome(round=self.round, status="failed", reason=f"the {self.step.process} exited with code "
-                               f"{code} and no result ({err.__class__.__name__})")
+            return TrainingOutcome(round=self.round, status="failed", reason=f"the {step.process} exited with code "
+                                   f"{code} and no result ({err.__class__.__name__})")
         finally:
             for used in (JOB_FILE, DATA_JOB_FILE, EXPORT_JOB_FILE, ROUND_DATA, PERSONAL_FILE, *ANSWER_OF.values()):
                 (self.folder / used).unlink(missing_ok=True)
@@ -187,13 +163,7 @@ class TrainingChild:
     def stop(self) -> None:
         """End the child (the agent is stopping): the round stays untrained and is trained again
         after a restart, as when the agent dies while training."""
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(STOP_WAIT_S)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        self.children.stop()
 
 
 def round_learner(cfg: AgentConfig, folder: Path) -> tuple[Learner, float]:
@@ -266,7 +236,8 @@ def train_round(job: RoundJob, files: AgentState, learner: Learner, started: flo
                           metrics={k: v for k, v in metrics.items() if math.isfinite(v)}, campaign=files.campaign,
                           global_sha256=job.announced)
     files.save_round(learner, job.round, encode(header, wire))
-    return TrainingOutcome(round=job.round, status="sent", loss=loss, seconds=time.perf_counter() - started)
+    return TrainingOutcome(round=job.round, status="sent", loss=loss, n_samples=learner.n_samples,
+                           seconds=time.perf_counter() - started)
 
 
 def main(job_path: Path) -> None:
