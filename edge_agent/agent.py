@@ -28,7 +28,9 @@ from typing import TYPE_CHECKING
 from edge_agent.config import AgentConfig, signed_settings
 from edge_agent.data.errors import DataError
 from edge_agent.live import LiveHistory
-from edge_agent.model_facts import FactsChild, FleetFacts, LearnerFacts, ModelFacts, model_facts, raise_problem, spec_layout
+from edge_agent.model_facts import (
+    FactsChild, FleetFacts, LearnerFacts, ModelFacts, model_facts, raise_problem, spec_layout,
+)
 from edge_agent.mqtt import Connection, Incoming
 from edge_agent.protocol import (
     HelloHeader,

@@ -42,7 +42,6 @@ class ChildSteps:
 
     def __init__(self, folder: Path, steps: list[Step], label: str):
         self.folder, self.steps, self.label = folder, list(steps), label
-        self.step = self.steps[0]
         self.process = self._start_next()
 
     def _start_next(self) -> subprocess.Popen:

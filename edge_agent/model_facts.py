@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import logging
 import sys
-import time
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -118,7 +117,8 @@ class FactsChild:
         (self.folder / JOB_FILE).unlink(missing_ok=True)
         answer = self.folder / ANSWER_FILE
         if code or not answer.is_file():
-            raise RuntimeError(f"the model facts process exited with code {code} and no answer (its traceback is above)")
+            raise RuntimeError(f"the model facts process exited with code {code} and no answer "
+                               "(its traceback is above)")
         facts = ModelFacts.model_validate_json(answer.read_bytes())
         answer.unlink()
         log.info("model facts from a child process (model facts process peak %.0f MB)", facts.peak_rss_mb)
@@ -140,11 +140,10 @@ def raise_problem(facts: ModelFacts) -> ModelFacts:
 
 def model_facts(cfg: AgentConfig, trained_round: int, with_learner: bool) -> ModelFacts:
     """Run the facts child for ``cfg`` and wait for its answer (at most ``FACTS_TIMEOUT_S``)."""
-    child, deadline = FactsChild(cfg, trained_round, with_learner), time.monotonic() + FACTS_TIMEOUT_S
-    while (facts := child.result(timeout=1.0)) is None:
-        if time.monotonic() > deadline:
-            child.stop()
-            raise RuntimeError(f"the model facts process gave no answer within {FACTS_TIMEOUT_S:g} s")
+    child = FactsChild(cfg, trained_round, with_learner)
+    if (facts := child.result(timeout=FACTS_TIMEOUT_S)) is None:
+        child.stop()
+        raise RuntimeError(f"the model facts process gave no answer within {FACTS_TIMEOUT_S:g} s")
     return facts
 
 

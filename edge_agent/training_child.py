@@ -135,7 +135,8 @@ class TrainingChild:
     def _answer(self, step: Step, code: int) -> TrainingOutcome:
         """The answer ``step`` left (a failed round's if none), the round's files removed."""
         try:
-            return TrainingOutcome.model_validate_json((self.folder / ANSWER_OF.get(step.job, RESULT_FILE)).read_bytes())
+            answer = self.folder / ANSWER_OF.get(step.job, RESULT_FILE)
+            return TrainingOutcome.model_validate_json(answer.read_bytes())
         except (OSError, ValueError) as err:
             return TrainingOutcome(round=self.round, status="failed", reason=f"the {step.process} exited with code "
                                    f"{code} and no result ({err.__class__.__name__})")
