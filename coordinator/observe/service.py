@@ -63,8 +63,12 @@ class DashboardServer:
         log.info("dashboard on http://%s/ (metrics on /metrics)", self.address)
 
     def stop(self) -> None:
-        """Close every connection from inside the server's loop (which then ends), then its workers."""
-        self.server.trigger.pull_trigger(lambda: self.server.asyncore.close_all(self.server._map))
+        """Close every connection from inside the server's loop (which then ends), then its workers.
+        A loop that already ended (its trigger closed with it) is only reported."""
+        try:
+            self.server.trigger.pull_trigger(lambda: self.server.asyncore.close_all(self.server._map))
+        except OSError as err:
+            log.warning("dashboard loop had already stopped (%s, alive=%s)", err, self.thread.is_alive())
         self.thread.join(10)
         self.server.task_dispatcher.shutdown()
         self.view.close()
