@@ -2,7 +2,8 @@
 raw gateways, "d" a straggler whose round-1 update arrives after round 1 closed. Buffered (K = 3),
 round 1 closes on the third update, and d's late update is held and folded into round 2 with its
 change scaled by 1/sqrt(2); synchronous, the same update is not used (d was never on time) and
-round 2 waits for its deadline. Every step waits on the coordinator's messages, not on sleeps."""
+round 2 waits for its deadline. Every step waits on the coordinator's messages, not on sleeps.
+With real agents, a buffered fleet's rounds equal the simulation of the arrivals it recorded."""
 
 from __future__ import annotations
 
@@ -13,12 +14,14 @@ import pytest
 import torch
 
 from coordinator.config import CoordinatorConfig
+from coordinator.strategy_settings import BufferSettings, ParticipationSettings
 from coordinator.store import Store
 from edge_agent.config import load_config
 from edge_agent.learners import fleet_template
 from edge_agent.protocol import HelloHeader, UpdateHeader, body_digest, encode
-from tests.fleet import SEED, coordinator_config, start
+from tests.fleet import SEED, coordinator_config, start, write_client_csvs
 from tests.test_hostile import Device
+from tests.test_service import assert_rounds_equal, finish, replay, served_rounds, start_fleet
 
 GATEWAYS = ("a", "b", "c", "d")
 SHIFT = {"a": 0.01, "b": 0.02, "c": 0.03, "d": -0.02}
@@ -76,3 +79,24 @@ def test_a_stragglers_late_update_is_folded_in_with_its_staleness_weight_not_dro
     for name, tensor in g1.items():
         if tensor.is_floating_point():
             torch.testing.assert_close(result[name], tensor + change, rtol=0, atol=1e-6, msg=name)
+
+
+def test_a_buffered_fleet_of_real_agents_equals_the_simulation_of_what_happened(tmp_path: Path, mosquitto) -> None:
+    """Three real agents, K = 2: each round closes on the first two updates (held late ones
+    count), so whichever agent is slowest sends late and its change is folded into a later
+    round, scaled by its staleness (whether one is late depends on timing; the test above pins
+    the stale fold exactly). Whatever the timing, every round's global state equals the
+    in-process simulation of the arrivals the store recorded, under the same buffered policy."""
+    rounds, settings = 4, ParticipationSettings(policy="buffered", buffer=BufferSettings(size=2))
+    coordinator, agents, db = start_fleet(tmp_path, mosquitto.port, 3, rounds, min_clients=2, round_timeout_s=30.0,
+                                          participation=settings.model_dump(mode="json"))
+    finish([coordinator, *agents])
+    assert coordinator.returncode == 0, (tmp_path / "coordinator.log").read_text()
+    store = Store(db)
+    try:
+        closes = [row.metrics for row in store.rounds() if row.closed_at is not None]
+    finally:
+        store.close()
+    assert all(m["closed_by"] == "buffer full" for m in closes), [m["closed_by"] for m in closes]
+    simulated = replay(db, write_client_csvs(tmp_path, 3), rounds, participation=settings)
+    assert_rounds_equal(served_rounds(db), simulated.states)
