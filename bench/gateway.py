@@ -176,7 +176,7 @@ def agent_footprint(work: Path, port: int, agent_toml: Path, coordinator_toml: P
     if len(children) != rounds:
         raise RuntimeError(f"{len(children)} training children reported their peak, {rounds} rounds ran; see {work}")
     facts, exports = (list(map(float, pattern.findall(log.read_text()))) for pattern in (FACTS_PEAK, EXPORT_PEAK))
-    return {"idle": idle, "training": max(train for train, _ in children),
+    return {"agent_idle": idle, "training_child": max(train for train, _ in children),
             "round_data": max(data for _, data in children), "model_facts": max(facts), "export": max(exports),
             "agent_while_training": agent_peak, "round_cpu_s": (cpu - before) / rounds}
 
@@ -306,8 +306,8 @@ def table(summary: dict) -> str:
     """The results as a markdown table, with the goals of issue 28."""
     rss, ms = summary["rss_mb"], summary["forecast_ms"]
     lines = ["| measure | value | goal |", "| --- | --- | --- |",
-             f"| RSS idle agent | {rss['idle']:.0f} MB | <= {GOALS['idle_rss_mb']} MB |",
-             f"| RSS training child (peak) | {rss['training']:.0f} MB | <= {GOALS['training_rss_mb']} MB |",
+             f"| RSS idle agent | {rss['agent_idle']:.0f} MB | <= {GOALS['idle_rss_mb']} MB |",
+             f"| RSS training child (peak) | {rss['training_child']:.0f} MB | <= {GOALS['training_rss_mb']} MB |",
              f"| RSS data child before it (peak) | {rss['round_data']:.0f} MB | <= {GOALS['training_rss_mb']} MB |",
              f"| RSS model facts child (peak) | {rss['model_facts']:.0f} MB | <= {GOALS['training_rss_mb']} MB |",
              f"| RSS export child (peak) | {rss['export']:.0f} MB | <= {GOALS['training_rss_mb']} MB |",
@@ -350,7 +350,7 @@ def main() -> None:
             broker.stop()
         sizes = {extra: install_mb(extra, work) for extra in filter(None, args.install_mb.split(","))}
     forecast_ms["ort_speedup"] = round(forecast_ms["torch_p50"] / forecast_ms["ort_p50"], 1)
-    summary = {"rss_mb": {k: round(agent[k], 1) for k in ("idle", "training", "round_data", "model_facts", "export",
+    summary = {"rss_mb": {k: round(agent[k], 1) for k in ("agent_idle", "training_child", "round_data", "model_facts", "export",
                                                            "agent_while_training")}
                | {"serving": {version: round(run["rss"], 1) for version, run in serving.items()},
                   "serving_parts": {version: {part: round(mb, 1) for part, mb in run["parts"].items()}
@@ -361,7 +361,7 @@ def main() -> None:
                           "rows": ROWS, "model": default_model(),
                           "serving_loaded": {version: run["loaded"] for version, run in serving.items()},
                           "serving_python": {version: run["python"] for version, run in serving.items()}, "goals": GOALS,
-                          "rss": "idle and serving: steady VmRSS over 5 s; training and round_data: the highest "
+                          "rss": "agent_idle and serving: steady VmRSS over 5 s; training_child and round_data: the highest "
                                  "VmHWM of the training children and of the data children that run before them (one "
                                  "each per round, never at once); model_facts: of the children the agent learns its "
                                  "model's facts from; export: of the children exporting each accepted global model's "

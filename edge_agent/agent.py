@@ -23,7 +23,6 @@ import logging
 import queue
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 from edge_agent.config import AgentConfig, signed_settings
 from edge_agent.data.errors import DataError
@@ -51,12 +50,10 @@ from edge_agent.tensors import Layout, TensorDict, first_non_finite, l2_norm, te
 from edge_agent.topics import Topics
 from edge_agent.training_child import RoundJob, TrainingChild, TrainingOutcome
 
-if TYPE_CHECKING:
-    from edge_agent.data import SeriesTable
-
 log = logging.getLogger("edgefl.agent")
 UPDATE_HEADER_MARGIN = 4096  # room for metrics and the campaign id in a real update's header
 HISTORY_POLL_S = 5.0  # a live gateway without enough history checks its store this often
+FILE_HISTORY = 0  # the rows _history_rows gives a csv or a bundled site: not counted by the agent
 
 
 class Agent:
@@ -74,10 +71,9 @@ class Agent:
         self.live = LiveHistory(cfg) if cfg.data.source == "sensors" else None
         self.facts: LearnerFacts | None = None  # the learner's, once the gateway's history can train one
         self.fleet: FleetFacts | None = None  # the fleet's initial model's (head mode)
-        self.table: SeriesTable | None = None
         self._tried_rows: int | None = None  # the rows of the last history no learner could be built on
-        self.adopting: tuple[SeriesTable, FactsChild] | None = None  # a grown history, its facts on the way
-        self._adopt_first(self.live.table() if self.live else cfg.data.load())
+        self.adopting: tuple[int, FactsChild] | None = None  # a grown history's rows, its facts on the way
+        self._adopt_first(self._history_rows())
         self.serving = BundleRenewal(self.live, write_bundle) if self.live and cfg.serving and write_bundle else None
         self.on_event = on_event or (lambda kind, data: None)
         self.finished = False
@@ -94,18 +90,26 @@ class Agent:
         )
         self.connection.on_connected.append(self._on_connected)
 
-    def _adopt_first(self, table: SeriesTable | None) -> None:
-        """At start, waiting for the child (``edge_agent.model_facts``): the facts of the learner built
-        on ``table`` with its saved state; without a table to train on, the fleet's (head mode)."""
-        if table is not None or self.cfg.mode == HEAD_MODE:
-            self._take_facts(table, model_facts(self.cfg, self.trained_round, with_learner=table is not None))
+    def _history_rows(self) -> int | None:
+        """The rows of a live gateway's history, None while too short to train on; a file's or a
+        bundled site's are not counted here (0): the child loads it and says what is wrong with it.
+        The agent never holds the table (pandas stays in the children)."""
+        return self.live.rows() if self.live else FILE_HISTORY
 
-    def _take_facts(self, table: SeriesTable | None, answer: ModelFacts) -> bool:
-        """Train on ``table`` from now on, by ``answer``'s facts. A live history a learner cannot train
-        on yet (too gappy for a window) is logged, tried again once it has more rows, and the agent
-        keeps what it had; any other source's problem stops the agent. True when adopted."""
+    def _adopt_first(self, rows: int | None) -> None:
+        """At start, waiting for the child (``edge_agent.model_facts``): the facts of the learner built
+        on the gateway's history with its saved state; without a history to train on, the fleet's
+        (head mode)."""
+        if rows is not None or self.cfg.mode == HEAD_MODE:
+            self._take_facts(rows, model_facts(self.cfg, self.trained_round, with_learner=rows is not None))
+
+    def _take_facts(self, rows: int | None, answer: ModelFacts) -> bool:
+        """Train on the history of ``rows`` rows from now on, by ``answer``'s facts. A live history a
+        learner cannot train on yet (too gappy for a window) is logged, tried again once it has more
+        rows, and the agent keeps what it had; any other source's problem stops the agent. True
+        when adopted."""
         self.fleet = answer.fleet or self.fleet
-        if table is None:
+        if rows is None:
             return False
         try:
             raise_problem(answer)
@@ -113,10 +117,10 @@ class Agent:
             if self.live is None:
                 raise
             self.live.waiting("history not trainable yet", str(err))
-            self._tried_rows = table.n_rows
+            self._tried_rows = rows
             return False
         self._check_update_size(answer.learner.update_bytes)
-        self.table, self.facts = table, answer.learner
+        self.facts = answer.learner
         self.layout, self.global_norm = spec_layout(answer.learner.layout), answer.learner.norm
         return True
 
@@ -124,15 +128,15 @@ class Agent:
         """A live gateway that cannot train yet: once its history has grown, a child finds out in the
         background whether a learner can be built on it now; once one can, register."""
         if self.adopting is None:
-            table = self.live.table() if self.live else None
-            if table is not None and table.n_rows != self._tried_rows:
-                self.adopting = table, FactsChild(self.cfg, self.trained_round, with_learner=True)
+            rows = self._history_rows()
+            if rows is not None and rows != self._tried_rows:
+                self.adopting = rows, FactsChild(self.cfg, self.trained_round, with_learner=True)
             return
-        table, child = self.adopting
+        rows, child = self.adopting
         if (answer := child.result()) is None:
             return
         self.adopting = None
-        if self._take_facts(table, answer) and self.connection.connected.is_set():
+        if self._take_facts(rows, answer) and self.connection.connected.is_set():
             self._introduce(resend=True)
 
     def _check_update_size(self, update_bytes: int) -> None:
@@ -199,7 +203,7 @@ class Agent:
             return  # not enough history yet: the fleet must not wait for this gateway
         hello = HelloHeader(
             fleet=self.cfg.fleet, sender=cid, n_features=self.facts.n_features, n_samples=self.facts.n_samples,
-            latitude=self.table.latitude, longitude=self.table.longitude, model_signature=self.facts.signature,
+            latitude=self.facts.latitude, longitude=self.facts.longitude, model_signature=self.facts.signature,
             model_settings=signed_settings(self.cfg),
         )
         self.connection.publish(self.topics.agent(cid, "hello"), encode(hello))

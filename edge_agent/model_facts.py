@@ -55,10 +55,14 @@ class FleetFacts(BaseModel):
 class LearnerFacts(FleetFacts):
     """The gateway's learner: what its hello says; ``layout`` and ``norm`` of the global part of its
     wire state as restored from the state folder, ``fresh_norm`` of a fresh learner's (the reference
-    once a new campaign is joined) and the bytes of an update's envelope."""
+    once a new campaign is joined), the bytes of an update's envelope and what the loader did to
+    the table that the user should hear of (``notes``)."""
 
     n_features: int = Field(ge=1)
     n_samples: int = Field(ge=1)
+    latitude: float | None = None
+    longitude: float | None = None
+    notes: list[str] = []
     fresh_norm: float
     update_bytes: int = Field(ge=0)
 
@@ -155,7 +159,8 @@ def learner_facts(cfg: AgentConfig, trained_round: int) -> LearnerFacts:
     from edge_agent.state import AgentState
     from edge_agent.tensors import l2_norm
 
-    learner = make_learner(cfg, gateway_table(cfg))
+    table = gateway_table(cfg)
+    learner = make_learner(cfg, table)
     fresh = l2_norm(learner.global_part(learner.wire_state(0)))
     AgentState(cfg.state_dir).restore(learner)
     wire = learner.wire_state(trained_round)
@@ -163,6 +168,7 @@ def learner_facts(cfg: AgentConfig, trained_round: int) -> LearnerFacts:
     header = UpdateHeader(fleet=cfg.fleet, sender=cfg.client_id, round=1, n_samples=1, global_sha256=PLACEHOLDER_DIGEST)
     return LearnerFacts(signature=learner.signature, layout=_specs(shared), norm=l2_norm(shared), fresh_norm=fresh,
                         n_features=learner.n_features, n_samples=learner.n_samples,
+                        latitude=table.latitude, longitude=table.longitude, notes=table.notes,
                         update_bytes=len(encode(header, wire)))
 
 

@@ -240,7 +240,7 @@ def agent_run(config: ConfigPath, verbose: bool = False) -> None:
         agent = Agent(cfg, on_event=_print_agent_event, write_bundle=BUNDLE_WRITER)
     except (DataError, ValueError, StateDirError) as err:
         fail(str(err))
-    for note in agent.table.notes if agent.table is not None else []:
+    for note in agent.facts.notes if agent.facts is not None else []:
         say(note)
     try:
         agent.run(stop=Stopper())

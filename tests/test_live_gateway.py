@@ -33,7 +33,7 @@ STATION, BAROMETER, FORECASTS = "zigbee2mqtt/amsterdam", "zigbee2mqtt/barometer"
 REPLAY_AGE = "2d"  # a replayed station's last row ends up to a day ago (edgefl replay's whole-day rebase)
 KINDS = ("not_a_number", "missing_field", "not_finite", "bad_timestamp", "too_old", "in_future", "out_of_order",
          "unknown_topic")
-TRAINING_AGENT_WITHOUT = ("torch", "statsforecast")  # what the long-lived `agent run` process never imports
+TRAINING_AGENT_WITHOUT = ("torch", "statsforecast", "pandas")  # what the long-lived `agent run` process never imports
 
 
 def live_config(folder: Path, port: int, barometer: bool) -> Path:
@@ -109,7 +109,7 @@ def hostile(last_seen: pd.Timestamp) -> list[tuple[str, bytes]]:
 def test_a_live_gateway_stores_replayed_readings_keeps_them_across_a_restart_and_trains_on_them(
     tmp_path: Path, mosquitto
 ) -> None:
-    """The long-lived agent process never loads torch or statsforecast (``TRAINING_AGENT_WITHOUT``;
+    """The long-lived agent process never loads torch, statsforecast or pandas (``TRAINING_AGENT_WITHOUT``;
     each agent says at its exit which it had loaded), as a small gateway's must: it learns its
     model's facts, trains and exports the bundle it serves in child processes, through a restart,
     two trained rounds and two accepted global models."""

@@ -160,13 +160,22 @@ def test_intervals_are_means_and_gaps_follow_the_policy(tmp_path, fill, steps, p
     assert [(g.start.hour, g.steps) for g in table.gaps.gaps] == [(0, 2), (3, 2)]
 
 
-def test_refuse_policy_names_the_gaps(tmp_path) -> None:
-    ingest = readings_with_gaps(tmp_path)
+@pytest.mark.parametrize("view", ["table", "rows"])
+def test_refuse_policy_names_the_gaps(tmp_path, view) -> None:
+    """The table (pandas) and the training agent's row count (numpy alone) refuse alike."""
+    read = getattr(readings_with_gaps(tmp_path), view)
     listed = "2 intervals from 2021-01-01 00:00:00, 2 intervals from 2021-01-01 03:00:00"
     with pytest.raises(DataError, match=rf"room: 2 gaps \(intervals of 1:00:00 without a reading\): {listed}; "):
-        ingest.table("room", now=T0 + pd.Timedelta("6h30min"))
+        read("room", now=T0 + pd.Timedelta("6h30min"))
     with pytest.raises(DataError, match="no sensor reading yet"):
-        ingest.table("room", now=T0)
+        read("room", now=T0)
+
+
+@pytest.mark.parametrize("fill", ["skip", "ffill"])
+def test_the_row_count_is_the_tables(tmp_path, fill) -> None:
+    ingest, now = readings_with_gaps(tmp_path), T0 + pd.Timedelta("6h30min")
+    policy = GapPolicy(fill=fill, max_fill_steps=1)
+    assert ingest.rows("room", policy, now=now) == ingest.table("room", policy, now=now).n_rows == 6
 
 
 def publish(port: int, messages: list[tuple[str, bytes]]) -> None:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -27,7 +27,7 @@ import numpy as np
 import paho.mqtt.client as mqtt
 
 from edge_agent.data.errors import DataError
-from edge_agent.data.gaps import GapPolicy, fill_gaps
+from edge_agent.data.gaps import GapPolicy, fill_gaps, runs
 from edge_agent.mqtt import Connection
 from edge_agent.sensors.payloads import BadReading, read
 from edge_agent.sensors.settings import SensorFeature, SensorSettings
@@ -156,6 +156,13 @@ class SensorIngest:
             return None
         return grid.times_ns[-rows:], filled[-rows:].astype(np.float32)
 
+    def rows(self, name: str, gaps: GapPolicy = GapPolicy(), now: Moment | None = None) -> int:
+        """The intervals of history ``table`` would hold, refusing what it refuses, with numpy
+        alone: what the training agent checks before a child builds a learner on it."""
+        grid = self.grid(name, now)
+        _refuse_gaps(name, grid, gaps)
+        return len(grid.values)
+
     def table(self, name: str, gaps: GapPolicy = GapPolicy(), now: Moment | None = None) -> SeriesTable:
         """The ``grid`` as the model's table (naive UTC times), its gaps refused, kept or filled as
         ``gaps`` says (like empty cells of a CSV file). Training's view: it needs pandas."""
@@ -164,16 +171,10 @@ class SensorIngest:
         from edge_agent.data.table import SeriesTable
 
         grid = self.grid(name, now)
+        _refuse_gaps(name, grid, gaps)
         step = pd.Timedelta(grid.step_ns)
         index = pd.date_range(pd.Timestamp(grid.start_ns), periods=len(grid.values), freq=step, unit="ns")
-        table = SeriesTable.on_grid(name, index, grid.values, grid.columns, step, gaps)
-        report = table.gaps
-        if gaps.fill == "refuse" and report.gaps:
-            listed = ", ".join(f"{g.steps} intervals from {g.start}" for g in report.gaps[:_MAX_LISTED])
-            more = ", ..." if len(report.gaps) > _MAX_LISTED else ""
-            raise DataError(f"{name}: {len(report.gaps)} gaps (intervals of {duration_text(grid.step_ns)} without "
-                            f"a reading): {listed}{more}; {_FILL_HINT}")
-        return table
+        return SeriesTable.on_grid(name, index, grid.values, grid.columns, step, gaps)
 
     def _accept(self, feature: SensorFeature, payload: bytes, arrival: int, retained: bool) -> None:
         if retained and feature.time_path is None:
@@ -193,3 +194,21 @@ class SensorIngest:
     def _on_message(self, _client: mqtt.Client, _userdata: object, message: mqtt.MQTTMessage) -> None:
         self.handle(message.topic, bytes(message.payload), retained=bool(message.retain))
 
+
+def _refuse_gaps(name: str, grid: Grid, gaps: GapPolicy) -> None:
+    """Under ``data.gaps.fill = "refuse"``, an interval without a reading of every feature is a
+    ``DataError`` naming the first few gaps (naive UTC, as the table's index prints them)."""
+    if gaps.fill != "refuse":
+        return
+    found = runs(np.isnan(grid.values).any(axis=1))
+    if found:
+        listed = ", ".join(f"{steps} intervals from {_naive(grid.start_ns + start * grid.step_ns)}"
+                           for start, steps in found[:_MAX_LISTED])
+        more = ", ..." if len(found) > _MAX_LISTED else ""
+        raise DataError(f"{name}: {len(found)} gaps (intervals of {duration_text(grid.step_ns)} without "
+                        f"a reading): {listed}{more}; {_FILL_HINT}")
+
+
+def _naive(ns: int) -> str:
+    """UTC nanoseconds as ``2021-01-01 03:00:00``."""
+    return datetime.fromtimestamp(ns // 1_000_000_000, timezone.utc).strftime("%Y-%m-%d %H:%M:%S")

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING
 
 from edge_agent.data.errors import DataError
 from edge_agent.sensors.ingest import SensorIngest
@@ -16,9 +15,6 @@ from edge_agent.serving.onnx_serving import OnnxServing, document
 from edge_agent.times import now_ns
 from edge_agent.toml_config import LiveGatewayConfig
 
-if TYPE_CHECKING:
-    from edge_agent.data.table import SeriesTable
-
 log = logging.getLogger("edgefl.agent")
 
 
@@ -26,7 +22,7 @@ class SensorHistory:
     """The gateway's sensor ingest and the history it has gathered."""
 
     def __init__(self, gateway: LiveGatewayConfig, needed: int = 1, mqtt_id: str | None = None):
-        """``needed``: rows of history before ``table`` returns one (what training needs);
+        """``needed``: rows of history before ``rows`` counts them (what training needs);
         ``mqtt_id``: the name the sensor client connects as (default the gateway's ``client_id``)."""
         self.gateway = gateway
         self.ingest = SensorIngest(gateway.sensors, gateway.state_dir, mqtt_id or gateway.client_id)
@@ -41,16 +37,17 @@ class SensorHistory:
     def stop(self) -> None:
         self.ingest.stop()
 
-    def table(self) -> SeriesTable | None:
-        """The latest history, or None while it is too short to train on (said once per reason)."""
+    def rows(self) -> int | None:
+        """The intervals of the latest history, or None while it is too short to train on (said
+        once per reason); numpy only, as the table a child builds on it would refuse it."""
         try:
-            table = self.ingest.table(self.gateway.client_id, self.gateway.data.gaps)
+            rows = self.ingest.rows(self.gateway.client_id, self.gateway.data.gaps)
         except DataError as err:
             return self.waiting("no history", str(err))
-        if table.n_rows < self.needed:
-            return self.waiting("short history", f"{table.n_rows} intervals of sensor history; local training needs "
+        if rows < self.needed:
+            return self.waiting("short history", f"{rows} intervals of sensor history; local training needs "
                                 f"{self.needed}")
-        return table
+        return rows
 
     def publish_due(self, server: OnnxServing | None, now: bool = False) -> bool:
         """Publish a forecast with ``server`` when one is due (every ``[serving] every_s``, or
