@@ -84,7 +84,7 @@ class Coordinator:
                                   buffer=cfg.participation.buffering)
         self.observer = Observer.for_coordinator(cfg)  # metrics; the dashboard with [http]
         self.on_event = self.observer.relay(on_event)
-        self.transport = transport or self._connection(f"edgefl-coordinator-{cfg.fleet}")
+        self.transport = transport if transport is not None else self._connection(f"edgefl-coordinator-{cfg.fleet}")
         self.transport.on_connected.append(self._announce_presence)
         self._decoded: dict[tuple[int, str], dict] = {}  # this round's accepted tensors, kept for aggregation
         self._digests: dict[int, str] = {}  # round -> body_sha256 of its announced global state

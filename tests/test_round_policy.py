@@ -16,9 +16,7 @@ from coordinator.strategies import RoundPolicy
 from coordinator.strategy_settings import ParticipationSettings
 from coordinator.strategies.participation import Progress, Standing
 from tests.fleet import SEED, coordinator_config
-from tests.offline import (
-    closes, fed, hello_of, message, offline_coordinator, resumed, turn_until, update_of,
-)
+from tests.offline import closes, fed, hello_of, message, offline_coordinator, resumed, turn_until, update_of
 
 FLEET = ("a", "b", "c", "d")
 
