@@ -4,7 +4,7 @@ A handler runs inside its own savepoint of the open batch and returns what to do
 is durable (replies, events, in-memory state). A ``ProtocolError`` becomes a refusal with its
 code; a storage error (``OSError``: read-only folder, full disk; a database's ``OperationalError``)
 is retried a few times, then raised: the store failed, not the message, so the whole batch is held
-and tried again later (``Coordinator._process``); any other exception is logged with its
+and tried again later (``Coordinator.turn``); any other exception is logged with its
 traceback and refused as ``internal``. A failed attempt leaves nothing behind: its rows and tensors
 roll back (``Store.savepoint``), while the other messages of the batch stand.
 """
@@ -19,8 +19,9 @@ from typing import TypeVar
 
 from coordinator.store import Store
 from coordinator.store_backends import STORAGE_ERRORS
-from edge_agent.mqtt import Incoming
-from edge_agent.protocol import MAX_REASON, Header, ProtocolError, RoundHeader, UpdateHeader, decode
+from edge_agent.transport import Incoming
+from edge_agent.config import differences
+from edge_agent.protocol import MAX_REASON, Header, HelloHeader, ProtocolError, RoundHeader, UpdateHeader, decode
 
 log = logging.getLogger("edgefl.coordinator")
 Effects = list[Callable[[], object]]
@@ -93,6 +94,21 @@ def check_sender(header: Header, client: str, leaf: str, fleet: str) -> None:
         raise ProtocolError("wrong_fleet", f"message for fleet {header.fleet!r}, this is {fleet!r}")
     if header.sender != client:
         raise ProtocolError("wrong_sender", f"sender {header.sender!r} does not match topic client {client!r}")
+
+
+def check_model(hello: HelloHeader, signature: str, settings: dict) -> None:
+    """A hello must name the fleet's model ``signature``; the refusal says what differs from the
+    fleet's ``settings``, field by field where the hello says what its signature stands for."""
+    if hello.model_signature == signature:
+        return
+    fields = differences(settings, hello.model_settings) if hello.model_settings is not None else []
+    if fields:
+        reason = f"the agent's model differs from the fleet's (set in coordinator.toml): {'; '.join(fields)}"
+    elif hello.model_settings is not None:
+        reason = "the agent's settings match the fleet's but its tensors do not (another edgefl version?)"
+    else:
+        reason = "the agent's model differs from the coordinator's"
+    raise ProtocolError("bad_signature", reason)
 
 
 def check_replay(header: UpdateHeader, announced: Callable[[int], str | None]) -> None:

@@ -27,7 +27,8 @@ from coordinator.access import Access
 from coordinator.config import CoordinatorConfig
 from coordinator.engine import RoundEngine, ClosedRound, TooFewScreened
 from coordinator.intake import (
-    STORAGE_ERRORS, Effects, Refusal, check_replay, check_sender, guarded, record, stale_round, with_retries,
+    STORAGE_ERRORS, Effects, Refusal, check_model, check_replay, check_sender, guarded, record, stale_round,
+    with_retries,
 )
 from coordinator.lease import take_lead
 from coordinator.observe.service import Observer
@@ -41,15 +42,16 @@ from coordinator.strategies.trust import latest_trust
 from coordinator.throttle import IntakeThrottle
 from edge_agent.backoff import Backoff
 from edge_agent.broker_settings import COORDINATOR_RECEIVE_WINDOW
-from edge_agent.config import differences, signed_settings
+from edge_agent.config import signed_settings
 from edge_agent.learners import fleet_template
-from edge_agent.mqtt import Connection, Incoming
+from edge_agent.mqtt import Connection
 from edge_agent.protocol import (
     HelloHeader, PersonalHeader, ProtocolError, ReplyHeader, RoundHeader, UpdateHeader, body_digest,
     check_tensors, claimed_round, decode, encode,
 )
 from edge_agent.tensors import TensorDict
 from edge_agent.topics import Topics
+from edge_agent.transport import Incoming, Transport
 
 log = logging.getLogger("edgefl.coordinator")
 SENDER = "coordinator"
@@ -63,9 +65,10 @@ class Coordinator:
     """Runs the rounds of one fleet until the last one is aggregated."""
 
     def __init__(self, cfg: CoordinatorConfig, on_event: Callable[[str, dict], None] | None = None,
-                 store: Store | None = None, config_path: Path | None = None):
+                 store: Store | None = None, config_path: Path | None = None, transport: Transport | None = None):
         """``store``: as ``lease.take_lead`` gave it (taken here, waiting for the lease, if None);
-        ``config_path``: the file ``cfg`` came from, whose allow-list is reloaded when it changes."""
+        ``config_path``: the file ``cfg`` came from, whose allow-list is reloaded when it changes;
+        ``transport``: the broker session (the MQTT ``Connection`` to ``cfg.broker`` if None)."""
         self.cfg = cfg
         self.access = Access(cfg, config_path)
         self.topics = Topics(cfg.fleet)
@@ -81,8 +84,8 @@ class Coordinator:
                                   buffer=cfg.participation.buffering)
         self.observer = Observer.for_coordinator(cfg)  # metrics; the dashboard with [http]
         self.on_event = self.observer.relay(on_event)
-        self.connection = self._connection(f"edgefl-coordinator-{cfg.fleet}")
-        self.connection.on_connected.append(self._announce_presence)
+        self.transport = transport if transport is not None else self._connection(f"edgefl-coordinator-{cfg.fleet}")
+        self.transport.on_connected.append(self._announce_presence)
         self._decoded: dict[tuple[int, str], dict] = {}  # this round's accepted tensors, kept for aggregation
         self._digests: dict[int, str] = {}  # round -> body_sha256 of its announced global state
         self.throttle = IntakeThrottle(cfg.intake)
@@ -115,13 +118,13 @@ class Coordinator:
         """Resume or start the rounds and process messages until the last round is aggregated.
         On a campaign that had already ended: announce its end again (a crash may have come
         before that announcement), wait for the goodbyes, then raise ``CampaignFinished``."""
-        current, goodbye = self._resume(), self.topics.coordinator_status
+        current, goodbye = self.resume(), self.topics.coordinator_status
         ended = current.closed_at is not None
         if ended:
             log.warning("campaign %s already finished with round %d: announcing its end again, then exiting",
                         self.campaign, current.round)
-        self.connection.start()
-        if not self.connection.connected.wait(30):
+        self.transport.start()
+        if not self.transport.connected.wait(30):
             raise ConnectionError(f"cannot reach the broker at {self.cfg.broker.host}:{self.cfg.broker.port}")
         self.access.watch_hangup()
         try:
@@ -134,20 +137,20 @@ class Coordinator:
             self._write_foundation(closed)  # again: a crash may have come between the close and the file
             self._announce(current)
             while current.closed_at is None and not stop():
-                current = self._maybe_close(current, fresh=self._step())
+                current = self.close_if_due(current, fresh=self.turn())
             self._await_goodbyes(stop)
         except LeaseLost:
             goodbye = None  # another coordinator leads now: not ours to say the coordinator went offline
             raise
         finally:
-            self.connection.stop(goodbye)
+            self.transport.stop(goodbye)
             self.observer.stop()
             self.store.close()
         if ended:
             raise CampaignFinished(f"campaign {self.campaign} finished with round {current.round}: nothing to serve; "
                                    f"start the next campaign with an empty state_dir (this one: {self.cfg.state_dir})")
 
-    def _resume(self) -> RoundRow:
+    def resume(self) -> RoundRow:
         """The open round (round 1 on a fresh start), with the strategy's state as of the last close."""
         latest = self.store.latest_round()
         if latest is not None:
@@ -189,7 +192,7 @@ class Coordinator:
                 log.info("waiting for the fleet: %d/%d clients registered", registered, self.cfg.start_clients)
                 self.on_event("waiting", {"registered": registered, "needed": self.cfg.start_clients})
                 shown = registered
-            self._step()
+            self.turn()
         self.store.extend_deadline(1, time.time() + self.cfg.round_timeout_s)
         return self.store.round(1)
 
@@ -199,13 +202,13 @@ class Coordinator:
         true when the process exits."""
         deadline = time.time() + self.cfg.linger_s
         while self.store.online_clients() and not stop() and time.time() < deadline:
-            self._step()
+            self.turn()
         if still := self.store.online_clients():
             log.info("exiting with clients still online (their Last Will or a retained 'offline' will tell): %s",
                      sorted(still))
 
     def _announce_presence(self) -> None:
-        self.connection.publish(self.topics.coordinator_status, b"online", retain=True)
+        self.transport.publish(self.topics.coordinator_status, b"online", retain=True)
 
     def _announce(self, row: RoundRow) -> None:
         """Publish the round (retained) so agents that join late get it too."""
@@ -220,13 +223,13 @@ class Coordinator:
             model_signature=self.signature, finished=finished, campaign=self.campaign,
             **({} if asked is None else announced(asked)),
         )
-        self.connection.publish(self.topics.round, encode(header, state), retain=True)
+        self.transport.publish(self.topics.round, encode(header, state), retain=True)
         self._announced = row
         self.on_event("announced", {"round": row.round, "finished": finished})
 
     # rounds ----------------------------------------------------------------------------------
 
-    def _maybe_close(self, row: RoundRow, fresh: bool = True) -> RoundRow:
+    def close_if_due(self, row: RoundRow, fresh: bool = True) -> RoundRow:
         """Close the round if it is time; a close the store cannot take is tried again on the
         storage retry timer (nothing of it stays behind: ``_aggregate``)."""
         if self.storage_retry.waiting():
@@ -336,11 +339,11 @@ class Coordinator:
         topic (QoS 1), before the next round's announcement."""
         for client, tensors in messages.items():
             header = PersonalHeader(fleet=self.cfg.fleet, sender=SENDER, round=number, campaign=self.campaign)
-            self.connection.publish(self.topics.agent(client, "task"), encode(header, tensors))
+            self.transport.publish(self.topics.agent(client, "task"), encode(header, tensors))
 
     # messages --------------------------------------------------------------------------------
 
-    def _step(self) -> bool:
+    def turn(self) -> bool:
         """One turn of a service loop: a changed allow-list into force, then the messages waiting
         (whether there were any)."""
         if self.access.refresh():
@@ -387,12 +390,12 @@ class Coordinator:
     def _drain(self, limit: int = COORDINATOR_RECEIVE_WINDOW) -> list[Incoming]:
         """Wait briefly for one message, then take whatever else is already queued."""
         try:
-            batch = [self.connection.inbox.get(timeout=0.05)]
+            batch = [self.transport.inbox.get(timeout=0.05)]
         except queue.Empty:
             return []
         while len(batch) < limit:
             try:
-                batch.append(self.connection.inbox.get_nowait())
+                batch.append(self.transport.inbox.get_nowait())
             except queue.Empty:
                 break
         return batch
@@ -404,7 +407,7 @@ class Coordinator:
             if self._admitted(message):
                 admitted.append(message)
             else:
-                self.connection.ack(message)
+                self.transport.ack(message)
         if admitted:
             self._store(admitted)
 
@@ -427,7 +430,7 @@ class Coordinator:
             self.on_event("ingested", {"messages": len(batch), "bytes": sum(len(m.payload) for m in batch)})
         finally:  # stored: acknowledged even when an effect ends the service (a site refused upstream)
             for message in batch:
-                self.connection.ack(message)
+                self.transport.ack(message)
 
     def _storage_failed(self, what: str, err: Exception) -> None:
         """``what`` could not be stored: the next try after the storage retry timer's pause."""
@@ -481,7 +484,7 @@ class Coordinator:
         if stale is None:
             return []
         log.warning("cleared the retained %s from the broker: this is campaign %s", stale, self.campaign)
-        replace = (partial(self.connection.publish, self.topics.round, b"", retain=True) if self._announced is None
+        replace = (partial(self.transport.publish, self.topics.round, b"", retain=True) if self._announced is None
                    else partial(self._announce, self._announced))
         return [partial(self.on_event, "cleared", {"retained": stale, "campaign": self.campaign}), replace]
 
@@ -512,22 +515,11 @@ class Coordinator:
     def _register(self, hello: HelloHeader) -> Effects:
         if not self.access.allows(hello.sender):
             raise ProtocolError("not_allowed", f"{hello.sender!r} is not in allowed_clients")
-        if hello.model_signature != self.signature:
-            raise ProtocolError("bad_signature", self._model_difference(hello))
+        check_model(hello, self.signature, self.settings)
         self.store.register(hello)
         self.store.log("hello", hello.sender, None, True)
         return [self._reply(hello.sender, "hello", 0, True),
                 partial(self.on_event, "registered", {"client": hello.sender})]
-
-    def _model_difference(self, hello: HelloHeader) -> str:
-        """What differs between an agent's model and the fleet's, field by field where its hello
-        says what its signature stands for."""
-        fields = differences(self.settings, hello.model_settings) if hello.model_settings is not None else []
-        if fields:
-            return f"the agent's model differs from the fleet's (set in coordinator.toml): {'; '.join(fields)}"
-        if hello.model_settings is not None:
-            return "the agent's settings match the fleet's but its tensors do not (another edgefl version?)"
-        return "the agent's model differs from the coordinator's"
 
     def _accept_update(self, header: UpdateHeader, tensors: TensorDict, body: bytes) -> Effects:
         client, current = header.sender, self.store.latest_round()
@@ -594,4 +586,4 @@ class Coordinator:
             fleet=self.cfg.fleet, sender=SENDER, round=number, accepted=accepted, about=about, code=code,
             reason=reason, campaign=self.campaign,
         )
-        return partial(self.connection.publish, self.topics.agent(client, "task"), encode(header))
+        return partial(self.transport.publish, self.topics.agent(client, "task"), encode(header))

@@ -29,7 +29,7 @@ from coordinator.config import UPLINK, AggregatorConfig
 from coordinator.intake import Effects, Refusal, guarded
 from coordinator.server import SENDER, Coordinator
 from coordinator.store import RoundRow, Store
-from edge_agent.mqtt import Connection, Incoming
+from edge_agent.mqtt import Connection
 from edge_agent.protocol import (
     MAX_FEATURES, MAX_SAMPLES, HelloHeader, PersonalHeader, ProtocolError, ReplyHeader, RoundHeader, UpdateHeader,
     check_tensors, decode, encode,
@@ -37,6 +37,7 @@ from edge_agent.protocol import (
 from edge_agent.refusals import RETRY, RefusalBackoff, settled
 from edge_agent.tensors import TensorDict, layout_of
 from edge_agent.topics import Topics
+from edge_agent.transport import Incoming, Transport
 
 log = logging.getLogger("edgefl.site")
 
@@ -45,9 +46,9 @@ class SiteAggregator(Coordinator):
     """Serves the central coordinator's rounds to one site's gateways until the campaign ends."""
 
     def __init__(self, cfg: AggregatorConfig, on_event: Callable[[str, dict], None] | None = None,
-                 store: Store | None = None, config_path: Path | None = None):
+                 store: Store | None = None, config_path: Path | None = None, transport: Transport | None = None):
         self.uplink = Topics(cfg.fleet, UPLINK)
-        super().__init__(cfg, on_event, store, config_path)
+        super().__init__(cfg, on_event, store, config_path, transport)
         self.site = cfg.site
         self._central: dict | None = json.loads(self.store.meta("central") or "null")  # last central announcement
         self._reintroduce = False  # set on (re)connect: hello and pending uploads go out from the main loop
@@ -65,8 +66,8 @@ class SiteAggregator(Coordinator):
 
     def serve(self, stop: Callable[[], bool] = lambda: False) -> None:
         """Follow the central rounds until the central coordinator announces the end."""
-        self.connection.start()
-        if not self.connection.connected.wait(30):
+        self.transport.start()
+        if not self.transport.connected.wait(30):
             raise ConnectionError(f"cannot reach the broker at {self.cfg.broker.host}:{self.cfg.broker.port}")
         try:
             self.access.watch_hangup()
@@ -76,13 +77,13 @@ class SiteAggregator(Coordinator):
                 if self._reintroduce or self.backoff.due():
                     self._reintroduce = False
                     self._introduce()
-                self._step()
+                self.turn()
                 self._follow()
             self._await_goodbyes(stop)
         finally:
-            if self.connection.connected.is_set():
-                self.connection.publish(self.uplink.agent(self.site, "status"), b"offline", retain=True)
-            self.connection.stop(self.topics.coordinator_status)
+            if self.transport.connected.is_set():
+                self.transport.publish(self.uplink.agent(self.site, "status"), b"offline", retain=True)
+            self.transport.stop(self.topics.coordinator_status)
             self.observer.stop()
             self.store.close()
 
@@ -99,7 +100,7 @@ class SiteAggregator(Coordinator):
 
     def _announce_presence(self) -> None:
         super()._announce_presence()
-        self.connection.publish(self.uplink.agent(self.site, "status"), b"online", retain=True)
+        self.transport.publish(self.uplink.agent(self.site, "status"), b"online", retain=True)
         self._reintroduce = True
 
     def _announce(self, row: RoundRow) -> None:
@@ -117,7 +118,7 @@ class SiteAggregator(Coordinator):
             return
         if latest is not None and latest.closed_at is None:
             if central["round"] == latest.round and not central["finished"]:
-                self._maybe_close(latest)
+                self.close_if_due(latest)
                 return
             latest = self._close(latest, self.store.updates(latest.round), "the central round moved on")
         if central["finished"]:
@@ -149,7 +150,7 @@ class SiteAggregator(Coordinator):
                               metrics={"loss": loss} if math.isfinite(loss) else {}, campaign=self.campaign,
                               global_sha256=self.announced_digest(row.round))
         payload = encode(header, self.store.load_file(row.result_file))
-        self.connection.publish(self.uplink.agent(self.site, "update"), payload)
+        self.transport.publish(self.uplink.agent(self.site, "update"), payload)
         self.on_event("sent", {"round": row.round, "n_samples": weight})
 
     def _introduce(self) -> None:
@@ -168,7 +169,7 @@ class SiteAggregator(Coordinator):
         hello = HelloHeader(fleet=self.cfg.fleet, sender=self.site, n_features=min(features, MAX_FEATURES),
                             n_samples=min(samples, MAX_SAMPLES), model_signature=self.signature,
                             model_settings=self.settings)
-        self.connection.publish(self.uplink.agent(self.site, "hello"), encode(hello))
+        self.transport.publish(self.uplink.agent(self.site, "hello"), encode(hello))
 
     def _register(self, hello: HelloHeader) -> Effects:
         return [*super()._register(hello), self._hello_up]

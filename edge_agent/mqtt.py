@@ -15,8 +15,7 @@ import socket
 import ssl
 import threading
 import time
-from collections.abc import Collection
-from dataclasses import dataclass
+from collections.abc import Callable, Collection
 
 import paho.mqtt.client as mqtt
 from paho.mqtt.packettypes import PacketTypes
@@ -24,6 +23,7 @@ from paho.mqtt.properties import Properties
 from paho.mqtt.subscribeoptions import SubscribeOptions
 
 from edge_agent.broker_settings import QOS, BrokerConfig
+from edge_agent.transport import Incoming
 
 log = logging.getLogger("edgefl.mqtt")
 REPEAT_FAILURE_LOG_S = 60.0  # the same connect failure is logged again at most this often
@@ -31,17 +31,6 @@ CONNECT_TIMEOUT_S = 3.0  # a TCP/TLS connect that takes longer fails (and is ret
 PROBE_TIMEOUT_S = 1.5  # the probe that names a failure's cause
 AUTH_FAILURES = (0x86, 0x87)  # MQTT 5 CONNACK: bad user name or password, not authorized
 FIRST_CONNECT_WAIT_S = 3.0  # no session this long after start: say so, whatever paho is still waiting for
-
-
-@dataclass(frozen=True)
-class Incoming:
-    """One received message, still undecoded."""
-
-    topic: str
-    payload: bytes
-    mid: int
-    qos: int
-    retain: bool
 
 
 def paho_client(client_id: str = "", *, manual_ack: bool = False, broker: BrokerConfig | None = None) -> mqtt.Client:
@@ -57,7 +46,7 @@ def paho_client(client_id: str = "", *, manual_ack: bool = False, broker: Broker
 
 
 class Connection:
-    """A paho MQTT 5 client with a persistent session, a Last Will and an inbox queue."""
+    """A paho MQTT 5 client with a persistent session, a Last Will and an inbox queue (a ``Transport``)."""
 
     def __init__(
         self,
@@ -84,7 +73,7 @@ class Connection:
         self.client.on_connect_fail = self._on_connect_fail
         self.client.on_disconnect = self._on_disconnect
         self.client.on_message = self._on_message
-        self.on_connected: list = []
+        self.on_connected: list[Callable[[], None]] = []
         self._failing = False  # a connect failure was logged since the last session
         self._logged: dict[str, float] = {}  # each failure cause, when it was last logged
 

@@ -27,7 +27,9 @@ from edge_agent.protocol import (
     envelope_size,
 )
 from edge_agent.topics import Topics
+from edge_agent.transport import MemoryTransport
 from tests.broker import Mosquitto, free_port
+from tests.offline import fed
 from tests.test_broker_setup import collect, connect, device, password, wait_until
 
 BIG = 30 * 1024 * 1024  # each of the three retained messages
@@ -119,29 +121,31 @@ def test_the_coordinator_is_not_replayed_retained_hellos_or_updates_and_ignores_
     port = free_port()
     written = write_fleet_setup("farm", ["agent01"], tmp_path / "setup", port=port)
     broker = Mosquitto(tmp_path / "broker", port=port, config=written["mosquitto.conf"]).start()
-    events: list[tuple[str, dict]] = []
-    coordinator = Coordinator(load_config(written["coordinator.toml"], CoordinatorConfig),
-                              on_event=lambda kind, data: events.append((kind, data)))
+    cfg = load_config(written["coordinator.toml"], CoordinatorConfig)
+    coordinator = Coordinator(cfg)  # over its own MQTT session, subscribed as the service is
     hello = encode(HelloHeader(fleet="farm", sender="agent01", n_features=1, n_samples=50,
                                model_signature=coordinator.signature))
     agent, _ = device(port, written, "agent01")
     try:
         for leaf, payload in (("hello", hello), ("update", b"stale"), ("status", b"online")):
             agent.publish(TOPICS.agent("agent01", leaf), payload, qos=1, retain=True).wait_for_publish(5)
-        coordinator.connection.start()
-        first = coordinator.connection.inbox.get(timeout=20)
+        coordinator.transport.start()
+        first = coordinator.transport.inbox.get(timeout=20)
         agent.publish(TOPICS.agent("agent01", "hello"), hello, qos=1).wait_for_publish(5)
-        second = coordinator.connection.inbox.get(timeout=20)
+        second = coordinator.transport.inbox.get(timeout=20)
     finally:
-        coordinator.connection.stop()
+        coordinator.transport.stop()
+        coordinator.store.close()
         agent.loop_stop()
         broker.stop()
     assert [(m.topic, m.retain) for m in (first, second)] == [(TOPICS.agent("agent01", "status"), True),
                                                               (TOPICS.agent("agent01", "hello"), False)]
-    coordinator._process([replace(second, retain=True)])
+    events: list[tuple[str, dict]] = []
+    offline = Coordinator(cfg, on_event=lambda kind, data: events.append((kind, data)), transport=MemoryTransport())
+    fed(offline, replace(second, retain=True))
     assert [data for kind, data in events if kind == "ignored"] == [
         {"client": "agent01", "topic": TOPICS.agent("agent01", "hello"), "why": "retained"}]
-    assert "agent01" not in coordinator.store.clients()
-    coordinator._process([second])
-    assert "agent01" in coordinator.store.clients()
-    coordinator.store.close()
+    assert "agent01" not in offline.store.clients()
+    fed(offline, second)
+    assert "agent01" in offline.store.clients()
+    offline.store.close()

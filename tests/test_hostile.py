@@ -12,7 +12,6 @@ import queue
 import sqlite3
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import paho.mqtt.client as mqtt
@@ -26,7 +25,6 @@ from coordinator.store import Store
 from edge_agent.agent import Agent
 from edge_agent.config import AgentConfig, load_config
 from edge_agent.learners import fleet_template
-from edge_agent.mqtt import Incoming
 from edge_agent.protocol import (
     MAGIC,
     PREFIX,
@@ -40,10 +38,12 @@ from edge_agent.protocol import (
     decode,
     encode,
 )
-from edge_agent.topics import Topics
+from edge_agent.transport import Incoming
 from tests.fleet import SEED, agent_config, coordinator_config, start, write_client_csvs
+from tests.offline import (
+    TOPICS, fed, hello_of, message, offline_coordinator, resumed, transport_of, turn_until, update_of,
+)
 
-TOPICS = Topics("test")
 HOSTILE = "hostile"
 UPDATE = {"kind": "update", "fleet": "test", "sender": HOSTILE, "round": 1, "n_samples": 50}
 
@@ -195,33 +195,6 @@ def test_a_hostile_device_cannot_stop_the_fleet(tmp_path: Path, mosquitto) -> No
     assert "Traceback" not in (tmp_path / "coordinator.log").read_text()
 
 
-def offline_coordinator(tmp_path: Path, rounds: int = 2, **overrides: object) -> Coordinator:
-    """A coordinator with round 1 open and no broker, driven message by message;
-    ``overrides``: more fields of its coordinator.toml."""
-    config = coordinator_config(tmp_path, free_port(), rounds, **overrides)
-    coordinator = Coordinator(load_config(config, CoordinatorConfig))
-    coordinator._resume()
-    return coordinator
-
-
-def message(client: str, leaf: str, payload: bytes) -> Incoming:
-    return Incoming(TOPICS.agent(client, leaf), payload, 1, 1, False)
-
-
-def hello_of(coordinator: Coordinator, client: str) -> Incoming:
-    header = HelloHeader(fleet="test", sender=client, n_features=1, n_samples=50,
-                         model_signature=coordinator.signature)
-    return message(client, "hello", encode(header))
-
-
-def update_of(coordinator: Coordinator, client: str, number: int = 1,
-              params: dict[str, torch.Tensor] | None = None) -> Incoming:
-    """``client``'s update of round ``number`` (default: the initial global state, unchanged)."""
-    header = UpdateHeader(fleet="test", sender=client, round=number, n_samples=50, campaign=coordinator.campaign,
-                          global_sha256=coordinator.announced_digest(number))
-    return message(client, "update", encode(header, coordinator.initial if params is None else params))
-
-
 def stored_updates(coordinator: Coordinator, number: int = 1) -> list[str]:
     """The update bodies the store holds for round ``number`` (rows of its tensor table)."""
     return [name.rsplit("/", 1)[-1] for name in coordinator.store.tensors.names(f"updates/round_{number:05d}")]
@@ -234,23 +207,21 @@ def test_a_storage_error_holds_the_whole_batch_until_the_retry_timer_stores_it(
     unacknowledged, with nothing refused or half-written, and stored by the retry timer once the
     disk takes writes again."""
     coordinator = offline_coordinator(tmp_path)
-    acked: list[Incoming] = []
-    monkeypatch.setattr(coordinator.connection, "ack", acked.append)
-    coordinator._process([hello_of(coordinator, "a")])
+    transport = transport_of(coordinator)
+    fed(coordinator, hello_of(coordinator, "a"))
     write_body = coordinator.store.tensors.write_body
 
     def disk_full(name: str, body: bytes) -> None:
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(coordinator.store.tensors, "write_body", disk_full)
-    coordinator._process([update_of(coordinator, "a"), hello_of(coordinator, "b")])
+    fed(coordinator, update_of(coordinator, "a"), hello_of(coordinator, "b"))
     assert set(coordinator.store.clients()) == {"a"} and coordinator.store.events(accepted=False) == []
-    assert len(acked) == 1 and len(coordinator._held) == 2 and stored_updates(coordinator) == []
+    assert len(transport.acked) == 1 and transport.inbox.empty(), "both taken, neither acknowledged: held"
+    assert stored_updates(coordinator) == []
     monkeypatch.setattr(coordinator.store.tensors, "write_body", write_body)
-    deadline = time.monotonic() + 10
-    while coordinator._held and time.monotonic() < deadline:
-        coordinator._step()
-    assert set(coordinator.store.clients()) == {"a", "b"} and len(acked) == 3
+    turn_until(lambda: len(transport.acked) == 3, coordinator.turn, "the held batch stored")
+    assert set(coordinator.store.clients()) == {"a", "b"}
     assert [u.client_id for u in coordinator.store.updates(1)] == ["a"]
     assert stored_updates(coordinator) == ["a.safetensors"]
     coordinator.store.close()
@@ -262,8 +233,7 @@ def test_a_batch_that_cannot_commit_is_retried_then_left_unacknowledged(
     """The disk fills up at the batch's commit: tried again, committed once it can be; never
     acknowledged (so redelivered later) while it cannot, and no update body is left behind."""
     coordinator = offline_coordinator(tmp_path)
-    acked: list[Incoming] = []
-    monkeypatch.setattr(coordinator.connection, "ack", acked.append)
+    acked = transport_of(coordinator).acked
     failures = [2]
     database = coordinator.store.db
     execute = database.execute
@@ -275,11 +245,11 @@ def test_a_batch_that_cannot_commit_is_retried_then_left_unacknowledged(
         return execute(sql, *args, **kwargs)
 
     monkeypatch.setattr(database, "execute", full_disk_at_commit)
-    coordinator._process([hello_of(coordinator, "a"), hello_of(coordinator, "b")])
-    coordinator._process([update_of(coordinator, "a")])
+    fed(coordinator, hello_of(coordinator, "a"), hello_of(coordinator, "b"))
+    fed(coordinator, update_of(coordinator, "a"))
     assert [u.client_id for u in coordinator.store.updates(1)] == ["a"] and len(acked) == 3
     failures[0] = 3
-    coordinator._process([update_of(coordinator, "b")])
+    fed(coordinator, update_of(coordinator, "b"))
     assert [u.client_id for u in coordinator.store.updates(1)] == ["a"] and len(acked) == 3
     assert stored_updates(coordinator) == ["a.safetensors"]
     coordinator.store.close()
@@ -289,13 +259,13 @@ def test_after_a_restart_late_updates_still_feed_only_twins_of_clients_once_on_t
     """'a' is on time in round 1, 'b' (offline) never: after a coordinator restart, b's late
     round-1 update is stored but not used, a's twin history stands."""
     coordinator = offline_coordinator(tmp_path)
-    coordinator._process([hello_of(coordinator, "a"), hello_of(coordinator, "b")])
-    coordinator._process([message("b", "status", b"offline"), update_of(coordinator, "a")])
-    assert coordinator._maybe_close(coordinator.store.round(1)).round == 2
+    fed(coordinator, hello_of(coordinator, "a"), hello_of(coordinator, "b"))
+    fed(coordinator, message("b", "status", b"offline"), update_of(coordinator, "a"))
+    assert coordinator.close_if_due(coordinator.store.round(1)).round == 2
     coordinator.store.close()
-    restarted = Coordinator(coordinator.cfg)
+    restarted = resumed(coordinator.cfg)
     assert restarted.engine.on_time == {"a": 1}
-    restarted._process([update_of(restarted, "b")])
+    fed(restarted, update_of(restarted, "b"))
     late = [e for e in restarted.store.events(accepted=True) if e["client_id"] == "b" and e["kind"] == "update"]
     assert [e["code"] for e in late] == ["late_no_twin"] and restarted.engine.history.last_round("b") is None
     restarted.store.close()
@@ -314,7 +284,7 @@ def test_an_unexpected_failure_is_refused_as_internal_and_leaves_no_orphan_body(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     coordinator = offline_coordinator(tmp_path)
-    coordinator._process([hello_of(coordinator, "a"), hello_of(coordinator, "b")])
+    fed(coordinator, hello_of(coordinator, "a"), hello_of(coordinator, "b"))
     save = coordinator.store.save_update
 
     def overflowing(number: int, client_id: str, *args, **kwargs) -> None:
@@ -323,7 +293,7 @@ def test_an_unexpected_failure_is_refused_as_internal_and_leaves_no_orphan_body(
             raise OverflowError("Python int too large to convert to SQLite INTEGER")
 
     monkeypatch.setattr(coordinator.store, "save_update", overflowing)
-    coordinator._process([update_of(coordinator, "a"), update_of(coordinator, "b")])
+    fed(coordinator, update_of(coordinator, "a"), update_of(coordinator, "b"))
     refused = coordinator.store.events(accepted=False)
     assert [(e["client_id"], e["code"]) for e in refused] == [("a", "internal")]
     assert "OverflowError" in refused[0]["reason"]

@@ -18,12 +18,12 @@ from coordinator.lease import take_lead
 from coordinator.server import Coordinator
 from coordinator.store import Store
 from coordinator.store_backends import LeaseLost
-from edge_agent.mqtt import Incoming
 from edge_agent.storage import StateDirError
 from edge_agent.toml_config import load_config
+from edge_agent.transport import MemoryTransport
 from edgefl.commands import app
 from tests.fleet import coordinator_config
-from tests.test_hostile import hello_of, update_of
+from tests.offline import fed, hello_of, resumed, transport_of, update_of
 
 
 def config(folder: Path, url: str, fleet: str = "test") -> CoordinatorConfig:
@@ -60,21 +60,18 @@ def end_session(store: Store, url: str) -> None:
 
 
 def test_a_leader_whose_session_ended_acknowledges_nothing_more_and_a_standby_resumes(
-    tmp_path: Path, postgres_url: str, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, postgres_url: str
 ) -> None:
     cfg = config(tmp_path, postgres_url)
-    leader = Coordinator(cfg)  # takes the free lease
-    leader._resume()
-    acked: list[Incoming] = []
-    monkeypatch.setattr(leader.connection, "ack", acked.append)
-    leader._process([hello_of(leader, "a")])
+    leader = resumed(cfg)  # takes the free lease
+    fed(leader, hello_of(leader, "a"))
     end_session(leader.store, postgres_url)
     with pytest.raises(LeaseLost):
-        leader._process([hello_of(leader, "b"), update_of(leader, "a")])
-    assert len(acked) == 1
-    successor = Coordinator(cfg)  # stands by until the ended session has let go of the lease
+        fed(leader, hello_of(leader, "b"), update_of(leader, "a"))
+    assert len(transport_of(leader).acked) == 1
+    successor = Coordinator(cfg, transport=MemoryTransport())  # stands by until the ended session lets go
     try:
-        assert set(successor.store.clients()) == {"a"} and successor._resume().round == 1
+        assert set(successor.store.clients()) == {"a"} and successor.resume().round == 1
         assert successor.store.updates(1) == [] and successor.campaign == leader.campaign
     finally:
         successor.store.close()

@@ -29,10 +29,11 @@ from edge_agent.learners import fleet_template, make_learner
 from edge_agent.models.fedal_settings import FedalClientSettings
 from edge_agent.models.foundation import load_foundation
 from edge_agent.models.foundation_config import FoundationConfig
-from edge_agent.protocol import HelloHeader, UpdateHeader, encode
+from edge_agent.protocol import UpdateHeader, encode
 from edge_agent.tensors import layout_of, named_layout
+from edge_agent.transport import Incoming
 from tests.fleet import SEED, coordinator_config, start, wait_for
-from tests.test_hostile import message
+from tests.offline import fed, hello_of, message, resumed
 from tests.test_service import finish, served_rounds, state
 
 SITES = ("amsterdam", "miami", "greensboro")
@@ -119,14 +120,7 @@ def test_fedal_pretraining_killed_mid_run_resumes_with_its_drift_and_equals_the_
     assert f"round {ROUNDS}: foundation checkpoint {db / FOUNDATION_FILE} (sha256 " in output
 
 
-def offline_pretraining(tmp_path: Path) -> Coordinator:
-    """A FeDaL pretraining coordinator with round 1 open and no broker, driven message by message."""
-    coordinator = Coordinator(load_config(pretrain_coordinator(tmp_path, free_port()), CoordinatorConfig))
-    coordinator._resume()
-    return coordinator
-
-
-def upload(coordinator: Coordinator, client: str, windows: torch.Tensor, number: int = 1):
+def upload(coordinator: Coordinator, client: str, windows: torch.Tensor, number: int = 1) -> Incoming:
     """``client``'s update for round ``number``: the initial model moved by 0.01 (a drift) and a
     core-set of ``windows``."""
     model = {k: v + 0.01 for k, v in coordinator.initial.items()}
@@ -134,12 +128,6 @@ def upload(coordinator: Coordinator, client: str, windows: torch.Tensor, number:
     header = UpdateHeader(fleet="test", sender=client, round=number, n_samples=50, campaign=coordinator.campaign,
                           global_sha256=coordinator.announced_digest(number))
     return message(client, "update", encode(header, tensors))
-
-
-def hello(coordinator: Coordinator, client: str):
-    header = HelloHeader(fleet="test", sender=client, n_features=9, n_samples=50,
-                         model_signature=coordinator.signature)
-    return message(client, "hello", encode(header))
 
 
 @pytest.mark.parametrize("windows, code", [(torch.zeros(3, 12, 9), "bad_tensors"),
@@ -150,13 +138,13 @@ def test_a_bad_coreset_is_refused_by_name_and_the_round_closes_with_the_drift_ke
     """b's core-set has the wrong shape or NaNs: refused with its code, naming the tensor; the
     round closes on a's update, FeDaL's drift state is stored and a restarted coordinator
     resumes with it; the foundation checkpoint holds the new global model."""
-    coordinator = offline_pretraining(tmp_path)
-    coordinator._process([hello(coordinator, "a"), hello(coordinator, "b")])
-    coordinator._process([upload(coordinator, "b", windows), upload(coordinator, "a", torch.randn(2, 12, 9))])
+    coordinator = resumed(load_config(pretrain_coordinator(tmp_path, free_port()), CoordinatorConfig))
+    fed(coordinator, *(hello_of(coordinator, c, n_features=9) for c in ("a", "b")))
+    fed(coordinator, upload(coordinator, "b", windows), upload(coordinator, "a", torch.randn(2, 12, 9)))
     refused = coordinator.store.events(accepted=False)
     assert [(e["client_id"], e["code"]) for e in refused] == [("b", code)] and "coreset.windows" in refused[0]["reason"]
-    coordinator._process([message("b", "status", b"offline")])
-    assert coordinator._maybe_close(coordinator.store.round(1)).round == 2
+    fed(coordinator, message("b", "status", b"offline"))
+    assert coordinator.close_if_due(coordinator.store.round(1)).round == 2
     closed = coordinator.store.round(1)
     assert closed.metrics["clients"] == ["a"] and closed.metrics["coresets"] == 1.0
     drift = coordinator.strategy.state_dict()
@@ -165,8 +153,7 @@ def test_a_bad_coreset_is_refused_by_name_and_the_round_closes_with_the_drift_ke
     after = coordinator.store.load_file(closed.result_file)
     assert all(torch.equal(v, after[k]) for k, v in checkpoint.state_dict().items())
     coordinator.store.close()
-    restarted = Coordinator(coordinator.cfg)
-    restarted._resume()
+    restarted = resumed(coordinator.cfg)
     assert all(torch.equal(restarted.strategy.state_dict()[k], v) for k, v in drift.items())
     restarted.store.close()
 
@@ -175,18 +162,17 @@ def test_after_a_restart_a_late_update_feeds_its_twin_the_model_without_the_core
     """b misses round 2 (imputed by its stale twin); its update arrives after a restart, before
     the restarted coordinator closes any round: the twin keeps the model part, not the core-set."""
     cfg = load_config(pretrain_coordinator(tmp_path, free_port(), twin="stale"), CoordinatorConfig)
-    coordinator = Coordinator(cfg)
-    coordinator._resume()
-    coordinator._process([hello(coordinator, "a"), hello(coordinator, "b")])
+    coordinator = resumed(cfg)
+    fed(coordinator, *(hello_of(coordinator, c, n_features=9) for c in ("a", "b")))
     coreset = torch.randn(2, 12, 9)
-    coordinator._process([upload(coordinator, "a", coreset), upload(coordinator, "b", coreset)])
-    assert coordinator._maybe_close(coordinator.store.round(1)).round == 2
-    coordinator._process([message("b", "status", b"offline"), upload(coordinator, "a", coreset, 2)])
-    assert coordinator._maybe_close(coordinator.store.round(2)).closed_at is not None
+    fed(coordinator, upload(coordinator, "a", coreset), upload(coordinator, "b", coreset))
+    assert coordinator.close_if_due(coordinator.store.round(1)).round == 2
+    fed(coordinator, message("b", "status", b"offline"), upload(coordinator, "a", coreset, 2))
+    assert coordinator.close_if_due(coordinator.store.round(2)).closed_at is not None
     assert coordinator.store.round(2).metrics["imputed"] == ["b"]
     coordinator.store.close()
-    restarted = Coordinator(cfg)
-    restarted._process([upload(restarted, "b", coreset, 2)])
+    restarted = resumed(cfg)
+    fed(restarted, upload(restarted, "b", coreset, 2))
     assert [e["code"] for e in restarted.store.events(accepted=True) if e["client_id"] == "b"][-1] == "late"
     assert restarted.engine.history.last_round("b") == 2
     assert restarted.engine.history.history("b")[-1].keys() == restarted.initial.keys()

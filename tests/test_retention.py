@@ -14,7 +14,7 @@ from coordinator.engine import RoundEngine
 from coordinator.server import Coordinator
 from coordinator.strategies import ClientInfo, ClientUpdate, make_strategy
 from edge_agent.protocol import UpdateHeader, encode
-from tests.test_hostile import hello_of, message, offline_coordinator
+from tests.offline import fed, hello_of, message, offline_coordinator, update_of
 
 CLIENTS = ("a", "b", "c", "d", "e", "f")
 ROUNDS, KEEP = 9, 2
@@ -37,11 +37,8 @@ def trained(initial: dict[str, torch.Tensor], client: str, number: int) -> dict[
 def send_round(coordinator: Coordinator, number: int, reporting: tuple[str, ...]) -> list[ClientUpdate]:
     """The ``reporting`` clients' updates of round ``number``, then the round's close."""
     updates = [ClientUpdate(c, trained(coordinator.initial, c, number), 50) for c in reporting]
-    coordinator._process([message(u.client_id, "update", encode(UpdateHeader(
-        fleet="test", sender=u.client_id, round=number, n_samples=50, campaign=coordinator.campaign,
-        global_sha256=coordinator.announced_digest(number)), u.params))
-        for u in updates])
-    assert coordinator._maybe_close(coordinator.store.round(number)).round == min(number + 1, ROUNDS)
+    fed(coordinator, *(update_of(coordinator, u.client_id, number, u.params) for u in updates))
+    assert coordinator.close_if_due(coordinator.store.round(number)).round == min(number + 1, ROUNDS)
     return updates
 
 
@@ -49,7 +46,7 @@ def run_rounds(coordinator: Coordinator) -> list[int]:
     """Every client reports in every round but the last, where "f" is missing and its twin stands
     in; each close equals an in-memory engine's on the same updates (the twin's imputation
     included). Returns the store's size after each close."""
-    coordinator._process([hello_of(coordinator, c) for c in CLIENTS])
+    fed(coordinator, *(hello_of(coordinator, c) for c in CLIENTS))
     replay = RoundEngine(make_strategy(coordinator.cfg, coordinator.initial, coordinator.cfg.seed), coordinator.cfg,
                          robust=coordinator.cfg.robust)
     roster = [ClientInfo(c, 50) for c in CLIENTS]
@@ -57,7 +54,7 @@ def run_rounds(coordinator: Coordinator) -> list[int]:
     for number in range(1, ROUNDS + 1):
         reporting = CLIENTS[:-1] if number == ROUNDS else CLIENTS
         if number == ROUNDS:
-            coordinator._process([message("f", "status", b"offline")])
+            fed(coordinator, message("f", "status", b"offline"))
         expected = replay.close(number, state, send_round(coordinator, number, reporting), roster)
         state = expected.global_state
         sizes.append(coordinator.store.size_bytes())
@@ -94,7 +91,7 @@ def test_records_of_rounds_past_keep_records_go_late_updates_for_them_are_refuse
     forgotten = ROUNDS - keep
     late = UpdateHeader(fleet="test", sender="a", round=2, n_samples=50, campaign=coordinator.campaign,
                         global_sha256="0" * 64)
-    coordinator._process([message("a", "update", encode(late, coordinator.initial))])
+    fed(coordinator, message("a", "update", encode(late, coordinator.initial)))
     store = coordinator.store
     try:
         assert store.forgotten_through() == forgotten

@@ -18,8 +18,8 @@ from coordinator.strategies import ClientInfo, ClientUpdate, make_strategy
 from coordinator.strategy_settings import RobustSettings, StrategySettings
 from coordinator.strategies.trust import LOW_TRUST, latest_trust, multiplier, progress_along_others, scored
 from coordinator.twin_settings import TwinSettings
-from tests.test_hostile import hello_of, offline_coordinator, update_of
-from tests.test_round_policy import FLEET, closes
+from tests.offline import closes, fed, hello_of, offline_coordinator, resumed, update_of
+from tests.test_round_policy import FLEET
 
 CURRENT = {"w": torch.zeros(20), "steps": torch.tensor(4)}
 ROSTER = [ClientInfo("c0", INFLATED_SAMPLES), *(ClientInfo(f"c{i}", 10) for i in range(1, 4))]
@@ -115,8 +115,8 @@ def send_round(coordinator: Coordinator, number: int) -> None:
     step = {"a": honest[1], "b": honest[2], "c": honest[3], "d": honest[0]}
     gains = {"a": 1.0, "b": 1.0, "c": 1.0, "d": -3.0}
     current = coordinator.store.load_file(coordinator.store.round(number).global_file)
-    coordinator._process([update_of(coordinator, client, number, moved(current, gains[client] * 1e-3, step[client]))
-                          for client in FLEET])
+    fed(coordinator, *(update_of(coordinator, client, number, moved(current, gains[client] * 1e-3, step[client]))
+                       for client in FLEET))
 
 
 def moved(current: dict[str, torch.Tensor], gain: float, update: ClientUpdate) -> dict[str, torch.Tensor]:
@@ -133,13 +133,13 @@ def test_trust_survives_a_coordinator_restart_and_rolls_back_when_the_store_fail
     reads the trust back from the closed rounds and keeps it out; a close whose store write fails
     leaves the trust as it was."""
     coordinator = offline_coordinator(tmp_path, rounds=5, robust={"trust_rate": TRUST_RATE})
-    coordinator._process([hello_of(coordinator, c) for c in FLEET])
+    fed(coordinator, *(hello_of(coordinator, c) for c in FLEET))
     metrics = [service_round(coordinator, number) for number in (1, 2, 3)]
     assert [m["rejected"] for m in metrics] == [{"d": LOW_TRUST}] * 3
     assert metrics[2]["trust"]["d"] < TRUST.trust_zero < 0 < metrics[2]["trust"]["a"]
     trust = coordinator.engine.trust
     coordinator.store.close()
-    restarted = Coordinator(coordinator.cfg)
+    restarted = resumed(coordinator.cfg)
     assert restarted.engine.trust == pytest.approx(trust)
     assert service_round(restarted, 4)["rejected"] == {"d": LOW_TRUST}
     before, tried = restarted.engine.trust, []
@@ -150,6 +150,6 @@ def test_trust_survives_a_coordinator_restart_and_rolls_back_when_the_store_fail
 
     monkeypatch.setattr(restarted.store, "finish_round", full_disk)
     send_round(restarted, 5)
-    restarted._maybe_close(restarted.store.round(5))
+    restarted.close_if_due(restarted.store.round(5))
     assert restarted.store.round(5).closed_at is None and tried and restarted.engine.trust is before
     restarted.store.close()

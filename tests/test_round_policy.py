@@ -10,13 +10,13 @@ from pathlib import Path
 
 import torch
 
+from coordinator.broker_setup import free_port
 from coordinator.server import Coordinator
-from coordinator.store import RoundRow
 from coordinator.strategies import RoundPolicy
 from coordinator.strategy_settings import ParticipationSettings
 from coordinator.strategies.participation import Progress, Standing
-from tests.fleet import SEED
-from tests.test_hostile import hello_of, message, offline_coordinator, update_of
+from tests.fleet import SEED, coordinator_config
+from tests.offline import closes, fed, hello_of, message, offline_coordinator, resumed, turn_until, update_of
 
 FLEET = ("a", "b", "c", "d")
 
@@ -49,21 +49,10 @@ def test_an_excluded_device_is_asked_again_after_doubling_time_outs_until_it_rep
     assert policy.standings([(31, ["a", "b", "c"], ["a", "b", "c", "d"])], standing) == {}
 
 
-def closes(coordinator: Coordinator, number: int, timeout: float = 30.0) -> RoundRow:
-    """Round ``number`` once the coordinator closes it (quorum + grace, from the updates' times)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        coordinator._maybe_close(coordinator.store.round(number))
-        row = coordinator.store.round(number)
-        if row.closed_at is not None:
-            return row
-    raise TimeoutError(f"round {number} did not close in {timeout} s")
-
-
 def reported(coordinator: Coordinator, number: int, clients: tuple[str, ...], moved: float = 0.0) -> None:
     """``clients``' on-time updates of round ``number`` (the initial state, moved by ``moved``)."""
     params = {k: v + moved if v.is_floating_point() else v for k, v in coordinator.initial.items()}
-    coordinator._process([update_of(coordinator, c, number, params) for c in clients])
+    fed(coordinator, *(update_of(coordinator, c, number, params) for c in clients))
 
 
 def test_a_hello_every_3_rounds_does_not_readmit_an_excluded_silent_device(tmp_path: Path) -> None:
@@ -71,20 +60,20 @@ def test_a_hello_every_3_rounds_does_not_readmit_an_excluded_silent_device(tmp_p
     round: it is asked in rounds 1-3, then only once its time out ends (7, 14), and the other
     three's rounds close at quorum + grace while it is asked."""
     coordinator = offline_coordinator(tmp_path, rounds=14)
-    coordinator._process([hello_of(coordinator, c) for c in FLEET])
+    fed(coordinator, *(hello_of(coordinator, c) for c in FLEET))
     rows = []
     for number in range(1, 15):
         reported(coordinator, number, FLEET[:3])
         rows.append(closes(coordinator, number))
         if number % 3 == 0:
-            coordinator._process([hello_of(coordinator, "d")])
+            fed(coordinator, hello_of(coordinator, "d"))
     assert [row.round for row in rows if "d" in row.metrics["asked"]] == [1, 2, 3, 7, 14]
     assert {row.metrics["closed_by"] for row in rows if "d" in row.metrics["asked"]} == {"quorum + grace"}
     assert {row.metrics["closed_by"] for row in rows if "d" not in row.metrics["asked"]} == {
         "all participants reported"}
     assert coordinator.participants.standing["d"].strikes == 3  # kept in the store: a restart reads it
     coordinator.store.close()
-    assert Coordinator(coordinator.cfg).participants.standing == {"d": Standing(5, 3, 27)}
+    assert resumed(coordinator.cfg).participants.standing == {"d": Standing(5, 3, 27)}
 
 
 def test_a_4_client_fleet_with_a_straggler_closes_at_quorum_plus_grace_and_counts_its_late_update(
@@ -94,7 +83,7 @@ def test_a_4_client_fleet_with_a_straggler_closes_at_quorum_plus_grace_and_count
     at quorum + grace, not at its 60 s deadline), silent in round 3, where its late round-2
     update stands in for it (recorded as ``stale``; without it "d" is dropped: twin "drop")."""
     coordinator = offline_coordinator(tmp_path, rounds=3)
-    coordinator._process([hello_of(coordinator, c) for c in FLEET])
+    fed(coordinator, *(hello_of(coordinator, c) for c in FLEET))
     reported(coordinator, 1, FLEET)
     assert closes(coordinator, 1).metrics["closed_by"] == "all participants reported"
     reported(coordinator, 2, FLEET[:3])
@@ -111,21 +100,22 @@ def test_a_4_client_fleet_with_a_straggler_closes_at_quorum_plus_grace_and_count
 
 
 def test_a_round_with_fewer_screened_updates_than_min_clients_does_not_aggregate(tmp_path: Path) -> None:
-    """min_clients = 2; "a" and "b" report, then "b" is revoked: the screen leaves 1 update, so
-    the round is not aggregated, waits on past its deadline (extended), and closes once "c"
-    reports, from "a" and "c"."""
-    coordinator = offline_coordinator(tmp_path, rounds=2, min_clients=2, registration="closed",
-                                      allowed_clients=["a", "b", "c"])
-    coordinator._process([hello_of(coordinator, c) for c in ("a", "b")])
+    """min_clients = 2; "a" and "b" report, then "b" is revoked (coordinator.toml rewritten, its
+    reload taken in a turn): the screen leaves 1 update, so the round is not aggregated, waits on
+    past its deadline (extended), and closes once "c" reports, from "a" and "c"."""
+    closed = {"min_clients": 2, "registration": "closed"}
+    coordinator = offline_coordinator(tmp_path, rounds=2, allowed_clients=["a", "b", "c"], **closed)
+    fed(coordinator, *(hello_of(coordinator, c) for c in ("a", "b")))
     reported(coordinator, 1, ("a", "b"))
-    coordinator.access.allowed = frozenset({"a", "c"})
-    coordinator._revoke()
-    assert coordinator._maybe_close(coordinator.store.round(1)).round == 1
+    coordinator_config(tmp_path, free_port(), 2, allowed_clients=["a", "c"], **closed)
+    turn_until(lambda: not coordinator.access.allows("b"), coordinator.turn, "the allow-list reloaded")
+    assert not coordinator.store.clients()["b"].online  # revoked: no round waits for it
+    assert coordinator.close_if_due(coordinator.store.round(1)).round == 1
     coordinator.store.extend_deadline(1, time.time() - 1.0)  # the deadline passes
-    assert coordinator._maybe_close(coordinator.store.round(1)).round == 1
+    assert coordinator.close_if_due(coordinator.store.round(1)).round == 1
     row = coordinator.store.round(1)
     assert row.closed_at is None and row.deadline > time.time()  # extended, still open
-    coordinator._process([hello_of(coordinator, "c"), message("c", "status", b"online")])
+    fed(coordinator, hello_of(coordinator, "c"), message("c", "status", b"online"))
     reported(coordinator, 1, ("c",))
     first = closes(coordinator, 1)
     assert first.metrics["clients"] == ["a", "c"] and first.metrics["rejected"] == {"b": "unregistered"}
