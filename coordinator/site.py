@@ -34,7 +34,8 @@ from edge_agent.protocol import (
     MAX_FEATURES, MAX_SAMPLES, HelloHeader, PersonalHeader, ProtocolError, ReplyHeader, RoundHeader, UpdateHeader,
     check_tensors, decode, encode,
 )
-from edge_agent.refusals import RETRY, RefusalBackoff, settled
+from edge_agent.protocol_client import OFFLINE, ProtocolClient, settles_upload
+from edge_agent.refusals import RETRY, RefusalBackoff
 from edge_agent.tensors import TensorDict, layout_of
 from edge_agent.topics import Topics
 from edge_agent.transport import Incoming, Transport
@@ -51,8 +52,8 @@ class SiteAggregator(Coordinator):
         super().__init__(cfg, on_event, store, config_path, transport)
         self.site = cfg.site
         self._central: dict | None = json.loads(self.store.meta("central") or "null")  # last central announcement
-        self._reintroduce = False  # set on (re)connect: hello and pending uploads go out from the main loop
-        self.backoff = RefusalBackoff(f"site {cfg.site}")  # after a refusal: when to introduce the site again
+        self.client = ProtocolClient(self.transport, self.uplink, cfg.site, RefusalBackoff(f"site {cfg.site}"),
+                                     self._hello_up, self._undelivered)  # the central coordinator's client
         self._ended = False  # the central end was passed on to the gateways
 
     def _connection(self, client_id: str, *extra_subscriptions: str) -> Connection:
@@ -74,16 +75,14 @@ class SiteAggregator(Coordinator):
             self.observer.start(self.campaign or "(waiting for the central coordinator)")
             self._resume_site()
             while not stop() and not self._ended:
-                if self._reintroduce or self.backoff.due():
-                    self._reintroduce = False
-                    self._introduce()
+                self.client.tick()
                 self.turn()
                 self._follow()
             self._await_goodbyes(stop)
         finally:
             if self.transport.connected.is_set():
-                self.transport.publish(self.uplink.agent(self.site, "status"), b"offline", retain=True)
-            self.transport.stop(self.topics.coordinator_status)
+                self.transport.publish(self.topics.coordinator_status, OFFLINE, retain=True)
+            self.client.goodbye()
             self.observer.stop()
             self.store.close()
 
@@ -97,11 +96,6 @@ class SiteAggregator(Coordinator):
                  "closed" if latest.closed_at else "open", len(accepted), accepted)
         self.on_event("resumed", {"round": latest.round, "accepted": accepted})
         self._announce(latest)
-
-    def _announce_presence(self) -> None:
-        super()._announce_presence()
-        self.transport.publish(self.uplink.agent(self.site, "status"), b"online", retain=True)
-        self._reintroduce = True
 
     def _announce(self, row: RoundRow) -> None:
         """Re-announce the central round to the gateways (the central end once it came)."""
@@ -139,40 +133,44 @@ class SiteAggregator(Coordinator):
         return self.store.round(row.round)
 
     def _send_up(self, row: RoundRow) -> None:
+        """Send the closed round's partial aggregate up (once the central coordinator answers it,
+        it is no longer re-sent: ``_undelivered``)."""
+        if (upload := self._upload(row)) is not None:
+            self.client.send("update", upload)
+            self.on_event("sent", {"round": row.round, "n_samples": row.metrics["weight"]})
+
+    def _upload(self, row: RoundRow) -> bytes | None:
         """The round's partial aggregate as this site's update (weight: the summed sample counts),
-        bound to the central announcement it started from (the round's global state)."""
+        bound to the central announcement it started from (the round's global state); None when
+        no gateway update or twin went into it."""
         weight = min(row.metrics.get("weight", 0), MAX_SAMPLES)
         if weight < 1:
             log.warning("round %d: no gateway update or twin to send up", row.round)
-            return
+            return None
         loss = row.metrics.get("loss", math.nan)
         header = UpdateHeader(fleet=self.cfg.fleet, sender=self.site, round=row.round, n_samples=weight,
                               metrics={"loss": loss} if math.isfinite(loss) else {}, campaign=self.campaign,
                               global_sha256=self.announced_digest(row.round))
-        payload = encode(header, self.store.load_file(row.result_file))
-        self.transport.publish(self.uplink.agent(self.site, "update"), payload)
-        self.on_event("sent", {"round": row.round, "n_samples": weight})
+        return encode(header, self.store.load_file(row.result_file))
 
-    def _introduce(self) -> None:
-        """Register upward (once ``start_clients`` gateways registered here; again whenever their
-        summed sample count changes) and re-send the closed rounds not yet answered."""
-        self._hello_up()
+    def _undelivered(self) -> list[bytes]:
+        """The uploads of the closed rounds the central coordinator has not answered yet."""
         delivered = int(self.store.meta("delivered") or 0)
-        for row in self.store.rounds():
-            if row.closed_at is not None and row.round > delivered:
-                self._send_up(row)
+        rows = [row for row in self.store.rounds() if row.closed_at is not None and row.round > delivered]
+        return [upload for row in rows if (upload := self._upload(row)) is not None]
 
-    def _hello_up(self) -> None:
+    def _hello_up(self) -> HelloHeader | None:
+        """The site's registration upward, once ``start_clients`` gateways registered here (sent
+        again whenever their summed sample count changes)."""
         count, features, samples = self.store.client_totals()  # per registration: sums, not the table
         if not count or count < self.cfg.start_clients:
-            return
-        hello = HelloHeader(fleet=self.cfg.fleet, sender=self.site, n_features=min(features, MAX_FEATURES),
-                            n_samples=min(samples, MAX_SAMPLES), model_signature=self.signature,
-                            model_settings=self.settings)
-        self.transport.publish(self.uplink.agent(self.site, "hello"), encode(hello))
+            return None
+        return HelloHeader(fleet=self.cfg.fleet, sender=self.site, n_features=min(features, MAX_FEATURES),
+                           n_samples=min(samples, MAX_SAMPLES), model_signature=self.signature,
+                           model_settings=self.settings)
 
     def _register(self, hello: HelloHeader) -> Effects:
-        return [*super()._register(hello), self._hello_up]
+        return [*super()._register(hello), partial(self.client.introduce, resend=False)]
 
     # messages from the central broker ----------------------------------------------------------
 
@@ -189,7 +187,7 @@ class SiteAggregator(Coordinator):
 
     def _on_uplink(self, message: Incoming) -> Effects:
         if message.topic == self.uplink.coordinator_status:
-            return [partial(setattr, self, "_reintroduce", True)] if message.payload == b"online" else []
+            return [partial(self.client.coordinator_status, message.payload)]
         if not message.payload:
             return []  # a cleared retained round
         header, tensors = decode(message.payload, self.cfg.max_payload_bytes)
@@ -227,16 +225,11 @@ class SiteAggregator(Coordinator):
     def _on_central_reply(self, reply: ReplyHeader) -> Effects:
         """The central coordinator's answer; refusals go to the backoff (the next hello, or ``Refused``
         after repeated terminal ones, raised once the batch is stored)."""
-        answer = [self.backoff.accepted if reply.accepted else
-                  partial(self.backoff.refused, reply.code, reply.about, reply.reason)]
-        if reply.code in RETRY:
-            return answer
-        if reply.about == "update" and settled(reply.accepted, reply.code):  # taken, or refused for good
+        answer = [partial(self.client.answered, reply)]
+        if settles_upload(reply):
             self.store.set_meta("delivered", str(max(reply.round, int(self.store.meta("delivered") or 0))))
             answer.append(partial(self.on_event, "delivered", {"round": reply.round, "code": reply.code}))
-            if reply.accepted or reply.code == "duplicate":
-                return answer
-        if not reply.accepted:
+        if not reply.accepted and reply.code not in RETRY and reply.code != "duplicate":
             log.error("the central coordinator refused our %s of round %d: %s", reply.about, reply.round, reply.reason)
-            return [*answer, partial(self.on_event, "refused", {"about": reply.about, "code": reply.code})]
+            answer.append(partial(self.on_event, "refused", {"about": reply.about, "code": reply.code}))
         return answer

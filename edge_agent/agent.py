@@ -30,7 +30,7 @@ from edge_agent.live import LiveHistory
 from edge_agent.model_facts import (
     FactsChild, FleetFacts, LearnerFacts, ModelFacts, model_facts, raise_problem, spec_layout,
 )
-from edge_agent.mqtt import Connection, Incoming
+from edge_agent.mqtt import Connection
 from edge_agent.protocol import (
     HelloHeader,
     PersonalHeader,
@@ -39,16 +39,17 @@ from edge_agent.protocol import (
     RoundHeader,
     check_tensors,
     decode,
-    encode,
 )
 from edge_agent.round_data import MODE as HEAD_MODE
 from edge_agent.serving.renewal import BundleRenewal
-from edge_agent.refusals import RETRY, Refused, RefusalBackoff, settled
+from edge_agent.protocol_client import ProtocolClient, settles_upload
+from edge_agent.refusals import RETRY, Refused, RefusalBackoff
 from edge_agent.state import AgentState
 from edge_agent.storage import writable_folder
 from edge_agent.tensors import Layout, TensorDict, first_non_finite, l2_norm, tensors_to_bytes
 from edge_agent.topics import Topics
 from edge_agent.training_child import RoundJob, TrainingChild, TrainingOutcome
+from edge_agent.transport import Incoming, Transport
 
 log = logging.getLogger("edgefl.agent")
 UPDATE_HEADER_MARGIN = 4096  # room for metrics and the campaign id in a real update's header
@@ -60,10 +61,11 @@ class Agent:
     """One gateway's training service."""
 
     def __init__(self, cfg: AgentConfig, on_event: Callable[[str, dict], None] | None = None,
-                 write_bundle: str | None = None):
+                 write_bundle: str | None = None, transport: Transport | None = None):
         """``write_bundle``: the ``module:function`` a live gateway with ``[serving]`` exports the
         model it serves with, in the round's child (``export.bundle:write_bundle``, named by
-        ``edgefl agent run``); without it nothing is served."""
+        ``edgefl agent run``); without it nothing is served. ``transport``: the broker session (the
+        MQTT ``Connection`` to ``cfg.broker`` if None)."""
         self.cfg = cfg
         self.topics = Topics(cfg.fleet)
         self.files = AgentState(writable_folder(cfg.state_dir, "state_dir"))
@@ -79,8 +81,7 @@ class Agent:
         self.finished = False
         self.training: TrainingChild | None = None
         self.waiting_messages: list[Incoming] = []  # round and personal messages that came while training
-        self.backoff = RefusalBackoff(cfg.client_id, give_up_after_s=cfg.give_up_after_s)
-        self.connection = Connection(
+        self.transport = transport if transport is not None else Connection(
             cfg.broker,
             client_id=f"edgefl-agent-{cfg.fleet}-{cfg.client_id}",
             will_topic=self.topics.agent(cfg.client_id, "status"),
@@ -88,7 +89,9 @@ class Agent:
                 self.topics.round, self.topics.agent(cfg.client_id, "task"), self.topics.coordinator_status
             ],
         )
-        self.connection.on_connected.append(self._on_connected)
+        self.client = ProtocolClient(self.transport, self.topics, cfg.client_id,
+                                     RefusalBackoff(cfg.client_id, give_up_after_s=cfg.give_up_after_s),
+                                     self._hello, self._unanswered)
 
     def _history_rows(self) -> int | None:
         """The rows of a live gateway's history, None while too short to train on; a file's or a
@@ -136,8 +139,8 @@ class Agent:
         if (answer := child.result()) is None:
             return
         self.adopting = None
-        if self._take_facts(rows, answer) and self.connection.connected.is_set():
-            self._introduce(resend=True)
+        if self._take_facts(rows, answer):
+            self.client.want(resend=True)
 
     def _check_update_size(self, update_bytes: int) -> None:
         """An update over ``max_payload_bytes`` (the broker's ``max_packet_size``, less the MQTT
@@ -156,7 +159,7 @@ class Agent:
         gateway that serves forecasts goes on serving them and joins the next campaign."""
         if self.live:
             self.live.start()
-        self.connection.start()
+        self.transport.start()
         why, polled = "an error (traceback follows)", time.monotonic()
         try:
             while not (self.finished and self.serving is None) and not stop():
@@ -165,12 +168,11 @@ class Agent:
                     polled = time.monotonic()
                 if self.serving is not None and self.serving.tick():
                     self.on_event("forecast", {"round": self.trained_round})
-                if self.backoff.due():
-                    self._introduce(resend=True)
+                self.client.tick()
                 if self.training is not None:
                     self.finish_training()
                 try:
-                    message = self.connection.inbox.get(timeout=0.1)
+                    message = self.transport.inbox.get(timeout=0.1)
                 except queue.Empty:
                     continue
                 self._guarded(message)
@@ -183,32 +185,24 @@ class Agent:
             for child in (self.training, self.adopting and self.adopting[1]):
                 if child:
                     child.stop()
-            self.connection.stop(self.topics.agent(self.cfg.client_id, "status"))
+            self.client.goodbye()
             if self.live:
                 self.live.stop()
 
-    def _on_connected(self) -> None:
-        """Presence, then registration and any update still waiting for its acknowledgement."""
-        self.connection.publish(self.topics.agent(self.cfg.client_id, "status"), b"online", retain=True)
-        self._introduce(resend=True)
-
-    def _introduce(self, resend: bool) -> None:
-        """Register; with ``resend`` also re-send an update still waiting for its answer.
-
-        Called on every connect (resend), when the coordinator comes online (it may not have
-        been subscribed to our hello yet; updates wait in its persistent session) and, after
-        the refusal backoff, when it refused us (resend)."""
-        cid = self.cfg.client_id
+    def _hello(self) -> HelloHeader | None:
+        """Our registration: none while there is not enough history for a learner (the fleet must
+        not wait for this gateway)."""
         if self.facts is None:
-            return  # not enough history yet: the fleet must not wait for this gateway
-        hello = HelloHeader(
-            fleet=self.cfg.fleet, sender=cid, n_features=self.facts.n_features, n_samples=self.facts.n_samples,
-            latitude=self.facts.latitude, longitude=self.facts.longitude, model_signature=self.facts.signature,
-            model_settings=signed_settings(self.cfg),
+            return None
+        return HelloHeader(
+            fleet=self.cfg.fleet, sender=self.cfg.client_id, n_features=self.facts.n_features,
+            n_samples=self.facts.n_samples, latitude=self.facts.latitude, longitude=self.facts.longitude,
+            model_signature=self.facts.signature, model_settings=signed_settings(self.cfg),
         )
-        self.connection.publish(self.topics.agent(cid, "hello"), encode(hello))
-        if resend and self.files.pending.is_file():
-            self.connection.publish(self.topics.agent(cid, "update"), self.files.pending.read_bytes())
+
+    def _unanswered(self) -> list[bytes]:
+        """The update still waiting for the coordinator's answer, if any (and a learner sent it)."""
+        return [self.files.pending.read_bytes()] if self.facts is not None and self.files.pending.is_file() else []
 
     def _guarded(self, message: Incoming) -> None:
         """Handle one message; whatever fails is logged and the agent goes on."""
@@ -222,8 +216,7 @@ class Agent:
 
     def _handle(self, message: Incoming) -> None:
         if message.topic == self.topics.coordinator_status:
-            if message.payload == b"online":
-                self._introduce(resend=False)
+            self.client.coordinator_status(message.payload)
             return
         if message.topic == self.topics.round and not message.payload:
             log.info("the coordinator cleared the round left by an earlier campaign: waiting for its announcement")
@@ -280,9 +273,9 @@ class Agent:
             log.info("round %d: not asked to train (%d of the fleet are)", header.round, header.asked_count)
             self.on_event("not_asked", {"round": header.round})
             return False
-        if self.backoff.shut_out:
+        if self.client.backoff.shut_out:
             log.warning("round %d: not training, the coordinator refused us (%s)", header.round,
-                        self.backoff.terminal[-1])
+                        self.client.backoff.terminal[-1])
             return False
         return header.round > self.trained_round
 
@@ -382,8 +375,8 @@ class Agent:
                  result.round, result.seconds, result.peak_rss_mb, result.data_peak_rss_mb)
         if result.n_samples is not None and result.n_samples != self.facts.n_samples:
             self.facts = self.facts.model_copy(update={"n_samples": result.n_samples})
-            self._introduce(resend=False)
-        self.connection.publish(self.topics.agent(self.cfg.client_id, "update"), self.files.pending.read_bytes())
+            self.client.introduce(resend=False)
+        self.client.send("update", self.files.pending.read_bytes())
         self.on_event("sent", {"round": result.round, "loss": result.loss, "peak_rss_mb": result.peak_rss_mb})
 
     def _skip_failed_round(self, result: TrainingOutcome) -> None:
@@ -418,13 +411,8 @@ class Agent:
         """Answers to our hello and updates; a refusal goes to the backoff, which schedules the
         next introduction (or gives up: ``Refused``)."""
         self.on_event("reply", reply.model_dump())
-        if reply.accepted:
-            self.backoff.accepted()
-        else:
-            self.backoff.refused(reply.code, reply.about, reply.reason)
-        if reply.about != "update" or reply.code in RETRY:
-            return
-        if settled(reply.accepted, reply.code):
+        self.client.answered(reply)
+        if settles_upload(reply):
             self.files.pending.unlink(missing_ok=True)
-        if not reply.accepted:
+        if reply.about == "update" and not reply.accepted and reply.code not in RETRY:
             log.warning("update refused: %s", reply.reason)

@@ -83,9 +83,9 @@ def test_a_stragglers_late_update_is_folded_in_with_its_staleness_weight_not_dro
 
 def test_a_buffered_fleet_of_real_agents_equals_the_simulation_of_what_happened(tmp_path: Path, mosquitto) -> None:
     """Three real agents, K = 2: each round closes on the first two updates (held late ones
-    count), so whichever agent is slowest sends late and its change is folded into a later
-    round, scaled by its staleness (whether one is late depends on timing; the test above pins
-    the stale fold exactly). Whatever the timing, every round's global state equals the
+    count; on all three where they come in one batch, as on a loaded machine), so whichever
+    agent is slowest sends late and its change is folded into a later round, scaled by its
+    staleness (whether one is late depends on timing; the test above pins the stale fold exactly). Whatever the timing, every round's global state equals the
     in-process simulation of the arrivals the store recorded, under the same buffered policy."""
     rounds, settings = 4, ParticipationSettings(policy="buffered", buffer=BufferSettings(size=2))
     coordinator, agents, db = start_fleet(tmp_path, mosquitto.port, 3, rounds, min_clients=2, round_timeout_s=30.0,
@@ -97,6 +97,7 @@ def test_a_buffered_fleet_of_real_agents_equals_the_simulation_of_what_happened(
         closes = [row.metrics for row in store.rounds() if row.closed_at is not None]
     finally:
         store.close()
-    assert all(m["closed_by"] == "buffer full" for m in closes), [m["closed_by"] for m in closes]
+    reasons = [m["closed_by"] for m in closes]
+    assert len(closes) == rounds and set(reasons) <= {"buffer full", "all participants reported"}, reasons
     simulated = replay(db, write_client_csvs(tmp_path, 3), rounds, participation=settings)
     assert_rounds_equal(served_rounds(db), simulated.states)
