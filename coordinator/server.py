@@ -61,6 +61,20 @@ class CampaignFinished(RuntimeError):
     """The state_dir holds a campaign whose last round is aggregated: nothing left to serve."""
 
 
+def coordinator_connection(cfg: CoordinatorConfig, client_id: str, *extra_subscriptions: str) -> Connection:
+    """A coordinator's broker session: every agent's hello/update/status and the round topic,
+    acknowledged by hand once stored; plus ``extra_subscriptions`` (a site's uplink topics).
+    Retained hellos and updates are not replayed to it (a device may leave them; only presence counts)."""
+    topics = Topics(cfg.fleet)
+    return Connection(
+        cfg.broker, client_id=client_id, will_topic=topics.coordinator_status,
+        subscriptions=[*(topics.agents(leaf) for leaf in ("hello", "update", "status")), topics.round,
+                       *extra_subscriptions],
+        manual_ack=True, receive_maximum=COORDINATOR_RECEIVE_WINDOW,
+        live_only=[topics.agents("hello"), topics.agents("update")],
+    )
+
+
 class Coordinator:
     """Runs the rounds of one fleet until the last one is aggregated."""
 
@@ -84,7 +98,8 @@ class Coordinator:
                                   buffer=cfg.participation.buffering)
         self.observer = Observer.for_coordinator(cfg)  # metrics; the dashboard with [http]
         self.on_event = self.observer.relay(on_event)
-        self.transport = transport if transport is not None else self._connection(f"edgefl-coordinator-{cfg.fleet}")
+        self.transport = transport if transport is not None else coordinator_connection(
+            cfg, f"edgefl-coordinator-{cfg.fleet}")
         self.transport.on_connected.append(self._announce_presence)
         self._decoded: dict[tuple[int, str], dict] = {}  # this round's accepted tensors, kept for aggregation
         self._digests: dict[int, str] = {}  # round -> body_sha256 of its announced global state
@@ -95,18 +110,6 @@ class Coordinator:
         self._announced: RoundRow | None = None  # the round on the broker as of our last announcement
         policy = RoundPolicy(cfg.participation, cfg.min_clients, cfg.seed)
         self.participants = Participants(policy, self.store, self.access, self.engine.held)
-
-    def _connection(self, client_id: str, *extra_subscriptions: str) -> Connection:
-        """The broker session: every agent's hello/update/status and the round topic, acknowledged
-        by hand once stored; plus ``extra_subscriptions`` (a site's uplink topics). Retained
-        hellos and updates are not replayed to it (a device may leave them; only presence counts)."""
-        return Connection(
-            self.cfg.broker, client_id=client_id, will_topic=self.topics.coordinator_status,
-            subscriptions=[*(self.topics.agents(leaf) for leaf in ("hello", "update", "status")), self.topics.round,
-                           *extra_subscriptions],
-            manual_ack=True, receive_maximum=COORDINATOR_RECEIVE_WINDOW,
-            live_only=[self.topics.agents("hello"), self.topics.agents("update")],
-        )
 
     def _campaign(self) -> str:
         """This fleet's campaign id (a site aggregator takes the central coordinator's)."""

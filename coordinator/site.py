@@ -1,7 +1,9 @@
 """A site aggregator: the coordinator of one site's gateways and one client of the central one.
 
-It is a ``Coordinator`` (same intake, store, guard and round engine with FedAvg and the twins)
-whose rounds come from the central coordinator and whose round result goes up as an update.
+To its gateways it is a ``Coordinator`` (same intake, store, guard and round engine with FedAvg
+and the twins) whose rounds come from the central coordinator; to the central coordinator it is
+a client like an edge agent, through the same ``ProtocolClient`` (presence, hello, re-sent
+uploads, refusal backoff), and its round result goes up as an update.
 The site broker's bridge maps the central broker's topics under ``uplink/``: the central round
 announcement and this site's task topic come in, its hello/update/status go out (the gateways'
 own topics stay on the site broker). For each central round the site re-announces it to its
@@ -27,9 +29,8 @@ from pathlib import Path
 
 from coordinator.config import UPLINK, AggregatorConfig
 from coordinator.intake import Effects, Refusal, guarded
-from coordinator.server import SENDER, Coordinator
+from coordinator.server import SENDER, Coordinator, coordinator_connection
 from coordinator.store import RoundRow, Store
-from edge_agent.mqtt import Connection
 from edge_agent.protocol import (
     MAX_FEATURES, MAX_SAMPLES, HelloHeader, PersonalHeader, ProtocolError, ReplyHeader, RoundHeader, UpdateHeader,
     check_tensors, decode, encode,
@@ -48,17 +49,16 @@ class SiteAggregator(Coordinator):
 
     def __init__(self, cfg: AggregatorConfig, on_event: Callable[[str, dict], None] | None = None,
                  store: Store | None = None, config_path: Path | None = None, transport: Transport | None = None):
-        self.uplink = Topics(cfg.fleet, UPLINK)
+        uplink = Topics(cfg.fleet, UPLINK)  # the central broker's topics, bridged
+        if transport is None:
+            transport = coordinator_connection(cfg, f"edgefl-site-{cfg.site}", uplink.round, uplink.coordinator_status,
+                                               uplink.agent(cfg.site, "task"))
         super().__init__(cfg, on_event, store, config_path, transport)
-        self.site = cfg.site
+        self.uplink, self.site = uplink, cfg.site
         self._central: dict | None = json.loads(self.store.meta("central") or "null")  # last central announcement
         self.client = ProtocolClient(self.transport, self.uplink, cfg.site, RefusalBackoff(f"site {cfg.site}"),
                                      self._hello_up, self._undelivered)  # the central coordinator's client
         self._ended = False  # the central end was passed on to the gateways
-
-    def _connection(self, client_id: str, *extra_subscriptions: str) -> Connection:
-        return super()._connection(f"edgefl-site-{self.cfg.site}", self.uplink.round, self.uplink.coordinator_status,
-                                   self.uplink.agent(self.cfg.site, "task"))
 
     def _campaign(self) -> str:
         return self.store.meta("campaign") or ""  # the central coordinator's, once it announced a round
@@ -77,7 +77,7 @@ class SiteAggregator(Coordinator):
             while not stop() and not self._ended:
                 self.client.tick()
                 self.turn()
-                self._follow()
+                self.follow()
             self._await_goodbyes(stop)
         finally:
             if self.transport.connected.is_set():
@@ -104,7 +104,7 @@ class SiteAggregator(Coordinator):
 
     # rounds ----------------------------------------------------------------------------------
 
-    def _follow(self) -> None:
+    def follow(self) -> None:
         """Open the round the central coordinator announced last; close ours when our gateways
         have reported (or our deadline passed), or at once when the central one moved on."""
         latest, central = self.store.latest_round(), self._central
@@ -202,7 +202,7 @@ class SiteAggregator(Coordinator):
         raise ProtocolError("wrong_kind", f"a {header.kind!r} message on {message.topic}")
 
     def _on_central_round(self, header: RoundHeader, state: TensorDict) -> Effects:
-        """Store the central announcement (its state and its record) for ``_follow``."""
+        """Store the central announcement (its state and its record) for ``follow``."""
         if header.model_signature != self.signature:
             raise ProtocolError("bad_signature", "the central coordinator runs another model than this site")
         check_tensors(state, layout_of(self.initial))

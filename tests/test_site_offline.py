@@ -1,0 +1,82 @@
+"""A site aggregator without brokers, over the in-memory transport: towards the central
+coordinator it is a protocol client like an edge agent (``edge_agent.protocol_client``). It
+registers upward once a gateway registered, sends its closed round's partial aggregate up, re-sends
+it on every reconnect until the central coordinator answers it, and then no more."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from coordinator.broker_setup import free_port
+from coordinator.config import UPLINK, AggregatorConfig
+from coordinator.site import SiteAggregator
+from edge_agent.protocol import ReplyHeader, RoundHeader, UpdateHeader, decode, encode
+from edge_agent.topics import Topics
+from edge_agent.transport import Incoming, MemoryTransport
+from tests.fleet import MODEL, SEED
+from tests.offline import hello_of, transport_of, turn_until, update_of
+
+SITE, CAMPAIGN = "site-a", "central-campaign-1"
+CENTRAL = Topics("test", UPLINK)
+
+
+def offline_site(folder: Path) -> SiteAggregator:
+    cfg = AggregatorConfig.model_validate({
+        "fleet": "test", "site": SITE, "state_dir": str(folder / "site"), "min_clients": 1, "start_clients": 1,
+        "round_timeout_s": 60.0, "seed": SEED, "model": MODEL, "broker": {"port": free_port()}})
+    return SiteAggregator(cfg, transport=MemoryTransport())
+
+
+def central(header: RoundHeader | ReplyHeader, state: dict | None = None) -> Incoming:
+    """A message of the central coordinator, as the site broker's bridge hands it over."""
+    topic = CENTRAL.round if isinstance(header, RoundHeader) else CENTRAL.agent(SITE, "task")
+    return Incoming(topic, encode(header, state or {}), 1, 1, False)
+
+
+def upward(transport: MemoryTransport) -> list[str]:
+    """The kinds of what the site sent the central coordinator since the last call."""
+    sent = [topic.rsplit("/", 1)[1] for topic, _, _ in transport.published if topic.startswith(CENTRAL.root)]
+    transport.published.clear()
+    return sent
+
+
+def test_a_site_registers_upward_sends_its_round_up_and_resends_it_until_the_central_coordinator_answers(
+    tmp_path: Path,
+) -> None:
+    site = offline_site(tmp_path)
+    transport = transport_of(site)
+    transport.start()
+    site.client.tick()
+    assert upward(transport) == ["status"]  # no gateway registered yet: nothing to register upward
+
+    transport.deliver(hello_of(site, "client00"))
+    site.turn()
+    assert upward(transport) == ["hello"]
+
+    announcement = RoundHeader(fleet="test", sender="coordinator", round=1, deadline_unix=time.time() + 120,
+                               model_signature=site.signature, campaign=CAMPAIGN)
+    transport.deliver(central(announcement, site.initial))
+    site.turn()
+    site.follow()
+    transport.deliver(update_of(site, "client00", 1))
+    turn_until(lambda: site.store.round(1).closed_at is not None, lambda: (site.turn(), site.follow()),
+               "the site's round 1 closed")
+    upload = [payload for topic, payload, _ in transport.published if topic == CENTRAL.agent(SITE, "update")]
+    assert upward(transport) == ["update"]
+    header, _ = decode(upload[0], 1 << 24)
+    assert isinstance(header, UpdateHeader) and (header.sender, header.round, header.n_samples,
+                                                 header.campaign) == (SITE, 1, 50, CAMPAIGN)
+
+    transport.start()  # a reconnect before the central answer: the upload goes again
+    site.client.tick()
+    assert upward(transport) == ["status", "hello", "update"]
+
+    answer = ReplyHeader(fleet="test", sender="coordinator", round=1, about="update", accepted=False,
+                         code="duplicate", reason="already taken")
+    transport.deliver(central(answer))
+    site.turn()
+    transport.start()  # answered: a reconnect repeats the hello only
+    site.client.tick()
+    assert upward(transport) == ["status", "hello"] and site.store.meta("delivered") == "1"
+    site.store.close()
