@@ -175,7 +175,7 @@ class Agent:
                     message = self.transport.inbox.get(timeout=0.1)
                 except queue.Empty:
                     continue
-                self._guarded(message)
+                self.receive(message)
             why = f"campaign {self.files.campaign} finished" if self.finished else "asked to stop"
         except Refused:
             why = "refused by the coordinator (see above)"
@@ -204,8 +204,9 @@ class Agent:
         """The update still waiting for the coordinator's answer, if any (and a learner sent it)."""
         return [self.files.pending.read_bytes()] if self.facts is not None and self.files.pending.is_file() else []
 
-    def _guarded(self, message: Incoming) -> None:
-        """Handle one message; whatever fails is logged and the agent goes on."""
+    def receive(self, message: Incoming) -> None:
+        """Handle one message as the loop does (tests deliver them here): whatever fails is logged
+        and the agent goes on."""
         try:
             self._handle(message)
         except Refused:
@@ -363,7 +364,7 @@ class Agent:
             self._skip_failed_round(result)
         waiting, self.waiting_messages = self.waiting_messages, []
         for message in waiting:
-            self._guarded(message)
+            self.receive(message)
         return True
 
     def _send_trained(self, result: TrainingOutcome) -> None:

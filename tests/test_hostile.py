@@ -38,7 +38,7 @@ from edge_agent.protocol import (
     decode,
     encode,
 )
-from edge_agent.transport import Incoming
+from edge_agent.transport import Incoming, MemoryTransport
 from tests.fleet import SEED, agent_config, coordinator_config, start, write_client_csvs
 from tests.offline import (
     TOPICS, fed, hello_of, message, offline_coordinator, resumed, transport_of, turn_until, update_of,
@@ -310,7 +310,7 @@ def round_message(number: int, state: dict[str, torch.Tensor], signature: str) -
 
 def handled(agent: Agent, message: Incoming) -> None:
     """``message`` handled by ``agent`` as its loop does, and the round it starts trained."""
-    agent._guarded(message)
+    agent.receive(message)
     if agent.training is not None:
         assert agent.finish_training(timeout=120)
 
@@ -322,7 +322,8 @@ def test_an_agent_refuses_a_poisoned_global_and_survives_a_diverged_round(tmp_pa
     facing the retained poisoned round refuses it again instead of crash-looping."""
     config = agent_config(tmp_path, free_port(), 0, write_client_csvs(tmp_path, 1)[0])
     events: list[tuple[str, dict]] = []
-    agent = Agent(load_config(config, AgentConfig), on_event=lambda kind, data: events.append((kind, data)))
+    agent = Agent(load_config(config, AgentConfig), on_event=lambda kind, data: events.append((kind, data)),
+                  transport=MemoryTransport())
     good, ours = fleet_template(agent.cfg, agent.cfg.seed).initial, agent.facts.signature
     poisoned = [
         ({k: torch.full_like(v, float("nan")) for k, v in good.items()}, ours),
@@ -344,7 +345,8 @@ def test_an_agent_refuses_a_poisoned_global_and_survives_a_diverged_round(tmp_pa
     handled(agent, round_message(7, good, ours))
     assert events[-1][0] == "error"
 
-    restarted = Agent(load_config(config, AgentConfig), on_event=lambda kind, data: events.append((kind, data)))
+    restarted = Agent(load_config(config, AgentConfig), on_event=lambda kind, data: events.append((kind, data)),
+                      transport=MemoryTransport())
     handled(restarted, round_message(8, *poisoned[0]))
     assert [kind for kind, _ in events[-2:]] == ["global_refused", "sent"]
 

@@ -19,6 +19,7 @@ from edge_agent.candidates import MEDIAN
 from edge_agent.newcomer import FLEET, Newcomer, seasonal_fill, with_median
 from edge_agent.state import AgentState
 from edge_agent.toml_config import dump_toml
+from edge_agent.transport import MemoryTransport
 from tests.test_hostile import round_message
 
 
@@ -68,7 +69,7 @@ def test_an_agent_that_cannot_train_yet_keeps_the_fleets_model_and_refuses_a_bad
     """A live gateway without the rows training needs has no learner; a round's global model is
     still checked (signature, layout, finite, norm) and, when good, kept for what it serves."""
     cfg = head_config(tmp_path, {"source": "sensors"})
-    agent = Agent(cfg)
+    agent = Agent(cfg, transport=MemoryTransport())
     assert agent.facts is None
     template = fleet_template(cfg, cfg.seed)
     good = {k: v + 0.01 for k, v in template.initial.items()}
@@ -76,9 +77,9 @@ def test_an_agent_that_cannot_train_yet_keeps_the_fleets_model_and_refuses_a_bad
            ({k: torch.full_like(v, 1e30) for k, v in good.items()}, template.signature),
            (good, "ab" * 16)]
     for number, (state, signature) in enumerate(bad, 1):
-        agent._guarded(round_message(number, state, signature))
+        agent.receive(round_message(number, state, signature))
         assert AgentState(cfg.state_dir).fleet_state() is None
-    agent._guarded(round_message(4, good, template.signature))
+    agent.receive(round_message(4, good, template.signature))
     kept = AgentState(cfg.state_dir).fleet_state()
     assert set(kept) == set(good) and all(torch.equal(kept[k], good[k]) for k in good)
 
