@@ -31,10 +31,8 @@ demo: $(VENV)/.installed mosquitto
 docs: $(VENV)/.installed-test
 	$(BIN)/python -m mkdocs build --strict --site-dir site
 
-# Four workers on two cores: most service tests wait on their processes and brokers. Each file
-# goes whole to one worker (its module fixtures are built once); tests/conftest.py starts the longest files first.
 test: $(VENV)/.installed-test mosquitto chromium neurobench
-	$(BIN)/python -m pytest -n 4 --dist loadfile
+	$(BIN)/python -m pytest
 
 # NeuroBench cross-checks our operation counts (tests/test_neurobench.py, export/crosscheck.py).
 # Installed without its declared dependencies: its metrics need only torch and snntorch (ours) and

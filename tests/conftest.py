@@ -9,21 +9,6 @@ from edge_agent.models import ModelConfig
 
 torch.set_num_threads(2)
 
-LONGEST_FIRST = ("test_cli.py", "test_service.py", "test_fleet_behaviour.py", "test_hostile.py", "test_storms.py",
-                 "test_quantiles.py", "test_forecast_intervals.py", "test_foundation.py", "test_intervals.py",
-                 "test_dashboard.py", "test_init.py", "test_bad_input.py", "test_demo.py", "test_pretrain_service.py",
-                 "test_live_spiking.py", "test_fedbuff_service.py", "test_sites.py", "test_campaigns.py",
-                 "test_never_blocked.py")
-"""The files whose tests take longest in all (measured under ``make test``'s workers), run first:
-each file goes whole to one worker (``--dist loadfile``), so a long one started last would run
-alone at the end. A file missing here only runs later; none is skipped."""
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The longest files first, then the rest in their usual order."""
-    rank = {name: index for index, name in enumerate(LONGEST_FIRST)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
-
 
 def small_config(backbone: str, **overrides: object) -> ModelConfig:
     """A scaled-down model (same structure as the paper's, smaller widths)."""
