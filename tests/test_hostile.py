@@ -142,8 +142,10 @@ def test_a_hostile_device_cannot_stop_the_fleet(tmp_path: Path, mosquitto) -> No
     in round 3 an on-time update scaled x1000 claiming 10**9 samples, which the round's screening
     leaves out. Every round aggregates the two honest clients only and the run finishes."""
     paths = write_client_csvs(tmp_path, 2)
-    config = coordinator_config(tmp_path, mosquitto.port, 3, min_clients=2, start_clients=3, round_timeout_s=5.0,
-                                participation={"quorum": 1.0})  # each round waits for the device's messages
+    # each round waits for the device's messages (quorum 1.0); 15 s lets round 3's honest updates arrive on a
+    # loaded machine: at 5 s one came late under four test workers, and a screen of two cannot judge the poison
+    config = coordinator_config(tmp_path, mosquitto.port, 3, min_clients=2, start_clients=3, round_timeout_s=15.0,
+                                participation={"quorum": 1.0})
     template = fleet_template(load_config(config, CoordinatorConfig), SEED)
     coordinator = start(tmp_path, "coordinator", "coordinator", "serve", "-c", str(config))
     agents = [start(tmp_path, f"agent{i}", "agent", "run", "-c", str(agent_config(tmp_path, mosquitto.port, i, p)))
