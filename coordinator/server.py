@@ -68,11 +68,16 @@ def coordinator_connection(cfg: CoordinatorConfig, client_id: str, *extra_subscr
     topics = Topics(cfg.fleet)
     return Connection(
         cfg.broker, client_id=client_id, will_topic=topics.coordinator_status,
-        subscriptions=[*(topics.agents(leaf) for leaf in ("hello", "update", "status")), topics.round,
-                       *extra_subscriptions],
+        subscriptions=coordinator_subscriptions(cfg, *extra_subscriptions),
         manual_ack=True, receive_maximum=COORDINATOR_RECEIVE_WINDOW,
         live_only=[topics.agents("hello"), topics.agents("update")],
     )
+
+
+def coordinator_subscriptions(cfg: CoordinatorConfig, *extra: str) -> list[str]:
+    """What a coordinator's session subscribes to: every agent's hello, update and status, the round topic."""
+    topics = Topics(cfg.fleet)
+    return [*(topics.agents(leaf) for leaf in ("hello", "update", "status")), topics.round, *extra]
 
 
 class Coordinator:

@@ -57,6 +57,12 @@ HISTORY_POLL_S = 5.0  # a live gateway without enough history checks its store t
 FILE_HISTORY = 0  # the rows _history_rows gives a csv or a bundled site: not counted by the agent
 
 
+def agent_subscriptions(cfg: AgentConfig) -> list[str]:
+    """What an agent's session subscribes to: the round, its own task topic, the coordinator's status."""
+    topics = Topics(cfg.fleet)
+    return [topics.round, topics.agent(cfg.client_id, "task"), topics.coordinator_status]
+
+
 class Agent:
     """One gateway's training service."""
 
@@ -82,12 +88,8 @@ class Agent:
         self.training: TrainingChild | None = None
         self.waiting_messages: list[Incoming] = []  # round and personal messages that came while training
         self.transport = transport if transport is not None else Connection(
-            cfg.broker,
-            client_id=f"edgefl-agent-{cfg.fleet}-{cfg.client_id}",
-            will_topic=self.topics.agent(cfg.client_id, "status"),
-            subscriptions=[
-                self.topics.round, self.topics.agent(cfg.client_id, "task"), self.topics.coordinator_status
-            ],
+            cfg.broker, client_id=f"edgefl-agent-{cfg.fleet}-{cfg.client_id}",
+            will_topic=self.topics.agent(cfg.client_id, "status"), subscriptions=agent_subscriptions(cfg),
         )
         self.client = ProtocolClient(self.transport, self.topics, cfg.client_id,
                                      RefusalBackoff(cfg.client_id, give_up_after_s=cfg.give_up_after_s),

@@ -12,7 +12,7 @@ from edge_agent.broker_settings import BrokerConfig
 from edge_agent.mqtt import Connection
 from edge_agent.protocol import ReplyHeader, RoundHeader, decode
 from edge_agent.toml_config import load_config
-from edge_agent.transport import Incoming, MemoryTransport, Transport
+from edge_agent.transport import Incoming, MemoryBroker, MemoryTransport, Transport
 from tests.fleet import coordinator_config
 from tests.offline import TOPICS, fed, hello_of, message, offline_coordinator, resumed, transport_of, update_of
 
@@ -94,3 +94,31 @@ def test_serve_runs_a_whole_campaign_over_memory_and_says_goodbye(tmp_path: Path
     assert transport.published[0] == (TOPICS.coordinator_status, b"online", True)
     assert transport.published[-1] == (TOPICS.coordinator_status, b"offline", True)
     assert transport.acked == sent and not transport.connected.is_set()
+
+
+def test_a_memory_broker_routes_by_topic_filter_and_keeps_the_last_retained_message() -> None:
+    broker = MemoryBroker()
+    agents, one = broker.session("edgefl/test/agents/+/hello"), broker.session("edgefl/test/#")
+    agents.start()
+    agents.publish("edgefl/test/round", b"r1", retain=True)
+    agents.publish("edgefl/test/round", b"r2", retain=True)
+    agents.publish("edgefl/test/agents/a/hello", b"hi")
+    assert [(m.topic, m.payload) for m in drained(agents)] == [("edgefl/test/agents/a/hello", b"hi")]
+    one.start()  # subscribes after the fact: the last retained round only, marked retained
+    assert [(m.topic, m.payload, m.retain) for m in drained(one)] == [("edgefl/test/round", b"r2", True)]
+    agents.publish("edgefl/test/round", b"", retain=True)  # an empty retained message clears the topic
+    later = broker.session("edgefl/test/round")
+    later.start()
+    assert [m.payload for m in drained(one)] == [b""] and drained(later) == []
+    one.stop("edgefl/test/agents/b/status")  # its own goodbye reaches it too (subscribed to it), then nothing
+    assert [m.payload for m in drained(one)] == [b"offline"]
+    agents.publish("edgefl/test/agents/b/hello", b"again")
+    assert drained(one) == [] and broker.retained == {"edgefl/test/agents/b/status": b"offline"}
+
+
+def drained(transport: MemoryTransport) -> list[Incoming]:
+    """What arrived in ``transport``'s inbox so far."""
+    arrived = []
+    while not transport.inbox.empty():
+        arrived.append(transport.inbox.get_nowait())
+    return arrived
