@@ -136,13 +136,14 @@ class SiteAggregator(Coordinator):
         """Send the closed round's partial aggregate up (once the central coordinator answers it,
         it is no longer re-sent: ``_undelivered``)."""
         if (upload := self._upload(row)) is not None:
-            self.client.send("update", upload)
-            self.on_event("sent", {"round": row.round, "n_samples": row.metrics["weight"]})
+            header, payload = upload
+            self.client.send("update", payload)
+            self.on_event("sent", {"round": row.round, "n_samples": header.n_samples})
 
-    def _upload(self, row: RoundRow) -> bytes | None:
+    def _upload(self, row: RoundRow) -> tuple[UpdateHeader, bytes] | None:
         """The round's partial aggregate as this site's update (weight: the summed sample counts),
-        bound to the central announcement it started from (the round's global state); None when
-        no gateway update or twin went into it."""
+        bound to the central announcement it started from (the round's global state), with its
+        header; None when no gateway update or twin went into it."""
         weight = min(row.metrics.get("weight", 0), MAX_SAMPLES)
         if weight < 1:
             log.warning("round %d: no gateway update or twin to send up", row.round)
@@ -151,13 +152,13 @@ class SiteAggregator(Coordinator):
         header = UpdateHeader(fleet=self.cfg.fleet, sender=self.site, round=row.round, n_samples=weight,
                               metrics={"loss": loss} if math.isfinite(loss) else {}, campaign=self.campaign,
                               global_sha256=self.announced_digest(row.round))
-        return encode(header, self.store.load_file(row.result_file))
+        return header, encode(header, self.store.load_file(row.result_file))
 
     def _undelivered(self) -> list[bytes]:
         """The uploads of the closed rounds the central coordinator has not answered yet."""
         delivered = int(self.store.meta("delivered") or 0)
         rows = [row for row in self.store.rounds() if row.closed_at is not None and row.round > delivered]
-        return [upload for row in rows if (upload := self._upload(row)) is not None]
+        return [upload[1] for row in rows if (upload := self._upload(row)) is not None]
 
     def _hello_up(self) -> HelloHeader | None:
         """The site's registration upward, once ``start_clients`` gateways registered here (sent

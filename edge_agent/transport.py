@@ -52,8 +52,9 @@ class MemoryTransport:
 
     def __init__(self, broker: MemoryBroker | None = None, subscriptions: Sequence[str] = ()) -> None:
         self.inbox: queue.Queue[Incoming] = queue.Queue()
-        self.connected = threading.Event()
-        self.connected.set()
+        self.connected = threading.Event()  # a broker's session is up once started, a bare one at once
+        if broker is None:
+            self.connected.set()
         self.on_connected: list[Callable[[], None]] = []
         self.published: list[tuple[str, bytes, bool]] = []  # (topic, payload, retain), in order
         self.acked: list[Incoming] = []
@@ -115,9 +116,7 @@ class MemoryBroker:
 
     def session(self, *subscriptions: str) -> MemoryTransport:
         """A new client session subscribed to ``subscriptions``, connected once it is started."""
-        transport = MemoryTransport(self, subscriptions)
-        transport.connected.clear()
-        return transport
+        return MemoryTransport(self, subscriptions)
 
     def attach(self, transport: MemoryTransport) -> None:
         with self._lock:
