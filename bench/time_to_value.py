@@ -10,10 +10,11 @@ it has forecasts for). Alone, its candidates are the anchors (each refitted ever
 it has; one that needs more rows waits), its local-only model (trained on its own rows, weekly,
 once it holds the rows local training needs) and, as the product serves it, the median of them
 (``edge_agent.newcomer.with_median``); joined, also the fleet's model (in the median too), which runs on a
-lookback filled by season where the gateway holds less than one (``edge_agent.short_context``) and
-serves on day 1, before any outcome is known. The fleet's model is the one of the round the
-gateway joined in, not trained on the newcomer (the product would fine-tune it in the next rounds):
-the joined figures are a floor. Scores are MASE on the scale of the site's training split (fixed,
+lookback filled by season where the gateway holds less than one (``edge_agent.newcomer.seasonal_fill``) and
+serves on day 1, before any outcome is known, and its local model starts from the fleet's model
+instead of at random, as the product's companion of a gateway that joins a trained fleet does
+(``LocalCompanion.start_from``). The fleet's model is the one of the round the gateway joined in,
+not trained on the newcomer (the newcomer's own updates would move it little in the next rounds). Scores are MASE on the scale of the site's training split (fixed,
 as in bench/value.py). The weather stations are not used: their clients are feature draws from
 seven sites, so no client is a site that joins.
 
@@ -77,9 +78,11 @@ def newcomer_job(dataset: str, position: int, states: dict, cfg: dict, threads: 
     anchors = {name: timeline.anchor_forecasts(name) for name in cfg["anchors"]}
     runs = []
     for seed, state in states.items():
+        fed, every = federation(cfg, seed), cfg["local_every_days"]
+        alone = {**anchors, "local": timeline.local_forecasts(seed, fed, every)}
         joined = {FLEET: timeline.model_forecasts(timeline.fleet_model(state, seed)), **anchors,
-                  "local": timeline.local_forecasts(seed, federation(cfg, seed), cfg["local_every_days"])}
-        sides = {"joined": joined, "alone": {name: f for name, f in joined.items() if name != FLEET}}
+                  "local": timeline.local_forecasts(seed, fed, every, fleet_state=state)}
+        sides = {"joined": joined, "alone": alone}
         runs.append({"seed": seed, **{side: timeline.served(with_median(candidates, cfg["median"]), cfg["selection_days"])
                                       for side, candidates in sides.items()}})
     return {"dataset": dataset, "client": timeline.name, "days": timeline.days, "runs": runs,

@@ -124,6 +124,27 @@ def test_the_local_companion_is_the_local_only_baseline_and_is_served_where_it_v
     assert restored.alone.best_val == learners[0].alone.best_val and restored.alone.epochs == 3
 
 
+def test_a_gateway_that_joins_a_trained_fleet_fine_tunes_the_fleets_model_as_its_local_one(fleet) -> None:
+    """From round 2 on, a companion that has not trained yet starts from the received global
+    state (the local-only baseline with that ``start``); in round 1 it starts at random, as the
+    baseline does, and once trained it is never reset by a later global state."""
+    cfg = small_config("dlinear")
+    training = HeadTraining(batch_size=16, lr=3e-3, keep_local=True, local_patience=2)
+    fleet_state = {k: v + 0.5 for k, v in initial_shared_state(cfg, 4).items()}  # no random start equals it
+    budget = TrainingBudget(1, 2, 16, 3e-3, 4)
+    from_scratch = run_local_only(fleet[:1], cfg, budget).client_test[fleet[0].name]
+    from_fleet = run_local_only(fleet[:1], cfg, budget, start=fleet_state).client_test[fleet[0].name]
+    assert from_fleet != from_scratch
+    for round_index, expected in ((1, from_scratch), (7, from_fleet)):
+        learner = head_learners(fleet[:1], cfg, training, seed=4)[0]
+        learner.load_global(fleet_state)
+        learner.train(round_index)
+        assert evaluate(learner.alone.best_model(), fleet[0].test) == expected
+        before = {k: v.clone() for k, v in learner.alone.model.state_dict().items()}
+        learner.alone.start_from(initial_shared_state(cfg, 4))
+        assert all(torch.equal(before[k], v) for k, v in learner.alone.model.state_dict().items())
+
+
 def test_a_federation_with_keep_local_reports_which_gateways_serve_their_local_model(fleet) -> None:
     cfg = small_config("dlinear")
     fed = FederationConfig(rounds=3, batch_size=16, lr=3e-3, seed=4, keep_local=True, test_every_round=False)

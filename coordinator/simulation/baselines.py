@@ -15,6 +15,7 @@ from edge_agent.learners.companion import LocalCompanion
 from edge_agent.learners.head import client_model, initial_shared_state
 from edge_agent.models import Forecaster, ModelConfig
 from edge_agent.seeds import Stream, seed_for
+from edge_agent.tensors import TensorDict
 from edge_agent.train import Metrics, early_stopping, evaluate, forecast_loss, make_optimizer, weighted_metrics
 from edge_agent.training_settings import HeadTraining
 
@@ -55,15 +56,19 @@ def fleet_models(clients: Sequence[ClientData], cfg: ModelConfig, seed: int) -> 
     return [client_model(cfg, c.n_features, seed, i) for i, c in enumerate(clients)]
 
 
-def run_local_only(clients: Sequence[ClientData], cfg: ModelConfig, budget: TrainingBudget) -> BaselineResult:
+def run_local_only(clients: Sequence[ClientData], cfg: ModelConfig, budget: TrainingBudget,
+                   start: TensorDict | None = None) -> BaselineResult:
     """Each client trains its own full model on its own data with early stopping (FedQAPer 4.3.1):
     the ``LocalCompanion`` a federated gateway keeps, stepped ``budget.max_epochs`` times (one epoch
-    each, more under ``min_steps``)."""
+    each, more under ``min_steps``), from a random start or, given ``start``, from that fleet's
+    shared state (``LocalCompanion.start_from``: a gateway that joined a trained fleet)."""
     training = HeadTraining(batch_size=budget.batch_size, lr=budget.lr, min_steps=budget.min_steps,
                             max_steps=budget.max_steps)
     best, epochs = [], {}
     for i, (model, client) in enumerate(zip(fleet_models(clients, cfg, budget.seed), clients)):
         alone = LocalCompanion(model, client, training, budget.seed, i, budget.patience)
+        if start is not None:
+            alone.start_from(start)
         for _ in range(budget.max_epochs):
             alone.step()
         epochs[client.name] = alone.epochs

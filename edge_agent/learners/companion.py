@@ -37,6 +37,17 @@ class LocalCompanion:
     def stopped(self) -> bool:
         return self.waited >= self.patience
 
+    def start_from(self, shared: TensorDict) -> None:
+        """Start from the fleet's model: a companion that has not trained yet takes ``shared`` (the
+        global shared state its gateway received) as its first state, so a gateway that joins a
+        fleet which has already trained fine-tunes the fleet's model on its own rows instead of
+        learning from a random start (fine-tuning, the simplest personalization of a global
+        model; Wang et al. 2019, "Federated evaluation of on-device personalization")."""
+        if self.epochs:
+            return
+        self.model.load_shared_state(shared)
+        self.best = copy.deepcopy(self.model.state_dict())
+
     def step(self) -> None:
         """One round's training: one epoch (at most ``max_steps`` steps of it), or as many as
         ``min_steps`` asks for, each validated so early stopping keeps the best epoch however many a

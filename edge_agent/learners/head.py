@@ -84,6 +84,8 @@ class HeadLearner(Learner):
                             seed_for(self.seed, Stream.LOCAL_TRAINING, round_index, self.client_index),
                             self._proximal() if t.prox_mu > 0 else None, t.max_steps)
         if self.alone is not None:
+            if round_index > 1:  # joined a fleet that has trained: its local model starts from the fleet's
+                self.alone.start_from(self.received)
             self.alone.step()
         if self.private is not None:
             self.private.record(self.received, self.model.shared_state())
