@@ -29,7 +29,7 @@ import time
 
 from common import bench_parser, commit, configure, run_config, run_parallel
 from datasets import bench_fleet, dataset_tables
-from sealed import SEALED, SEALED_FROZEN_AT
+from sealed import SEALED, SEALED_DECLARED, SEALED_FROZEN_AT
 from time_to_value_report import markdown, plot, summarize
 from value import federation, model_config
 
@@ -120,6 +120,8 @@ def main() -> None:
         summary = {"split": split, "sealed_frozen_at": SEALED_FROZEN_AT, "rows": summarize(newcomers, split, cfg),
                    "newcomers": newcomers, "cpu_seconds_per_round_per_gateway": cpu,
                    "config": run_config(cfg, args.quick, started)}
+    if args.sealed:
+        summary["declared"] = list(SEALED_DECLARED)
     write(args.out, name, summary)
 
 
