@@ -18,6 +18,12 @@ known):
   product's rule (``edge_agent.choice``, ``selection_days`` = 14).
 - ``proven_Z``: the best anchor unless the best learned candidate beats it over the latest 14 days
   by a one-sided Diebold-Mariano-style test on daily error differences (statistic above Z).
+- ``decay_margin_M``: ``decay_14``, but a learned winner (federated, local, median) serves only
+  where it beats the best anchor under the same weighted mean by more than M (relative), else that
+  anchor: the product's rule with the burden of proof on the models.
+- ``decay_proven_Z``: ``decay_14``, but a learned winner serves only where it beats the best
+  anchor (both under the weighted mean) by the one-sided test of ``proven_Z`` over the latest 14
+  days, else that anchor.
 - ``held_Z`` / ``held_anchor_Z``: the candidate (any / an anchor) with the lowest mean over every
   known window, the one the validation split picks on the first test day, unless the best
   candidate over the latest 14 days beats it there by that test (statistic above Z): recent
@@ -92,6 +98,34 @@ def decay(half_life_days: float) -> Rule:
     return rule
 
 
+def decay_guarded(accept: Callable[[dict[str, np.ndarray], str, str, np.ndarray, int, int, int, dict], bool]
+                  ) -> Rule:
+    """``decay(14)``, where a learned winner serves only if ``accept(errors, winner, best_anchor,
+    origins, horizon, at, period, scores)`` says so, else the best anchor under the same weighted mean."""
+    def rule(errors, origins, horizon, at, period, previous):
+        half_life = TRAINING["selection_days"] * period
+        scores = {name: recent_score(e, origins, horizon, at, half_life) for name, e in errors.items()}
+        winner = choose(scores)
+        anchors = {n: v for n, v in scores.items() if n not in LEARNED}
+        if winner not in LEARNED or not anchors:
+            return winner
+        anchor = choose(anchors)
+        return winner if accept(errors, winner, anchor, origins, horizon, at, period, scores) else anchor
+    return rule
+
+
+def decay_margin(margin: float) -> Rule:
+    """``decay(14)``, a learned winner serving only where it beats the best anchor by more than ``margin``."""
+    return decay_guarded(lambda errors, winner, anchor, origins, horizon, at, period, scores:
+                         not math.isfinite(scores[anchor]) or scores[winner] < (1 - margin) * scores[anchor])
+
+
+def decay_proven(z: float) -> Rule:
+    """``decay(14)``, a learned winner serving only where it beats the best anchor with ``evidence`` above ``z``."""
+    return decay_guarded(lambda errors, winner, anchor, origins, horizon, at, period, scores:
+                         evidence(errors[winner], errors[anchor], origins, horizon, at, period) > z)
+
+
 def evidence(challenger: np.ndarray, default: np.ndarray, origins: np.ndarray, horizon: int, at: int,
              period: int) -> float:
     """How strongly ``challenger`` beats ``default`` over the latest 14 days of known windows: the
@@ -149,6 +183,8 @@ RULES: dict[str, Rule] = {
     "sticky_2": sticky(0.02), "sticky_5": sticky(0.05),
     "anchor_first_2": anchor_first(0.02), "anchor_first_5": anchor_first(0.05),
     "decay_7": decay(7), "decay_14": decay(14), "proven_1.0": proven(1.0), "proven_1.645": proven(1.645),
+    "decay_margin_2": decay_margin(0.02), "decay_margin_5": decay_margin(0.05),
+    "decay_proven_0.5": decay_proven(0.5), "decay_proven_1.0": decay_proven(1.0),
     **{f"held_{z}": held(z) for z in (0.0, 0.5, 1.0, 1.645, 2.0)},
     **{f"held_anchor_{z}": held(z, anchors_only=True) for z in (0.5, 1.0, 1.645, 2.0)},
 }

@@ -135,6 +135,27 @@ def test_value_serves_daily_beside_what_pooling_would_buy_and_replays_from_saved
         assert study[selection.PRODUCT]["all"][key] == pytest.approx(product[key]), key
 
 
+def test_the_guarded_decay_rules_leave_the_best_anchor_only_for_a_clear_win() -> None:
+    """bench/selection.py: under decay_14 a model 1% better than the best anchor is served; with a
+    2% margin the anchor is, until the model is 10% better; the test-based guard does not follow a
+    model that is ahead on the weighted mean through one lucky day."""
+    selection = importlib.import_module("selection")
+    origins, period = np.arange(0, 30 * 24, 6), 24
+    at = int(origins.max()) + 2 * period
+    rng = np.random.default_rng(3)
+    anchor = 1.0 + 0.01 * rng.standard_normal(len(origins))
+
+    def pick(rule: str, model: np.ndarray) -> str:
+        errors = {"ets": anchor, "theta": anchor + 0.5, "median": model}
+        return selection.RULES[rule](errors, origins, period, at, period, None)
+
+    assert pick("decay_14", anchor * 0.99) == "median" and pick("decay_margin_2", anchor * 0.99) == "ets"
+    assert pick("decay_margin_2", anchor * 0.9) == "median"
+    lucky = np.where(origins >= at - 2 * period, anchor * 0.1, anchor * 1.005)  # far ahead on its latest day only
+    assert pick("decay_14", lucky) == "median" and pick("decay_proven_1.0", lucky) == "ets"
+    assert pick("decay_proven_1.0", anchor * 0.9) == "median"
+
+
 def test_soak_checks_hold_the_runs_to_issue_27s_done_means() -> None:
     """Hostile round p99 at most 1.5x clean, no update lost, the store's last sample at most 1.25x
     its sample at half time; rate-limit rows count the messages they report as dropped."""
