@@ -34,7 +34,7 @@ Which rule wins is decided on the first half of each gateway's test days and rep
 second half too, so a rule is not picked by the windows it is judged on. Usage:
 
     python bench/value.py --quick --windows /tmp/w.npz     # once (the whole value bench)
-    python bench/selection.py --windows /tmp/w.npz         # seconds; writes bench/results/selection.{json,md}
+    python bench/selection.py --windows /tmp/w.npz         # 15 min (25 rules); writes bench/results/selection.{json,md}
 """
 
 from __future__ import annotations
