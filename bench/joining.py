@@ -71,13 +71,14 @@ class Timeline:
     def local_forecasts(self, seed: int, fed, every: int, fleet_state: dict | None = None) -> np.ndarray:
         """The site's local-only model (bench/value.py's Local-only), trained on the rows held once
         they are enough for local training and again every ``every`` days; NaN before. From a
-        random start alone; joined, from the fleet's state ``fleet_state``, as the product's companion of
-        a gateway that joins a trained fleet starts (``LocalCompanion.start_from``). Where the
+        random start alone; joined, from the fleet's state ``fleet_state``, as the product's companion
+        of a gateway that joins a trained fleet starts (``LocalCompanion.start_from``). Where the
         rows held have too many gaps for a window of each split (the agent would wait too), the
         last model trained serves on."""
         from coordinator.simulation.baselines import TrainingBudget, run_local_only
 
         out = self.per_day(lambda day: None)
+        shared = None if fleet_state is None else {k: torch.as_tensor(v) for k, v in fleet_state.items()}
         first = math.ceil(min_training_rows(self.lookback, self.horizon) / self.period)
         trained = None
         for start in range(first, self.days + 1, every):
@@ -86,7 +87,6 @@ class Timeline:
             except DataError:
                 data = None
             if data is not None:
-                shared = None if fleet_state is None else {k: torch.as_tensor(v) for k, v in fleet_state.items()}
                 trained = (run_local_only([data], self.recipe, TrainingBudget.matching(fed), shared).models[0].eval(),
                            data.scaler)
             if trained is not None:

@@ -9,13 +9,14 @@ own windows whose outcome is known, a day's weight halving every two weeks; a ca
 it has forecasts for). Alone, its candidates are the anchors (each refitted every day on every row
 it has; one that needs more rows waits), its local-only model (trained on its own rows, weekly,
 once it holds the rows local training needs) and, as the product serves it, the median of them
-(``edge_agent.newcomer.with_median``); joined, also the fleet's model (in the median too), which runs on a
-lookback filled by season where the gateway holds less than one (``edge_agent.newcomer.seasonal_fill``) and
-serves on day 1, before any outcome is known, and its local model starts from the fleet's model
-instead of at random, as the product's companion of a gateway that joins a trained fleet does
-(``LocalCompanion.start_from``). The fleet's model is the one of the round the gateway joined in,
-not trained on the newcomer (the newcomer's own updates would move it little in the next rounds). Scores are MASE on the scale of the site's training split (fixed,
-as in bench/value.py). The weather stations are not used: their clients are feature draws from
+(``edge_agent.newcomer.with_median``); joined, also the fleet's model (in the median too), which
+runs on a lookback filled by season where the gateway holds less than one
+(``edge_agent.newcomer.seasonal_fill``) and serves on day 1, before any outcome is known, and its
+local model starts from the fleet's model instead of at random, as the product's companion of a
+gateway that joins a trained fleet does (``LocalCompanion.start_from``). The fleet's model is the
+one of the round the gateway joined in, not trained on the newcomer (the newcomer's own updates
+would move it little in the next rounds). Scores are MASE on the scale of the site's training
+split (fixed, as in bench/value.py). The weather stations are not used: their clients are feature draws from
 seven sites, so no client is a site that joins.
 
     python bench/time_to_value.py --quick            # homes and pedestrians, 3 seeds (about 10 min, 2 cores)
