@@ -145,13 +145,14 @@ LossTerms = torch.Tensor | dict[str, torch.Tensor]
 
 def seeded_steps(optimizer: Optimizer, size: int, epochs: int, batch_size: int, seed: int,
                  step_loss: Callable[[torch.Tensor, int, int], LossTerms],
-                 max_steps: int = 0) -> list[tuple[dict[str, float], int]]:
-    """The one seeded training loop of every learner: ``epochs`` passes over ``size`` samples, each
-    in a shuffled order drawn from ``seed`` and cut into batches, one optimizer step per batch on
-    ``step_loss(indices, epoch, step)``: a loss, or named terms whose ``total`` is minimised.
-    Dropout and every other draw of torch's global generator take ``seed`` too, so a run is
-    reproducible; ``max_steps`` (0: none) ends it after that many steps. Returns each step's terms
-    as floats (a plain loss as ``total``) and batch size."""
+                 max_steps: int = 0, replacement: bool = False) -> list[tuple[dict[str, float], int]]:
+    """The one seeded training loop of every learner and of the server's tuning: ``epochs`` passes
+    over ``size`` samples, each in a shuffled order drawn from ``seed`` and cut into batches (with
+    ``replacement``, as many batches of ``batch_size`` indices drawn with replacement), one
+    optimizer step per batch on ``step_loss(indices, epoch, step)``: a loss, or named terms whose
+    ``total`` is minimised. Dropout and every other draw of torch's global generator take ``seed``
+    too, so a run is reproducible; ``max_steps`` (0: none) ends it after that many steps. Returns
+    each step's terms as floats (a plain loss as ``total``) and batch size."""
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     steps = []
@@ -159,7 +160,7 @@ def seeded_steps(optimizer: Optimizer, size: int, epochs: int, batch_size: int, 
         torch.manual_seed(seed)
         generator = torch.Generator().manual_seed(seed)
         for epoch in range(epochs):
-            for step, batch in enumerate(torch.randperm(size, generator=generator).split(batch_size)):
+            for step, batch in enumerate(epoch_batches(size, batch_size, generator, replacement)):
                 if max_steps and len(steps) == max_steps:
                     return steps
                 terms = step_loss(batch, epoch, step)
@@ -169,6 +170,14 @@ def seeded_steps(optimizer: Optimizer, size: int, epochs: int, batch_size: int, 
                 optimizer.step()
                 steps.append(({name: value.item() for name, value in terms.items()}, len(batch)))
     return steps
+
+
+def epoch_batches(size: int, batch_size: int, generator: torch.Generator, replacement: bool) -> list[torch.Tensor]:
+    """One epoch's batches of sample indices: a shuffled order cut into batches, or (``replacement``)
+    ``ceil(size / batch_size)`` batches of ``batch_size`` indices drawn with replacement."""
+    if not replacement:
+        return list(torch.randperm(size, generator=generator).split(batch_size))
+    return [torch.randint(size, (batch_size,), generator=generator) for _ in range(-(-size // batch_size))]
 
 
 def mean_term(steps: Sequence[tuple[dict[str, float], int]], name: str = "total", weighted: bool = False) -> float:

@@ -12,7 +12,7 @@ from edge_agent.data import TIME_FEATURES, load_site, prepare_client, synthetic_
 from edge_agent.models import BACKBONES, ModelConfig, build_forecaster
 from edge_agent.models.backbones.spiking import LIF, SpikingSelfAttention
 from edge_agent.seeds import derive_seed
-from edge_agent.train import calibrate_batchnorm, make_optimizer, train_epochs
+from edge_agent.train import calibrate_batchnorm, make_optimizer, seeded_steps, train_epochs
 from tests.conftest import small_config
 
 ALL = sorted(BACKBONES)
@@ -198,6 +198,29 @@ def test_spiking_layers_emit_binary_spikes(backbone: str) -> None:
 def test_unknown_backbone_is_rejected_with_the_valid_names() -> None:
     with pytest.raises(ValueError, match="dlinear"):
         ModelConfig(backbone="transformer-xl")
+
+
+def test_seeded_steps_with_replacement_draws_full_batches_reproducibly() -> None:
+    """With ``replacement`` an epoch is ceil(size / batch) batches of exactly ``batch_size`` indices,
+    repeats allowed (FeDaL's core-set tuning draws so from a pool smaller than a few batches), the
+    same draws for the same seed and ``max_steps`` ending the run mid-epoch."""
+    def drawn(seed: int, max_steps: int = 0) -> list[list[int]]:
+        weight = torch.zeros(1, requires_grad=True)
+        picks = []
+
+        def step_loss(batch: torch.Tensor, epoch: int, step: int) -> torch.Tensor:
+            picks.append(batch.tolist())
+            return weight.sum() * 0.0
+
+        seeded_steps(make_optimizer(torch.nn.Linear(1, 1), 1e-3), 10, 3, 4, seed, step_loss, max_steps,
+                     replacement=True)
+        return picks
+
+    picks = drawn(5)
+    assert len(picks) == 3 * 3 and all(len(batch) == 4 and all(0 <= i < 10 for i in batch) for batch in picks)
+    first_epoch = sum(picks[:3], [])
+    assert len(set(first_epoch)) < len(first_epoch)  # 12 draws from 10: an epoch repeats, unlike a shuffle
+    assert drawn(5) == picks and drawn(6) != picks and drawn(5, max_steps=4) == picks[:4]
 
 
 def test_derive_seed_is_stable_and_mixes() -> None:
