@@ -16,7 +16,9 @@ from edge_agent.learners.head import client_model, initial_shared_state
 from edge_agent.models import Forecaster, ModelConfig
 from edge_agent.seeds import Stream, seed_for
 from edge_agent.tensors import TensorDict
-from edge_agent.train import Metrics, early_stopping, evaluate, forecast_loss, make_optimizer, weighted_metrics
+from edge_agent.train import (
+    Metrics, early_stopping, evaluate, forecast_loss, make_optimizer, seeded_steps, weighted_metrics,
+)
 from edge_agent.training_settings import HeadTraining
 
 
@@ -92,17 +94,19 @@ def run_centralized(clients: Sequence[ClientData], cfg: ModelConfig, budget: Tra
     sizes = [c.n_train for c in clients]
 
     def run_epoch(epoch: int) -> None:
+        """Every client's batches once, in a shuffled interleaving: each step the next batch of the
+        client whose turn comes (its own shuffled order, drawn from the same generator as it goes)."""
         generator = torch.Generator().manual_seed(seed_for(seed, Stream.CENTRALIZED_ORDER, epoch))
         iterators = [iter(c.train.batches(batch_size, True, generator)) for c in clients]
         order = [i for i, c in enumerate(clients) for _ in range(-(-len(c.train) // batch_size))]
+
+        def step_loss(turn: torch.Tensor, _epoch: int, _step: int) -> torch.Tensor:
+            client = order[int(turn)]
+            return forecast_loss(models[client], *next(iterators[client]))
+
         fleet.train()
-        with torch.random.fork_rng():
-            torch.manual_seed(seed_for(seed, Stream.CENTRALIZED_DROPOUT, epoch))
-            for k in torch.randperm(len(order), generator=generator).tolist():
-                x, marks, y = next(iterators[order[k]])
-                optimizer.zero_grad(set_to_none=True)
-                forecast_loss(models[order[k]], x, marks, y).backward()
-                optimizer.step()
+        seeded_steps(optimizer, len(order), 1, 1, seed_for(seed, Stream.CENTRALIZED_DROPOUT, epoch), step_loss,
+                     generator=generator)
 
     def validate() -> float:
         return weighted_metrics([evaluate(m, c.val) for m, c in zip(models, clients)], sizes).score
