@@ -20,6 +20,7 @@ import logging
 import queue
 import time
 from collections.abc import Callable
+from typing import Protocol
 from functools import partial
 from pathlib import Path
 
@@ -80,14 +81,44 @@ def coordinator_subscriptions(cfg: CoordinatorConfig, *extra: str) -> list[str]:
     return [*(topics.agents(leaf) for leaf in ("hello", "update", "status")), topics.round, *extra]
 
 
+class RoundOwner(Protocol):
+    """Who owns a coordinator's rounds, as seen by the loop that takes its gateways' messages: the
+    coordinator itself (the fleet's, the default) or a site aggregator (``coordinator.site``), whose
+    rounds and campaign are the central coordinator's. Paho-style extension points, one per moment
+    where the two differ."""
+
+    def campaign_id(self) -> str:
+        """The campaign the rounds belong to ("" until it is known)."""
+        ...
+
+    def announce(self, row: RoundRow) -> None:
+        """Publish round ``row`` to the gateways (retained)."""
+        ...
+
+    def close(self, row: RoundRow, updates: list, why: str) -> RoundRow:
+        """Aggregate round ``row`` from ``updates`` and move on; the round the gateways work on next."""
+        ...
+
+    def registered(self, hello: HelloHeader) -> Effects:
+        """What a gateway's accepted registration sets off beyond its reply."""
+        ...
+
+    def route(self, message: Incoming) -> Effects | None:
+        """The effects of a message that is not a gateway's (None: the gateways' loop takes it)."""
+        ...
+
+
 class Coordinator:
-    """Runs the rounds of one fleet until the last one is aggregated."""
+    """Runs the rounds of one fleet until the last one is aggregated; the owner of its own rounds
+    (``RoundOwner``) unless it is given another."""
 
     def __init__(self, cfg: CoordinatorConfig, on_event: Callable[[str, dict], None] | None = None,
-                 store: Store | None = None, config_path: Path | None = None, transport: Transport | None = None):
+                 store: Store | None = None, config_path: Path | None = None, transport: Transport | None = None,
+                 owner: Callable[[Coordinator], RoundOwner] | None = None):
         """``store``: as ``lease.take_lead`` gave it (taken here, waiting for the lease, if None);
         ``config_path``: the file ``cfg`` came from, whose allow-list is reloaded when it changes;
-        ``transport``: the broker session (the MQTT ``Connection`` to ``cfg.broker`` if None)."""
+        ``transport``: the broker session (the MQTT ``Connection`` to ``cfg.broker`` if None);
+        ``owner``: makes the owner of the rounds from this coordinator (None: it owns them)."""
         self.cfg = cfg
         self.access = Access(cfg, config_path)
         self.topics = Topics(cfg.fleet)
@@ -111,13 +142,14 @@ class Coordinator:
         self.throttle = IntakeThrottle(cfg.intake)
         self._held: list[Incoming] = []  # a batch the store could not take, tried again on ``storage_retry``
         self.storage_retry = Backoff(base_s=0.5, cap_s=30.0)  # after a storage error (full disk, database gone)
-        self.campaign = self._campaign()
+        self.owner: RoundOwner = self if owner is None else owner(self)
+        self.campaign = self.owner.campaign_id()
         self._announced: RoundRow | None = None  # the round on the broker as of our last announcement
         policy = RoundPolicy(cfg.participation, cfg.min_clients, cfg.seed)
         self.participants = Participants(policy, self.store, self.access, self.engine.held)
 
-    def _campaign(self) -> str:
-        """This fleet's campaign id (a site aggregator takes the central coordinator's)."""
+    def campaign_id(self) -> str:
+        """This fleet's campaign id, made when its first round opens."""
         return self.store.campaign()
 
     # lifecycle -------------------------------------------------------------------------------
@@ -143,10 +175,10 @@ class Coordinator:
             closed = current.round if current.closed_at is not None else current.round - 1
             self._send_personal(closed, self.store.personal_messages(closed))  # again after a restart
             self._write_foundation(closed)  # again: a crash may have come between the close and the file
-            self._announce(current)
+            self.owner.announce(current)
             while current.closed_at is None and not stop():
                 current = self.close_if_due(current, fresh=self.turn())
-            self._await_goodbyes(stop)
+            self.await_goodbyes(stop)
         except LeaseLost:
             goodbye = None  # another coordinator leads now: not ours to say the coordinator went offline
             raise
@@ -204,7 +236,7 @@ class Coordinator:
         self.store.extend_deadline(1, time.time() + self.cfg.round_timeout_s)
         return self.store.round(1)
 
-    def _await_goodbyes(self, stop: Callable[[], bool]) -> None:
+    def await_goodbyes(self, stop: Callable[[], bool]) -> None:
         """After the last round, stay subscribed until every client has said it went offline
         (agents do when they see the end), at most ``linger_s``: the store's presence is then
         true when the process exits."""
@@ -218,12 +250,14 @@ class Coordinator:
     def _announce_presence(self) -> None:
         self.transport.publish(self.topics.coordinator_status, b"online", retain=True)
 
-    def _announce(self, row: RoundRow) -> None:
+    def announce(self, row: RoundRow) -> None:
         """Publish the round (retained) so agents that join late get it too."""
         finished = row.closed_at is not None
-        self._publish_round(row, row.result_file if finished else row.global_file, finished)
+        self.publish_round(row, row.result_file if finished else row.global_file, finished)
 
-    def _publish_round(self, row: RoundRow, state_file: str, finished: bool) -> None:
+    def publish_round(self, row: RoundRow, state_file: str, finished: bool) -> None:
+        """Round ``row`` with the state in ``state_file`` as the retained announcement (the end of
+        the campaign if ``finished``)."""
         state = self.store.load_file(state_file)
         asked = None if finished else self.participants.named(row)
         header = RoundHeader(
@@ -253,7 +287,7 @@ class Coordinator:
         if why is not None:
             updates = self.store.updates(row.round)
             try:
-                return self._close(row, updates, why)
+                return self.owner.close(row, updates, why)
             except TooFewScreened as short:
                 self._short(row, short, {u.client_id for u in updates})
                 return row
@@ -273,17 +307,17 @@ class Coordinator:
         self.on_event("short", {"round": row.round, "passed": short.passed, "need": short.need,
                                 "rejected": short.rejected})
 
-    def _close(self, row: RoundRow, updates: list, why: str) -> RoundRow:
+    def close(self, row: RoundRow, updates: list, why: str) -> RoundRow:
         """Aggregate and store the round, then send personal messages and the next announcement."""
         last = row.round >= self.cfg.rounds
-        result = self._aggregate(row, updates, why, None if last else time.time() + self.cfg.round_timeout_s)
+        result = self.aggregate(row, updates, why, None if last else time.time() + self.cfg.round_timeout_s)
         self._write_foundation(row.round)
         self._send_personal(row.round, result.personal)
         following = self.store.round(row.round if last else row.round + 1)
-        self._announce(following)
+        self.announce(following)
         return following
 
-    def _aggregate(self, row: RoundRow, updates: list, why: str, next_deadline: float | None) -> ClosedRound:
+    def aggregate(self, row: RoundRow, updates: list, why: str, next_deadline: float | None) -> ClosedRound:
         """Run the round engine on ``updates`` and make its result durable (one transaction: the
         twins' history too), opening the next round with ``next_deadline`` unless it is None. If the
         store fails, the strategy, twins, trust and round policy are as before, to close again later."""
@@ -461,6 +495,9 @@ class Coordinator:
     def _guard(self, message: Incoming) -> Effects:
         """One message through ``intake.guarded``: its effects, or those of its refusal."""
         client = self.topics.client_of(message.topic) or message.topic
+        routed = self.owner.route(message)
+        if routed is not None:
+            return routed
         outcome = guarded(self.store, partial(self._handle, message), client)
         if isinstance(outcome, Refusal):
             return self._refuse(client, message, outcome)
@@ -493,7 +530,7 @@ class Coordinator:
             return []
         log.warning("cleared the retained %s from the broker: this is campaign %s", stale, self.campaign)
         replace = (partial(self.transport.publish, self.topics.round, b"", retain=True) if self._announced is None
-                   else partial(self._announce, self._announced))
+                   else partial(self.owner.announce, self._announced))
         return [partial(self.on_event, "cleared", {"retained": stale, "campaign": self.campaign}), replace]
 
     def _on_status(self, client: str, payload: bytes) -> Effects:
@@ -527,7 +564,15 @@ class Coordinator:
         self.store.register(hello)
         self.store.log("hello", hello.sender, None, True)
         return [self._reply(hello.sender, "hello", 0, True),
-                partial(self.on_event, "registered", {"client": hello.sender})]
+                partial(self.on_event, "registered", {"client": hello.sender}), *self.owner.registered(hello)]
+
+    def registered(self, hello: HelloHeader) -> Effects:
+        """Nothing beyond the reply: the fleet's coordinator answers to no one."""
+        return []
+
+    def route(self, message: Incoming) -> Effects | None:
+        """None: every message on the coordinator's subscriptions is its gateways' or its round's."""
+        return None
 
     def _accept_update(self, header: UpdateHeader, tensors: TensorDict, body: bytes) -> Effects:
         client, current = header.sender, self.store.latest_round()

@@ -1,9 +1,9 @@
 """A site aggregator: the coordinator of one site's gateways and one client of the central one.
 
-To its gateways it is a ``Coordinator`` (same intake, store, guard and round engine with FedAvg
-and the twins) whose rounds come from the central coordinator; to the central coordinator it is
-a client like an edge agent, through the same ``ProtocolClient`` (presence, hello, re-sent
-uploads, refusal backoff), and its round result goes up as an update.
+To its gateways it runs a ``Coordinator`` (same intake, store, guard and round engine with FedAvg
+and the twins) whose rounds it owns (``RoundOwner``): they come from the central coordinator. To
+the central coordinator it is a client like an edge agent, through the same ``ProtocolClient``
+(presence, hello, re-sent uploads, refusal backoff), and its round result goes up as an update.
 The site broker's bridge maps the central broker's topics under ``uplink/``: the central round
 announcement and this site's task topic come in, its hello/update/status go out (the gateways'
 own topics stay on the site broker). For each central round the site re-announces it to its
@@ -44,46 +44,58 @@ from edge_agent.transport import Incoming, Transport
 log = logging.getLogger("edgefl.site")
 
 
-class SiteAggregator(Coordinator):
-    """Serves the central coordinator's rounds to one site's gateways until the campaign ends."""
+class SiteAggregator:
+    """Serves the central coordinator's rounds to one site's gateways until the campaign ends: the
+    owner of the rounds of the ``Coordinator`` it runs towards them (``gateways``)."""
 
     def __init__(self, cfg: AggregatorConfig, on_event: Callable[[str, dict], None] | None = None,
                  store: Store | None = None, config_path: Path | None = None, transport: Transport | None = None):
-        uplink = Topics(cfg.fleet, UPLINK)  # the central broker's topics, bridged
+        self.cfg, self.uplink, self.site = cfg, Topics(cfg.fleet, UPLINK), cfg.site  # uplink: the central broker's
+        self._central: dict | None = None  # the last central announcement, as stored (``_own``)
         if transport is None:
-            transport = coordinator_connection(cfg, f"edgefl-site-{cfg.site}", uplink.round, uplink.coordinator_status,
-                                               uplink.agent(cfg.site, "task"))
-        super().__init__(cfg, on_event, store, config_path, transport)
-        self.uplink, self.site = uplink, cfg.site
-        self._central: dict | None = json.loads(self.store.meta("central") or "null")  # last central announcement
-        self.client = ProtocolClient(self.transport, self.uplink, cfg.site, RefusalBackoff(f"site {cfg.site}"),
+            transport = coordinator_connection(cfg, f"edgefl-site-{cfg.site}", self.uplink.round,
+                                               self.uplink.coordinator_status, self.uplink.agent(cfg.site, "task"))
+        self.gateways = Coordinator(cfg, on_event, store, config_path, transport, owner=self._own)
+        self.transport, self.on_event = transport, self.gateways.on_event
+        self.client = ProtocolClient(transport, self.uplink, cfg.site, RefusalBackoff(f"site {cfg.site}"),
                                      self._hello_up, self._undelivered)  # the central coordinator's client
         self._ended = False  # the central end was passed on to the gateways
 
-    def _campaign(self) -> str:
+    def _own(self, gateways: Coordinator) -> SiteAggregator:
+        """The owner of ``gateways``' rounds: this site, with the central announcement last stored."""
+        self.store = gateways.store
+        self._central = json.loads(self.store.meta("central") or "null")
+        return self
+
+    def campaign_id(self) -> str:
         return self.store.meta("campaign") or ""  # the central coordinator's, once it announced a round
+
+    def turn(self) -> bool:
+        """One turn of the gateways' coordinator: the messages waiting (the central ones included)."""
+        return self.gateways.turn()
 
     # lifecycle -------------------------------------------------------------------------------
 
     def serve(self, stop: Callable[[], bool] = lambda: False) -> None:
         """Follow the central rounds until the central coordinator announces the end."""
+        gateways = self.gateways
         self.transport.start()
         if not self.transport.connected.wait(30):
             raise ConnectionError(f"cannot reach the broker at {self.cfg.broker.host}:{self.cfg.broker.port}")
         try:
-            self.access.watch_hangup()
-            self.observer.start(self.campaign or "(waiting for the central coordinator)")
+            gateways.access.watch_hangup()
+            gateways.observer.start(gateways.campaign or "(waiting for the central coordinator)")
             self._resume_site()
             while not stop() and not self._ended:
                 self.client.tick()
                 self.turn()
                 self.follow()
-            self._await_goodbyes(stop)
+            gateways.await_goodbyes(stop)
         finally:
             if self.transport.connected.is_set():
-                self.transport.publish(self.topics.coordinator_status, OFFLINE, retain=True)
+                self.transport.publish(gateways.topics.coordinator_status, OFFLINE, retain=True)
             self.client.goodbye()
-            self.observer.stop()
+            gateways.observer.stop()
             self.store.close()
 
     def _resume_site(self) -> None:
@@ -95,12 +107,12 @@ class SiteAggregator(Coordinator):
         log.info("site %s resuming round %d (%s) with %d accepted updates %s", self.site, latest.round,
                  "closed" if latest.closed_at else "open", len(accepted), accepted)
         self.on_event("resumed", {"round": latest.round, "accepted": accepted})
-        self._announce(latest)
+        self.announce(latest)
 
-    def _announce(self, row: RoundRow) -> None:
+    def announce(self, row: RoundRow) -> None:
         """Re-announce the central round to the gateways (the central end once it came)."""
         finished = bool(self._central and self._central["finished"])
-        self._publish_round(row, self._central["file"] if finished else row.global_file, finished)
+        self.gateways.publish_round(row, self._central["file"] if finished else row.global_file, finished)
 
     # rounds ----------------------------------------------------------------------------------
 
@@ -112,23 +124,23 @@ class SiteAggregator(Coordinator):
             return
         if latest is not None and latest.closed_at is None:
             if central["round"] == latest.round and not central["finished"]:
-                self.close_if_due(latest)
+                self.gateways.close_if_due(latest)
                 return
-            latest = self._close(latest, self.store.updates(latest.round), "the central round moved on")
+            latest = self.close(latest, self.store.updates(latest.round), "the central round moved on")
         if central["finished"]:
             if latest is not None:
-                self._announce(latest)
+                self.announce(latest)
             self._ended = True
             log.info("site %s: the central coordinator finished the campaign with round %d", self.site,
                      central["round"])
             return
         if latest is None or central["round"] > latest.round:
             deadline = min(central["deadline"] - self.cfg.deadline_margin_s, time.time() + self.cfg.round_timeout_s)
-            self._announce(self.store.open_round(central["round"], deadline, central["file"]))
+            self.announce(self.store.open_round(central["round"], deadline, central["file"]))
 
-    def _close(self, row: RoundRow, updates: list, why: str) -> RoundRow:
+    def close(self, row: RoundRow, updates: list, why: str) -> RoundRow:
         """Aggregate the site's round and send the partial aggregate up."""
-        self._aggregate(row, updates, why, None)
+        self.gateways.aggregate(row, updates, why, None)
         self._send_up(self.store.round(row.round))
         return self.store.round(row.round)
 
@@ -150,8 +162,8 @@ class SiteAggregator(Coordinator):
             return None
         loss = row.metrics.get("loss", math.nan)
         header = UpdateHeader(fleet=self.cfg.fleet, sender=self.site, round=row.round, n_samples=weight,
-                              metrics={"loss": loss} if math.isfinite(loss) else {}, campaign=self.campaign,
-                              global_sha256=self.announced_digest(row.round))
+                              metrics={"loss": loss} if math.isfinite(loss) else {}, campaign=self.gateways.campaign,
+                              global_sha256=self.gateways.announced_digest(row.round))
         return header, encode(header, self.store.load_file(row.result_file))
 
     def _undelivered(self) -> list[bytes]:
@@ -167,19 +179,20 @@ class SiteAggregator(Coordinator):
         if not count or count < self.cfg.start_clients:
             return None
         return HelloHeader(fleet=self.cfg.fleet, sender=self.site, n_features=min(features, MAX_FEATURES),
-                           n_samples=min(samples, MAX_SAMPLES), model_signature=self.signature,
-                           model_settings=self.settings)
+                           n_samples=min(samples, MAX_SAMPLES), model_signature=self.gateways.signature,
+                           model_settings=self.gateways.settings)
 
-    def _register(self, hello: HelloHeader) -> Effects:
-        return [*super()._register(hello), partial(self.client.introduce, resend=False)]
+    def registered(self, hello: HelloHeader) -> Effects:
+        """A gateway registered here: the site's own registration upward may follow (``_hello_up``)."""
+        return [partial(self.client.introduce, resend=False)]
 
     # messages from the central broker ----------------------------------------------------------
 
-    def _guard(self, message: Incoming) -> Effects:
-        """Gateways' messages as in the coordinator; the uplink's in their own guard, whose
-        refusals are logged (no reply: the central coordinator is not our client)."""
+    def route(self, message: Incoming) -> Effects | None:
+        """The uplink's messages in their own guard, whose refusals are logged (no reply: the
+        central coordinator is not our client); None for the gateways' messages."""
         if not message.topic.startswith(self.uplink.root + "/"):
-            return super()._guard(message)
+            return None
         outcome = guarded(self.store, partial(self._on_uplink, message), "the central coordinator")
         if isinstance(outcome, Refusal):
             log.error("ignored a message on %s: %s", message.topic, outcome.reason)
@@ -204,13 +217,14 @@ class SiteAggregator(Coordinator):
 
     def _on_central_round(self, header: RoundHeader, state: TensorDict) -> Effects:
         """Store the central announcement (its state and its record) for ``follow``."""
-        if header.model_signature != self.signature:
+        gateways = self.gateways
+        if header.model_signature != gateways.signature:
             raise ProtocolError("bad_signature", "the central coordinator runs another model than this site")
-        check_tensors(state, layout_of(self.initial))
-        if self.campaign and header.campaign != self.campaign:
+        check_tensors(state, layout_of(gateways.initial))
+        if gateways.campaign and header.campaign != gateways.campaign:
             raise ProtocolError("wrong_campaign", f"central campaign {header.campaign!r}; this site's state_dir "
-                                f"belongs to {self.campaign!r} (give the site a fresh state_dir to join)")
-        if not self.campaign and header.finished:
+                                f"belongs to {gateways.campaign!r} (give the site a fresh state_dir to join)")
+        if not gateways.campaign and header.finished:
             return []  # the retained end of a campaign this site took no part in
         known = self._central
         if known and (header.round, header.finished) <= (known["round"], known["finished"]):
@@ -220,7 +234,7 @@ class SiteAggregator(Coordinator):
         central = {"round": header.round, "deadline": header.deadline_unix, "finished": header.finished, "file": name}
         self.store.set_meta("central", json.dumps(central))
         self.store.set_meta("campaign", header.campaign)
-        return [partial(setattr, self, "_central", central), partial(setattr, self, "campaign", header.campaign),
+        return [partial(setattr, self, "_central", central), partial(setattr, gateways, "campaign", header.campaign),
                 partial(self.on_event, "central", central)]
 
     def _on_central_reply(self, reply: ReplyHeader) -> Effects:

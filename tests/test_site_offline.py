@@ -45,21 +45,22 @@ def test_a_site_registers_upward_sends_its_round_up_and_resends_it_until_the_cen
     tmp_path: Path,
 ) -> None:
     site = offline_site(tmp_path)
-    transport = transport_of(site)
+    gateways = site.gateways  # the coordinator the site runs towards its gateways
+    transport = transport_of(gateways)
     transport.start()
     site.client.tick()
     assert upward(transport) == ["status"]  # no gateway registered yet: nothing to register upward
 
-    transport.deliver(hello_of(site, "client00"))
+    transport.deliver(hello_of(gateways, "client00"))
     site.turn()
     assert upward(transport) == ["hello"]
 
     announcement = RoundHeader(fleet="test", sender="coordinator", round=1, deadline_unix=time.time() + 120,
-                               model_signature=site.signature, campaign=CAMPAIGN)
-    transport.deliver(central(announcement, site.initial))
+                               model_signature=gateways.signature, campaign=CAMPAIGN)
+    transport.deliver(central(announcement, gateways.initial))
     site.turn()
     site.follow()
-    transport.deliver(update_of(site, "client00", 1))
+    transport.deliver(update_of(gateways, "client00", 1))
     turn_until(lambda: site.store.round(1).closed_at is not None, lambda: (site.turn(), site.follow()),
                "the site's round 1 closed")
     upload = [payload for topic, payload, _ in transport.published if topic == CENTRAL.agent(SITE, "update")]
