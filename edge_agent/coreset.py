@@ -18,6 +18,7 @@ from edge_agent.models.fedal_settings import CoresetSettings
 from edge_agent.models.foundation import FoundationModel, masked_mse, patch_mask
 from edge_agent.privacy import fourier_magnitude_noise
 from edge_agent.seeds import derive_seed
+from edge_agent.train import seeded_steps
 
 
 def mask_batch(shape: tuple[int, ...], patch: int, rate: float, seed: int) -> torch.Tensor:
@@ -31,26 +32,30 @@ def learn_coreset(model: FoundationModel, windows: torch.Tensor, present: torch.
     """(K, L, V) core-set for ``windows`` (N, L, V): started from Gaussian noise (never from a real
     window), matched for ``settings.steps`` steps on the masked-reconstruction loss, unmeasured
     variables kept at zero. The model's parameters are not changed."""
-    generator = torch.Generator().manual_seed(seed)
+    generator = torch.Generator().manual_seed(seed)  # the starting noise, then the real batches
     shape, keep = (settings.size, *windows.shape[1:]), present.float()
     coreset = (torch.randn(shape, generator=generator) * keep).requires_grad_(True)
-    optimizer = torch.optim.Adam([coreset], lr=settings.lr)
     params = [p for p in model.parameters() if p.requires_grad]
+    batch_size = min(settings.real_batch, len(windows))
+    per_epoch = -(-len(windows) // batch_size)
+
+    def step_loss(pick: torch.Tensor, epoch: int, step: int) -> torch.Tensor:
+        with torch.no_grad():
+            coreset.mul_(keep)  # the unmeasured variables back to zero after the previous step
+        real, number = windows[pick], epoch * per_epoch + step
+        real_grads = _gradients(model, params, real, present,
+                                mask_batch(real.shape, patch, rate, derive_seed(seed, number, 0)), create_graph=False)
+        fake_grads = _gradients(model, params, coreset, present,
+                                mask_batch(shape, patch, rate, derive_seed(seed, number, 1)), create_graph=True)
+        return sum((f - r).pow(2).sum() for f, r in zip(fake_grads, real_grads))
+
     was_training = model.training
     model.eval()
-    for step in range(settings.steps):
-        real = windows[torch.randint(len(windows), (min(settings.real_batch, len(windows)),), generator=generator)]
-        real_grads = _gradients(model, params, real, present, mask_batch(real.shape, patch, rate, derive_seed(seed, step, 0)),
-                                create_graph=False)
-        fake_grads = _gradients(model, params, coreset, present,
-                                mask_batch(shape, patch, rate, derive_seed(seed, step, 1)), create_graph=True)
-        loss = sum((f - r).pow(2).sum() for f, r in zip(fake_grads, real_grads))
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-        with torch.no_grad():
-            coreset.mul_(keep)
+    seeded_steps(torch.optim.Adam([coreset], lr=settings.lr), len(windows), -(-settings.steps // per_epoch),
+                 batch_size, seed, step_loss, settings.steps, replacement=True, generator=generator)
     model.train(was_training)
+    with torch.no_grad():
+        coreset.mul_(keep)
     return coreset.detach()
 
 
