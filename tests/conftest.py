@@ -10,6 +10,15 @@ from edge_agent.models import ModelConfig
 torch.set_num_threads(2)
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The files whose tests start a broker first, each file whole and in its own order: with
+    `make test`'s two workers (a file each at a time) the long service files, which mostly wait,
+    spread over both, and the quick unit files fill the end instead of one worker finishing a
+    service file alone."""
+    brokered = {item.path for item in items if "mosquitto" in getattr(item, "fixturenames", ())}
+    items.sort(key=lambda item: item.path not in brokered)
+
+
 def small_config(backbone: str, **overrides: object) -> ModelConfig:
     """A scaled-down model (same structure as the paper's, smaller widths)."""
     sizes = dict(lookback=24, horizon=12, d_qap=16, qap_heads=2, hidden=16, d_ff=32, heads=4)
