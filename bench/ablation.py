@@ -41,7 +41,7 @@ STEPS = [
 ]
 QUICK = {"datasets": ["stations", "homes", "pedestrians"], "history_days": [30, 0], "seeds": [1], "clients": 10,
          "f_max": 20, "val_stride": 1, "local_epochs": 1, "personal_epochs": 1,
-         "anchors": ["seasonal_naive", "seasonal_naive_week", "window_average", "ets", "theta"],
+         "anchors": value.QUICK["anchors"],  # the recipe's, as in bench/value.py
          "learned": ["local", "fedavg"], "backbones": ["dlinear"]}
 FULL = {**QUICK, "seeds": [1, 2, 3]}
 
