@@ -147,15 +147,15 @@ def seeded_steps(optimizer: Optimizer, size: int, epochs: int, batch_size: int, 
                  step_loss: Callable[[torch.Tensor, int, int], LossTerms],
                  max_steps: int = 0, replacement: bool = False,
                  generator: torch.Generator | None = None) -> list[tuple[dict[str, float], int]]:
-    """The one seeded training loop of every learner and of the server's tuning: ``epochs`` passes
-    over ``size`` samples, each in a shuffled order drawn from ``seed`` and cut into batches (with
-    ``replacement``, as many batches of ``batch_size`` indices drawn with replacement), one
-    optimizer step per batch on ``step_loss(indices, epoch, step)``: a loss, or named terms whose
-    ``total`` is minimised. Dropout and every other draw of torch's global generator take ``seed``
-    too, so a run is reproducible; ``max_steps`` (0: none) ends it after that many steps. The orders
-    come from ``generator`` where one is given (a caller whose ``step_loss`` draws from it too),
-    else from a fresh one seeded with ``seed``. Returns each step's terms as floats (a plain loss
-    as ``total``) and batch size."""
+    """The one seeded minibatch loop (every learner's, Centralized's, FeDaL's core-set learning and
+    server-side tuning): ``epochs`` passes over ``size`` samples, each in a shuffled order drawn
+    from ``seed`` and cut into batches (with ``replacement``, as many batches of ``batch_size``
+    indices drawn with replacement), one optimizer step per batch on ``step_loss(indices, epoch,
+    step)``: a loss, or named terms whose ``total`` is minimised. Dropout and every other draw of
+    torch's global generator take ``seed`` too, so a run is reproducible; ``max_steps`` (0: none)
+    ends it after that many steps. The orders come from ``generator`` where one is given (a caller
+    whose ``step_loss`` draws from it too), else from a fresh one seeded with ``seed``. Returns each
+    step's terms as floats (a plain loss as ``total``) and batch size."""
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     steps = []
