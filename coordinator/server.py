@@ -20,9 +20,9 @@ import logging
 import queue
 import time
 from collections.abc import Callable
-from typing import Protocol
 from functools import partial
 from pathlib import Path
+from typing import Protocol
 
 from coordinator.access import Access
 from coordinator.config import CoordinatorConfig
@@ -95,7 +95,7 @@ class RoundOwner(Protocol):
         """Publish round ``row`` to the gateways (retained)."""
         ...
 
-    def close(self, row: RoundRow, updates: list, why: str) -> RoundRow:
+    def close_round(self, row: RoundRow, updates: list, why: str) -> RoundRow:
         """Aggregate round ``row`` from ``updates`` and move on; the round the gateways work on next."""
         ...
 
@@ -287,7 +287,7 @@ class Coordinator:
         if why is not None:
             updates = self.store.updates(row.round)
             try:
-                return self.owner.close(row, updates, why)
+                return self.owner.close_round(row, updates, why)
             except TooFewScreened as short:
                 self._short(row, short, {u.client_id for u in updates})
                 return row
@@ -307,7 +307,7 @@ class Coordinator:
         self.on_event("short", {"round": row.round, "passed": short.passed, "need": short.need,
                                 "rejected": short.rejected})
 
-    def close(self, row: RoundRow, updates: list, why: str) -> RoundRow:
+    def close_round(self, row: RoundRow, updates: list, why: str) -> RoundRow:
         """Aggregate and store the round, then send personal messages and the next announcement."""
         last = row.round >= self.cfg.rounds
         result = self.aggregate(row, updates, why, None if last else time.time() + self.cfg.round_timeout_s)

@@ -126,7 +126,7 @@ class SiteAggregator:
             if central["round"] == latest.round and not central["finished"]:
                 self.gateways.close_if_due(latest)
                 return
-            latest = self.close(latest, self.store.updates(latest.round), "the central round moved on")
+            latest = self.close_round(latest, self.store.updates(latest.round), "the central round moved on")
         if central["finished"]:
             if latest is not None:
                 self.announce(latest)
@@ -138,7 +138,7 @@ class SiteAggregator:
             deadline = min(central["deadline"] - self.cfg.deadline_margin_s, time.time() + self.cfg.round_timeout_s)
             self.announce(self.store.open_round(central["round"], deadline, central["file"]))
 
-    def close(self, row: RoundRow, updates: list, why: str) -> RoundRow:
+    def close_round(self, row: RoundRow, updates: list, why: str) -> RoundRow:
         """Aggregate the site's round and send the partial aggregate up."""
         self.gateways.aggregate(row, updates, why, None)
         self._send_up(self.store.round(row.round))
