@@ -18,7 +18,7 @@ from edge_agent.models.fedal_settings import CoresetSettings
 from edge_agent.models.foundation import FoundationModel, masked_mse, patch_mask
 from edge_agent.privacy import fourier_magnitude_noise
 from edge_agent.seeds import derive_seed
-from edge_agent.train import seeded_steps
+from edge_agent.train import drawn_steps
 
 
 def mask_batch(shape: tuple[int, ...], patch: int, rate: float, seed: int) -> torch.Tensor:
@@ -36,13 +36,11 @@ def learn_coreset(model: FoundationModel, windows: torch.Tensor, present: torch.
     shape, keep = (settings.size, *windows.shape[1:]), present.float()
     coreset = (torch.randn(shape, generator=generator) * keep).requires_grad_(True)
     params = [p for p in model.parameters() if p.requires_grad]
-    batch_size = min(settings.real_batch, len(windows))
-    per_epoch = -(-len(windows) // batch_size)
 
-    def step_loss(pick: torch.Tensor, epoch: int, step: int) -> torch.Tensor:
+    def step_loss(pick: torch.Tensor, number: int) -> torch.Tensor:
         with torch.no_grad():
             coreset.mul_(keep)  # the unmeasured variables back to zero after the previous step
-        real, number = windows[pick], epoch * per_epoch + step
+        real = windows[pick]
         real_grads = _gradients(model, params, real, present,
                                 mask_batch(real.shape, patch, rate, derive_seed(seed, number, 0)), create_graph=False)
         fake_grads = _gradients(model, params, coreset, present,
@@ -51,8 +49,8 @@ def learn_coreset(model: FoundationModel, windows: torch.Tensor, present: torch.
 
     was_training = model.training
     model.eval()
-    seeded_steps(torch.optim.Adam([coreset], lr=settings.lr), len(windows), -(-settings.steps // per_epoch),
-                 batch_size, seed, step_loss, settings.steps, replacement=True, generator=generator)
+    drawn_steps(torch.optim.Adam([coreset], lr=settings.lr), len(windows), settings.steps, settings.real_batch, seed,
+                step_loss, generator)
     model.train(was_training)
     with torch.no_grad():
         coreset.mul_(keep)

@@ -175,6 +175,19 @@ def seeded_steps(optimizer: Optimizer, size: int, epochs: int, batch_size: int, 
     return steps
 
 
+def drawn_steps(optimizer: Optimizer, size: int, steps: int, batch_size: int, seed: int,
+                step_loss: Callable[[torch.Tensor, int], LossTerms],
+                generator: torch.Generator | None = None) -> list[tuple[dict[str, float], int]]:
+    """``steps`` optimizer steps of ``seeded_steps`` with ``replacement``, each on ``min(batch_size,
+    size)`` indices drawn from ``size``; ``step_loss(indices, number)`` gets the running step number
+    (FeDaL's core-set learning and server-side tuning draw their masks from it)."""
+    batch = min(batch_size, size)
+    per_epoch = -(-size // batch)
+    return seeded_steps(optimizer, size, -(-steps // per_epoch), batch, seed,
+                        lambda pick, epoch, step: step_loss(pick, epoch * per_epoch + step), steps,
+                        replacement=True, generator=generator)
+
+
 def epoch_batches(size: int, batch_size: int, generator: torch.Generator, replacement: bool) -> list[torch.Tensor]:
     """One epoch's batches of sample indices: a shuffled order cut into batches, or (``replacement``)
     ``ceil(size / batch_size)`` batches of ``batch_size`` indices drawn with replacement."""

@@ -25,7 +25,7 @@ from edge_agent.learners.fedal import split_coreset
 from edge_agent.models.foundation import FoundationModel, masked_mse
 from edge_agent.seeds import Stream, derive_seed, seed_for
 from edge_agent.tensors import TensorDict
-from edge_agent.train import mean_term, seeded_steps
+from edge_agent.train import drawn_steps, mean_term
 
 NOT_CORRECTED = ("latent_bias",)  # the bias reference is averaged, not a trained parameter
 
@@ -82,18 +82,14 @@ class FeDaL(Strategy):
         model = FoundationModel(self.settings.model)
         model.load_state_dict(start)
         model.train()
-        batch_size = min(self.settings.tune_batch, len(windows))
-        per_epoch = -(-len(windows) // batch_size)
 
-        def step_loss(pick: torch.Tensor, epoch: int, step: int) -> torch.Tensor:
+        def step_loss(pick: torch.Tensor, number: int) -> torch.Tensor:
             x = windows[pick]
-            masked = mask_batch(x.shape, self.settings.patch, self.settings.mask_rate,
-                                derive_seed(seed, epoch * per_epoch + step))
+            masked = mask_batch(x.shape, self.settings.patch, self.settings.mask_rate, derive_seed(seed, number))
             return masked_mse(model(x.masked_fill(masked, 0.0)), x, masked, present[pick])
 
-        steps = seeded_steps(torch.optim.Adam(model.parameters(), lr=self.settings.tune_lr), len(windows),
-                             -(-self.settings.tune_steps // per_epoch), batch_size, seed, step_loss,
-                             self.settings.tune_steps, replacement=True)
+        steps = drawn_steps(torch.optim.Adam(model.parameters(), lr=self.settings.tune_lr), len(windows),
+                            self.settings.tune_steps, self.settings.tune_batch, seed, step_loss)
         tuned = {k: v.detach().clone() for k, v in model.state_dict().items()}
         return tuned, mean_term(steps)
 
