@@ -75,7 +75,8 @@ class CoordinatorConfig(FleetModel, TwinSettings, StrategySettings):
                                         "one campaign per folder")
     rounds: int = Field(10, ge=1, le=MAX_ROUND, description="rounds in the campaign; it ends after the last (a site "
                         "aggregator refuses this key: the central coordinator decides)")
-    min_clients: int = Field(1, ge=1, description="quorum: updates needed to close a round")
+    min_clients: int = Field(1, ge=0, description="quorum: updates needed to close a round (0: a round closes at "
+                             "its deadline even if none came, the digital twins standing in for every client)")
     start_clients: int = Field(0, ge=0, description="hold round 1 until this many clients have registered")
     round_timeout_s: float = Field(300.0, gt=0, description="deadline of a round after its announcement")
     max_payload_bytes: int = Field(DEFAULT_MAX_PAYLOAD_BYTES, ge=1024, description="largest MQTT message accepted, "

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import logging
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import astuple, dataclass
 
@@ -78,7 +77,7 @@ class Participants:
             if excluded:
                 log.info("round %d: not asking %d clients that missed %d or more rounds in a row: %s", row.round,
                          len(excluded), self.policy.settings.exclude_after, sorted(excluded)[:20])
-        self._open = OpenRound(row.round, frozenset(asked), time.time())
+        self._open = OpenRound(row.round, frozenset(asked), self.store.clock())
         return self._open
 
     def named(self, row: RoundRow) -> list[str] | None:
@@ -93,14 +92,14 @@ class Participants:
         """The round's progress and why it closes now (None: it stays open)."""
         state = self.of(row)
         progress = self._progress(row, state, fresh)
-        return progress, self.policy.close_reason(progress, len(state.asked), row.deadline, time.time())
+        return progress, self.policy.close_reason(progress, len(state.asked), row.deadline, self.store.clock())
 
     def _progress(self, row: RoundRow, state: OpenRound, fresh: bool) -> Progress:
         """Read again after new messages (``fresh``) or every ``PROGRESS_EVERY_S``: who is still
         expected is every participant online without an update (with ``fraction = 1``: every
         allowed online client not excluded, joiners too); updates the screen left out do not count;
         the held late updates of clients without an on-time update count for the buffered policy."""
-        now = time.time()
+        now = self.store.clock()
         if state.progress is not None and not fresh and now - state.read_at < PROGRESS_EVERY_S:
             return state.progress
         stored, pending = self.store.quorum_state(row.round)

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import logging
 import queue
-import time
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
@@ -114,15 +113,18 @@ class Coordinator:
 
     def __init__(self, cfg: CoordinatorConfig, on_event: Callable[[str, dict], None] | None = None,
                  store: Store | None = None, config_path: Path | None = None, transport: Transport | None = None,
-                 owner: Callable[[Coordinator], RoundOwner] | None = None):
+                 owner: Callable[[Coordinator], RoundOwner] | None = None,
+                 on_close: Callable[[ClosedRound], None] | None = None):
         """``store``: as ``lease.take_lead`` gave it (taken here, waiting for the lease, if None);
         ``config_path``: the file ``cfg`` came from, whose allow-list is reloaded when it changes;
         ``transport``: the broker session (the MQTT ``Connection`` to ``cfg.broker`` if None);
-        ``owner``: makes the owner of the rounds from this coordinator (None: it owns them)."""
+        ``owner``: makes the owner of the rounds from this coordinator (None: it owns them);
+        ``on_close``: given each round's result once it is durable (a simulation records its rounds)."""
         self.cfg = cfg
         self.access = Access(cfg, config_path)
         self.topics = Topics(cfg.fleet)
         self.store = store or take_lead(cfg)
+        self.clock = self.store.clock  # deadlines and records: wall time, or a simulation's clock
         template = fleet_template(cfg, cfg.seed)
         self.initial, self.signature = template.initial, template.signature
         self.settings = signed_settings(cfg)  # what the signature stands for: refusals name the differences
@@ -134,6 +136,7 @@ class Coordinator:
                                   buffer=cfg.participation.buffering)
         self.observer = Observer.for_coordinator(cfg)  # metrics; the dashboard with [http]
         self.on_event = self.observer.relay(on_event)
+        self.on_close = on_close
         self.transport = transport if transport is not None else coordinator_connection(
             cfg, f"edgefl-coordinator-{cfg.fleet}")
         self.transport.on_connected.append(self._announce_presence)
@@ -199,7 +202,7 @@ class Coordinator:
             if saved is not None:
                 self.strategy.load_state_dict(saved)
         if latest is None:
-            latest = self.store.open_first_round(time.time() + self.cfg.round_timeout_s, self.initial)
+            latest = self.store.open_first_round(self.clock() + self.cfg.round_timeout_s, self.initial)
             log.info("fleet %s: campaign %s opened round 1", self.cfg.fleet, self.campaign)
             self.on_event("campaign", {"campaign": self.campaign})
         elif latest.closed_at is None:
@@ -233,15 +236,15 @@ class Coordinator:
                 self.on_event("waiting", {"registered": registered, "needed": self.cfg.start_clients})
                 shown = registered
             self.turn()
-        self.store.extend_deadline(1, time.time() + self.cfg.round_timeout_s)
+        self.store.extend_deadline(1, self.clock() + self.cfg.round_timeout_s)
         return self.store.round(1)
 
     def await_goodbyes(self, stop: Callable[[], bool]) -> None:
         """After the last round, stay subscribed until every client has said it went offline
         (agents do when they see the end), at most ``linger_s``: the store's presence is then
         true when the process exits."""
-        deadline = time.time() + self.cfg.linger_s
-        while self.store.online_clients() and not stop() and time.time() < deadline:
+        deadline = self.clock() + self.cfg.linger_s
+        while self.store.online_clients() and not stop() and self.clock() < deadline:
             self.turn()
         if still := self.store.online_clients():
             log.info("exiting with clients still online (their Last Will or a retained 'offline' will tell): %s",
@@ -291,7 +294,7 @@ class Coordinator:
             except TooFewScreened as short:
                 self._short(row, short, {u.client_id for u in updates})
                 return row
-        now = time.time()
+        now = self.clock()
         if now < row.deadline:
             return row
         deadline = now + self.cfg.round_timeout_s
@@ -310,7 +313,7 @@ class Coordinator:
     def close_round(self, row: RoundRow, updates: list, why: str) -> RoundRow:
         """Aggregate and store the round, then send personal messages and the next announcement."""
         last = row.round >= self.cfg.rounds
-        result = self.aggregate(row, updates, why, None if last else time.time() + self.cfg.round_timeout_s)
+        result = self.aggregate(row, updates, why, None if last else self.clock() + self.cfg.round_timeout_s)
         self._write_foundation(row.round)
         self._send_personal(row.round, result.personal)
         following = self.store.round(row.round if last else row.round + 1)
@@ -332,6 +335,8 @@ class Coordinator:
             raise
         self._storage_succeeded()
         self._report_close(row.round, result, why)
+        if self.on_close is not None:
+            self.on_close(result)
         return result
 
     def _aggregate_in_batch(self, row: RoundRow, updates: list, why: str, next_deadline: float | None) -> ClosedRound:

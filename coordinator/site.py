@@ -22,7 +22,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import time
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
@@ -135,7 +134,7 @@ class SiteAggregator:
                      central["round"])
             return
         if latest is None or central["round"] > latest.round:
-            deadline = min(central["deadline"] - self.cfg.deadline_margin_s, time.time() + self.cfg.round_timeout_s)
+            deadline = min(central["deadline"] - self.cfg.deadline_margin_s, self.gateways.clock() + self.cfg.round_timeout_s)
             self.announce(self.store.open_round(central["round"], deadline, central["file"]))
 
     def close_round(self, row: RoundRow, updates: list, why: str) -> RoundRow:

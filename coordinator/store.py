@@ -7,6 +7,7 @@ import json
 import logging
 import secrets
 import time
+from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -61,14 +62,16 @@ class Store:
     a standby on another host resumes from the database alone. ``connection``: the leader lease's
     session (``coordinator.lease``), which then carries every write. ``keep_rounds``: closing a
     round deletes the per-round bodies of older rounds (``prune``); ``keep_records``: and the
-    records of rounds older still (``forget``); None keeps them.
+    records of rounds older still (``forget``); None keeps them. ``clock``: the seconds since the
+    epoch (a simulation's own clock: ``coordinator.simulation.grid``).
 
     Raises ``StateDirError`` naming the path (or ``store.url``) when the state cannot be opened,
     or when its schema is newer than this code's (an older one is migrated: ``store_schema``)."""
 
     def __init__(self, state_dir: Path, url: str | None = None, connection=None, keep_rounds: int | None = None,
-                 keep_records: int | None = None):
+                 keep_records: int | None = None, clock: Callable[[], float] = time.time):
         self.dir = writable_folder(state_dir, "state_dir")
+        self.clock = clock  # the service's clock: every time it records and every deadline it sets
         self.keep_rounds, self.keep_records = keep_rounds, keep_records
         self._reclaim_due = False  # rounds were pruned in the open transaction: reclaim after its commit
         self._forgotten: int | None = None  # ``forgotten_through``, read once per ``forget``: every update asks
@@ -138,7 +141,7 @@ class Store:
     # clients ---------------------------------------------------------------------------------
 
     def register(self, hello: HelloHeader) -> None:
-        now = time.time()
+        now = self.clock()
         self.db.execute(
             "INSERT INTO clients VALUES (?, ?, ?, ?, ?, ?, 1, ?, ?) ON CONFLICT(client_id) DO UPDATE SET "
             "n_features=excluded.n_features, n_samples=excluded.n_samples, latitude=excluded.latitude, "
@@ -152,7 +155,7 @@ class Store:
 
     def seen(self, client_id: str) -> None:
         """A message from ``client_id`` arrived just now (a registered client's last sign of life)."""
-        self.db.execute("UPDATE clients SET last_seen=? WHERE client_id=?", (time.time(), client_id))
+        self.db.execute("UPDATE clients SET last_seen=? WHERE client_id=?", (self.clock(), client_id))
 
     def is_registered(self, client_id: str) -> bool:
         """One primary-key lookup (per message; ``clients`` reads the whole table)."""
@@ -215,7 +218,7 @@ class Store:
         """Open round ``number`` on the global state stored as ``global_file`` (a site aggregator
         opens each round the central coordinator announced)."""
         self.db.execute("INSERT INTO rounds VALUES (?, ?, ?, NULL, ?, NULL, NULL) ON CONFLICT DO NOTHING",
-                        (number, time.time(), deadline, global_file))
+                        (number, self.clock(), deadline, global_file))
         return self.round(number)
 
     def save_tensors(self, name: str, tensors: TensorDict) -> None:
@@ -229,7 +232,7 @@ class Store:
         on that aggregate, in one transaction (a result file is written before it commits); with
         ``keep_rounds``, the bodies of the rounds that fall out of the window go in it too."""
         name = f"global/round_{number + 1:05d}.safetensors"
-        now = time.time()
+        now = self.clock()
         with self.batch():
             if self.keep_rounds is not None and number > self.keep_rounds:
                 self.prune(number - self.keep_rounds)
@@ -259,7 +262,7 @@ class Store:
         stay, ``body_deleted_at`` set; late ones for old rounds included), the strategy's state and
         the personal messages. Nothing reads them once a later round has closed: the twins keep
         their own bounded history (``twins/``), a restart reads the newest close's state."""
-        now = time.time()
+        now = self.clock()
         self.db.execute("DELETE FROM tensors WHERE name IN (SELECT file FROM updates "
                         "WHERE round <= ? AND body_deleted_at IS NULL)", (through,))
         self.db.execute("UPDATE updates SET body_deleted_at=? WHERE round <= ? AND body_deleted_at IS NULL",
@@ -347,7 +350,7 @@ class Store:
         self.db.execute(
             "INSERT INTO updates (round, client_id, n_samples, file, sha256, metrics, received_at, late) "
             "VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
-            (number, client_id, n_samples, name, sha256, json.dumps(metrics), time.time(), int(late)),
+            (number, client_id, n_samples, name, sha256, json.dumps(metrics), self.clock(), int(late)),
         )
 
     def last_on_time(self) -> dict[str, int]:
@@ -424,7 +427,7 @@ class Store:
             reason: str = "") -> None:
         self.db.execute(
             "INSERT INTO events (at, client_id, round, kind, accepted, code, reason) VALUES (?, ?, ?, ?, ?, ?, ?)",
-            (time.time(), client_id, number, kind, int(accepted), code, reason),
+            (self.clock(), client_id, number, kind, int(accepted), code, reason),
         )
 
     def refusals_in(self, number: int) -> int:

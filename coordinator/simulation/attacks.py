@@ -30,7 +30,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from coordinator.simulation.rounds import Tamper
+from coordinator.simulation.grid import Tamper
 from coordinator.strategies import ClientUpdate
 from edge_agent.tensors import TensorDict
 

@@ -7,14 +7,12 @@ import copy
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from coordinator.engine import RoundEngine
 from coordinator.simulation.federation_config import FederationConfig
+from coordinator.simulation.grid import SimulatedGrid, SimulatedRound, Tamper, fleet_settings
 from coordinator.simulation.participation import Participation, everyone, policy_driven
-from coordinator.simulation.rounds import SimulatedRound, Tamper, run_rounds
-from coordinator.strategies import ClientInfo, RoundPolicy, make_strategy
+from coordinator.strategies import ClientInfo, RoundPolicy
 from edge_agent.data import ClientData
 from edge_agent.learners import HeadLearner
-from edge_agent.learners.head import initial_shared_state
 from edge_agent.models import Forecaster, ModelConfig
 from edge_agent.selection import Served
 from edge_agent.tensors import TensorDict
@@ -95,11 +93,12 @@ def run_federation(
     tamper: Tamper | None = None,
     claims: Mapping[str, int] | None = None,
 ) -> FederationResult:
-    """Run ``fed.rounds`` rounds over ``clients`` and evaluate after each round.
+    """Run ``fed.rounds`` rounds over ``clients`` through the coordinator service's own loop
+    (``SimulatedGrid``) and evaluate after each round.
 
     ``participation`` (default everyone every round) says whose update arrives on time; missing
     clients are imputed by the ``fed.twin`` forecaster from their history (FedDTW Algorithm 5).
-    ``tamper`` alters updates as they leave the clients (attacks, see ``run_rounds``); ``claims``
+    ``tamper`` alters updates as they leave the clients (attacks, see ``SimulatedGrid``); ``claims``
     are sample counts clients declare at hello instead of their true ones (lying gateways).
     """
     if participation is None and fed.participation.sampling:
@@ -111,9 +110,6 @@ def run_federation(
                          f"expected (rounds, clients) = {(fed.rounds, len(clients))}")
     learners = head_learners(clients, cfg, fed, fed.seed)
     roster = [ClientInfo(c.name, (claims or {}).get(c.name, c.n_train)) for c in clients]
-    initial = initial_shared_state(cfg, fed.seed)
-    engine = RoundEngine(make_strategy(fed, initial, fed.seed), fed, robust=fed.robust,
-                         buffer=fed.participation.buffering)
     sizes = [c.n_train for c in clients]
     records, states, best = [], [], {"val": float("inf"), "round": 0, "served": None, "federated": None}
 
@@ -135,7 +131,8 @@ def run_federation(
         if on_round:
             on_round(records[-1])
 
-    final = run_rounds(learners, roster, engine, initial, participation, after_round, tamper)
+    grid = SimulatedGrid(learners, roster, participation, after_round, tamper)
+    final = grid.run(fleet_settings(fed, model=cfg), fed.rounds, fed.seed)
     served = best["served"] or [Served("federated", learner.model) for learner in learners]
     test, client_test = served_metrics(served, clients)
     own = best["federated"] or [learner.model for learner in learners]  # the reported round's federated models

@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 from coordinator.engine import RoundEngine
 from coordinator.simulation.participation import Participation, sampled
 from coordinator.simulation.pretrain_config import PretrainConfig
-from coordinator.simulation.rounds import SimulatedRound, run_rounds
+from coordinator.simulation.grid import SimulatedRound
+from coordinator.simulation.rounds import run_rounds
 from coordinator.strategies import ClientInfo, make_strategy
 from coordinator.strategy_settings import StrategySettings
 from coordinator.twin_settings import TwinSettings

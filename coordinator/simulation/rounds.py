@@ -1,5 +1,7 @@
-"""The in-process fleet: every client's learner in one process, driven through the same round
-engine as the coordinator service, with participation decided by a ``Participation``."""
+"""The engine-only round driver that prompt mode's and pretraining's simulations still use: every
+client's learner in one process, rounds closed by the round engine directly, participation
+decided by a ``Participation``. Head mode runs through the service's own loop instead
+(``coordinator.simulation.grid``); these two are to follow (issue 47), and this driver goes then."""
 
 from __future__ import annotations
 
@@ -7,9 +9,9 @@ import math
 import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
-from coordinator.engine import RoundEngine, ClosedRound
+from coordinator.engine import RoundEngine
+from coordinator.simulation.grid import SimulatedRound
 from coordinator.simulation.participation import Participation
 from coordinator.strategies import ClientInfo, ClientUpdate
 from edge_agent.learners import Learner
@@ -17,23 +19,6 @@ from edge_agent.protocol import (
     MAX_SAMPLES, PLACEHOLDER_DIGEST, PersonalHeader, RoundHeader, UpdateHeader, envelope_size,
 )
 from edge_agent.tensors import TensorDict
-
-
-Tamper = Callable[[ClientUpdate, TensorDict], ClientUpdate]
-"""What a compromised client does to its update before sending it, given the global state it
-trained from (the robustness benchmark's attacks); honest clients' updates pass unchanged."""
-
-
-@dataclass(frozen=True)
-class SimulatedRound:
-    """A closed round as the simulation saw it: the engine's result, the clients that trained
-    but were late, the wall time of the round, and the bytes each client that trained would
-    exchange with a coordinator (``wire_bytes``)."""
-
-    result: ClosedRound
-    late: tuple[str, ...]
-    seconds: float
-    bytes_per_client: dict[str, int]
 
 
 SIMULATED = "simulation"  # fleet and sender name in the envelopes sized by ``wire_bytes``
@@ -53,11 +38,9 @@ def wire_bytes(update: ClientUpdate, state: TensorDict, personal: TensorDict | N
 
 
 def run_rounds(learners: Sequence[Learner], roster: Sequence[ClientInfo], engine: RoundEngine, initial: TensorDict,
-               participation: Participation, on_round: Callable[[SimulatedRound], None],
-               tamper: Tamper | None = None) -> TensorDict:
+               participation: Participation, on_round: Callable[[SimulatedRound], None]) -> TensorDict:
     """Run ``participation.rounds`` rounds: each round's clients load the global state and train
-    (as an agent does on a round announcement), each update passes ``tamper`` (if given) as it
-    leaves the client, the on-time updates close the round, late ones reach the engine in the
+    (as an agent does on a round announcement), the on-time updates close the round, late ones reach the engine in the
     round they arrive (twin history, and a stand-in at that round's close: ``RoundEngine``); then every learner installs the new global state and its personal
     message, if any. Returns the last global state."""
     state, pending = initial, defaultdict(list)
@@ -69,8 +52,6 @@ def run_rounds(learners: Sequence[Learner], roster: Sequence[ClientInfo], engine
             loss = learners[i].train(number)
             update = ClientUpdate(roster[i].client_id, learners[i].wire_state(number), learners[i].n_samples,
                                   {"loss": loss})
-            if tamper:
-                update = tamper(update, state)
             sent.append(update)
             if participation.present[number - 1, i]:
                 on_time.append(update)

@@ -91,6 +91,8 @@ class RoundPolicy:
         ``min_clients`` updates extends the round: not a close)."""
         if progress.reported < self.min_clients:
             return None
+        if progress.reported == 0:  # min_clients = 0: a round nobody reported in waits for its deadline
+            return "deadline" if now >= deadline else None
         if progress.waiting == 0:
             return "all participants reported"
         if self.settings.buffering is not None:
