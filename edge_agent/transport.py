@@ -93,6 +93,13 @@ class MemoryTransport:
         """Record the acknowledgement."""
         self.acked.append(message)
 
+    def drain(self) -> list[Incoming]:
+        """What arrived so far and was not yet taken, in order (the inbox is empty after)."""
+        arrived = []
+        while not self.inbox.empty():
+            arrived.append(self.inbox.get_nowait())
+        return arrived
+
     def subscribed(self, topic: str) -> bool:
         """Whether one of this session's topic filters matches ``topic`` (MQTT's rules, by paho)."""
         from paho.mqtt.client import topic_matches_sub

@@ -103,22 +103,15 @@ def test_a_memory_broker_routes_by_topic_filter_and_keeps_the_last_retained_mess
     agents.publish("edgefl/test/round", b"r1", retain=True)
     agents.publish("edgefl/test/round", b"r2", retain=True)
     agents.publish("edgefl/test/agents/a/hello", b"hi")
-    assert [(m.topic, m.payload) for m in drained(agents)] == [("edgefl/test/agents/a/hello", b"hi")]
+    assert [(m.topic, m.payload) for m in agents.drain()] == [("edgefl/test/agents/a/hello", b"hi")]
     one.start()  # subscribes after the fact: the last retained round only, marked retained
-    assert [(m.topic, m.payload, m.retain) for m in drained(one)] == [("edgefl/test/round", b"r2", True)]
+    assert [(m.topic, m.payload, m.retain) for m in one.drain()] == [("edgefl/test/round", b"r2", True)]
     agents.publish("edgefl/test/round", b"", retain=True)  # an empty retained message clears the topic
     later = broker.session("edgefl/test/round")
     later.start()
-    assert [m.payload for m in drained(one)] == [b""] and drained(later) == []
+    assert [m.payload for m in one.drain()] == [b""] and later.drain() == []
     one.stop("edgefl/test/agents/b/status")  # its own goodbye reaches it too (subscribed to it), then nothing
-    assert [m.payload for m in drained(one)] == [b"offline"]
+    assert [m.payload for m in one.drain()] == [b"offline"]
     agents.publish("edgefl/test/agents/b/hello", b"again")
-    assert drained(one) == [] and broker.retained == {"edgefl/test/agents/b/status": b"offline"}
+    assert one.drain() == [] and broker.retained == {"edgefl/test/agents/b/status": b"offline"}
 
-
-def drained(transport: MemoryTransport) -> list[Incoming]:
-    """What arrived in ``transport``'s inbox so far."""
-    arrived = []
-    while not transport.inbox.empty():
-        arrived.append(transport.inbox.get_nowait())
-    return arrived

@@ -189,7 +189,7 @@ class SimulatedGrid:
         closed before it is reported, then the round's clients train and send."""
         announcement = None
         for gateway in self.gateways:
-            for message in _drained(gateway.session):
+            for message in gateway.session.drain():
                 header, tensors = decode(message.payload, self.coordinator.cfg.max_payload_bytes)
                 gateway.received += len(message.payload)
                 if isinstance(header, PersonalHeader):
@@ -269,9 +269,3 @@ class SimulatedGrid:
         self.on_round(SimulatedRound(result, tuple(self.late), time.perf_counter() - self.started, sizes))
         self.closed = None
 
-
-def _drained(session: MemoryTransport) -> list:
-    arrived = []
-    while not session.inbox.empty():
-        arrived.append(session.inbox.get_nowait())
-    return arrived

@@ -11,7 +11,7 @@ from collections import defaultdict
 from collections.abc import Callable, Sequence
 
 from coordinator.engine import RoundEngine
-from coordinator.simulation.grid import SimulatedRound
+from coordinator.simulation.grid import SIMULATED_FLEET, SimulatedRound
 from coordinator.simulation.participation import Participation
 from coordinator.strategies import ClientInfo, ClientUpdate
 from edge_agent.learners import Learner
@@ -21,7 +21,6 @@ from edge_agent.protocol import (
 from edge_agent.tensors import TensorDict
 
 
-SIMULATED = "simulation"  # fleet and sender name in the envelopes sized by ``wire_bytes``
 
 
 def wire_bytes(update: ClientUpdate, state: TensorDict, personal: TensorDict | None) -> int:
@@ -29,19 +28,21 @@ def wire_bytes(update: ClientUpdate, state: TensorDict, personal: TensorDict | N
     its update up; the next round's global state and its personal message, if any, down."""
     metrics = {k: v for k, v in update.metrics.items() if math.isfinite(v)}  # the agent leaves out the others
     samples = min(max(update.n_samples, 1), MAX_SAMPLES)  # a tampered count is sized as the largest valid one
-    up = envelope_size(UpdateHeader(fleet=SIMULATED, sender=SIMULATED, round=1, n_samples=samples, metrics=metrics,
+    name = SIMULATED_FLEET  # fleet and sender in the envelopes sized
+    up = envelope_size(UpdateHeader(fleet=name, sender=name, round=1, n_samples=samples, metrics=metrics,
                                     global_sha256=PLACEHOLDER_DIGEST), update.params)
-    down = envelope_size(RoundHeader(fleet=SIMULATED, sender=SIMULATED, round=1, deadline_unix=1.0,
-                                     model_signature="0" * 16), state)
-    extra = envelope_size(PersonalHeader(fleet=SIMULATED, sender=SIMULATED, round=1), personal) if personal else 0
+    down = envelope_size(RoundHeader(fleet=name, sender=name, round=1, deadline_unix=1.0, model_signature="0" * 16),
+                         state)
+    extra = envelope_size(PersonalHeader(fleet=name, sender=name, round=1), personal) if personal else 0
     return up + down + extra
 
 
 def run_rounds(learners: Sequence[Learner], roster: Sequence[ClientInfo], engine: RoundEngine, initial: TensorDict,
                participation: Participation, on_round: Callable[[SimulatedRound], None]) -> TensorDict:
     """Run ``participation.rounds`` rounds: each round's clients load the global state and train
-    (as an agent does on a round announcement), the on-time updates close the round, late ones reach the engine in the
-    round they arrive (twin history, and a stand-in at that round's close: ``RoundEngine``); then every learner installs the new global state and its personal
+    (as an agent does on a round announcement), the on-time updates close the round, late ones
+    reach the engine in the round they arrive (twin history, and a stand-in at that round's
+    close: ``RoundEngine``); then every learner installs the new global state and its personal
     message, if any. Returns the last global state."""
     state, pending = initial, defaultdict(list)
     for number in range(1, participation.rounds + 1):
