@@ -43,7 +43,7 @@ from coordinator.throttle import IntakeThrottle
 from edge_agent.backoff import Backoff
 from edge_agent.broker_settings import COORDINATOR_RECEIVE_WINDOW
 from edge_agent.config import signed_settings
-from edge_agent.learners import fleet_template
+from edge_agent.learners import FleetTemplate, fleet_template
 from edge_agent.mqtt import Connection
 from edge_agent.protocol import (
     HelloHeader, PersonalHeader, ProtocolError, ReplyHeader, RoundHeader, UpdateHeader, body_digest,
@@ -114,18 +114,20 @@ class Coordinator:
     def __init__(self, cfg: CoordinatorConfig, on_event: Callable[[str, dict], None] | None = None,
                  store: Store | None = None, config_path: Path | None = None, transport: Transport | None = None,
                  owner: Callable[[Coordinator], RoundOwner] | None = None,
-                 on_close: Callable[[ClosedRound], None] | None = None):
+                 on_close: Callable[[ClosedRound], None] | None = None, template: FleetTemplate | None = None):
         """``store``: as ``lease.take_lead`` gave it (taken here, waiting for the lease, if None);
         ``config_path``: the file ``cfg`` came from, whose allow-list is reloaded when it changes;
         ``transport``: the broker session (the MQTT ``Connection`` to ``cfg.broker`` if None);
         ``owner``: makes the owner of the rounds from this coordinator (None: it owns them);
-        ``on_close``: given each round's result once it is durable (a simulation records its rounds)."""
+        ``on_close``: given each round's result once it is durable (a simulation records its rounds);
+        ``template``: the fleet's model (``fleet_template(cfg)`` if None; a simulation of a model
+        no coordinator.toml describes, such as FedPoD's fine-tuning baselines, gives its own)."""
         self.cfg = cfg
         self.access = Access(cfg, config_path)
         self.topics = Topics(cfg.fleet)
         self.store = store or take_lead(cfg)
         self.clock = self.store.clock  # deadlines and records: wall time, or a simulation's clock
-        template = fleet_template(cfg, cfg.seed)
+        template = template or fleet_template(cfg, cfg.seed)
         self.initial, self.signature = template.initial, template.signature
         self.settings = signed_settings(cfg)  # what the signature stands for: refusals name the differences
         self.update_layout = template.update_layout  # global state + what updates carry beyond it (core-sets)

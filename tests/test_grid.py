@@ -1,12 +1,13 @@
-"""The simulated grid (issue 47): head-mode simulations run the coordinator service's own loop over
-an in-memory broker and a simulated clock. Where the service's round policy and the engine-only
-driver agree, every round's global state is bit for bit the engine-only driver's, under full
+"""The simulated grid (issue 47): simulations run the coordinator service's own loop over an
+in-memory broker and a simulated clock. Where the service's round policy and the engine-only
+driver it replaced agree, every round's global state is bit for bit that driver's, under full
 participation, FedDTW's dropout scenarios (rounds nobody reports in included), late updates,
 Fed-GAME, client sampling and the buffered policy."""
 
 from __future__ import annotations
 
 import queue
+from collections import defaultdict
 
 import pytest
 import torch
@@ -16,8 +17,7 @@ from coordinator.simulation.federation import head_learners, run_federation
 from coordinator.simulation.federation_config import FederationConfig
 from coordinator.simulation.grid import SimulatedClock, WaitingInbox
 from coordinator.simulation.participation import Participation, everyone, participation, policy_driven
-from coordinator.simulation.rounds import run_rounds
-from coordinator.strategies import ClientInfo, RoundPolicy, make_strategy
+from coordinator.strategies import ClientInfo, ClientUpdate, RoundPolicy, make_strategy
 from coordinator.strategy_settings import ParticipationSettings
 from coordinator.strategies.participation import Progress
 from edge_agent.data import prepare_client, synthetic_clients
@@ -37,14 +37,37 @@ def fleet():
 
 
 def engine_only(fleet, fed: FederationConfig, plan: Participation) -> list[TensorDict]:
-    """Every round's global state as the engine-only driver closes the rounds."""
+    """Every round's global state as the simulation closed rounds before the grid: the round
+    engine called directly on the schedule's on-time updates, late ones handed to it in the
+    round they arrive, every learner given the new state and its personal message. (It does not
+    evaluate between rounds, so it stands for the grid only with models that evaluation leaves
+    unchanged, as DLinear.)"""
     learners = head_learners(fleet, CONFIG, fed, fed.seed)
-    initial = initial_shared_state(CONFIG, fed.seed)
-    engine = RoundEngine(make_strategy(fed, initial, fed.seed), fed, robust=fed.robust,
+    roster = [ClientInfo(c.name, c.n_train) for c in fleet]
+    state = initial_shared_state(CONFIG, fed.seed)
+    engine = RoundEngine(make_strategy(fed, state, fed.seed), fed, robust=fed.robust,
                          buffer=fed.participation.buffering)
-    states: list[TensorDict] = []
-    run_rounds(learners, [ClientInfo(c.name, c.n_train) for c in fleet], engine, initial, plan,
-               lambda done: states.append(done.result.global_state))
+    states, pending = [], defaultdict(list)
+    for number in range(1, plan.rounds + 1):
+        on_time = []
+        for i in plan.training(number):
+            learners[i].load_global(state)
+            loss = learners[i].train(number)
+            update = ClientUpdate(roster[i].client_id, learners[i].wire_state(number), learners[i].n_samples,
+                                  {"loss": loss})
+            if plan.present[number - 1, i]:
+                on_time.append(update)
+            else:
+                pending[plan.arrival_round(number, i)].append((number, update, state))
+        for trained_in, update, trained_from in pending.pop(number, []):
+            engine.observe_late(update, trained_in, trained_from)
+        result = engine.close(number, state, on_time, [roster[i] for i in plan.asked_in(number)])
+        state = result.global_state
+        for learner, client in zip(learners, roster):
+            learner.load_global(state)
+            if client.client_id in result.personal:
+                learner.install_personal(result.personal[client.client_id])
+        states.append(state)
     return states
 
 

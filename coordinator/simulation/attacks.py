@@ -1,5 +1,5 @@
 """Model-poisoning attacks a compromised gateway can mount with valid credentials, as tampers on
-what it uploads (``run_rounds``'s ``tamper``) and on what it declares at hello, so the round
+what it uploads (``SimulatedGrid``'s ``tamper``) and on what it declares at hello, so the round
 engine and the aggregation under test are the real ones.
 
 - ``scale_x1000``: every weight times 1000 (the probe of issue 12).

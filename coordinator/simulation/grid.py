@@ -34,7 +34,7 @@ from coordinator.store import Store
 from coordinator.strategies import ClientInfo, ClientUpdate
 from coordinator.strategy_settings import StrategySettings
 from coordinator.twin_settings import TwinSettings
-from edge_agent.learners import Learner
+from edge_agent.learners import FleetTemplate, Learner
 from edge_agent.protocol import (
     MAX_SAMPLES, HelloHeader, PersonalHeader, RoundHeader, UpdateHeader, decode, encode,
 )
@@ -136,15 +136,17 @@ class SimulatedGrid:
         self.moved_at = self.clock()  # when the last round was announced
         self.started = time.perf_counter()
 
-    def run(self, settings: dict, rounds: int, seed: int) -> TensorDict:
-        """The campaign with the coordinator of ``settings`` (``simulated_fleet``); the last global state."""
+    def run(self, settings: dict, rounds: int, seed: int, template: FleetTemplate | None = None) -> TensorDict:
+        """The campaign with the coordinator of ``settings`` (``simulated_fleet``) and the fleet's
+        model ``template`` (the one ``settings`` describe if None); the last global state."""
         with tempfile.TemporaryDirectory(prefix="edgefl-simulation-") as folder:
             cfg = simulated_fleet(settings, rounds, seed, len(self.learners), Path(folder))
             store = Store(cfg.state_dir, keep_rounds=cfg.store.keep_rounds, keep_records=cfg.store.keep_records,
                           clock=self.clock)
             self.session = self.broker.session(*coordinator_subscriptions(cfg))
             self.session.inbox = WaitingInbox(self._idle)
-            self.coordinator = Coordinator(cfg, self._event, store, transport=self.session, on_close=self._closed)
+            self.coordinator = Coordinator(cfg, self._event, store, transport=self.session, on_close=self._closed,
+                                           template=template)
             self.coordinator.serve(stop=self._stalled)
         self._act()  # the end of the campaign, announced as the service exits
         if self.final is None:
@@ -179,7 +181,8 @@ class SimulatedGrid:
             session.start()
             gateway = Gateway(info, learner, session)
             hello = HelloHeader(fleet=SIMULATED_FLEET, sender=info.client_id, n_features=max(learner.n_features, 1),
-                                n_samples=min(max(info.n_samples, 1), MAX_SAMPLES),
+                                n_samples=min(max(info.n_samples, 1), MAX_SAMPLES), latitude=info.latitude,
+                                longitude=info.longitude,
                                 model_signature=self.coordinator.signature, model_settings=self.coordinator.settings)
             session.publish(self.topics.agent(info.client_id, "hello"), encode(hello))
             self.gateways.append(gateway)

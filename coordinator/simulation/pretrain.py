@@ -1,4 +1,5 @@
-"""Federated pretraining of the foundation model through the round engine, a share
+"""Federated pretraining of the foundation model through the coordinator service's own loop
+(``SimulatedGrid``, the coordinator in pretrain mode), a share
 ``participation`` of the devices per round:
 
 - ``fedavg``: FedPoD's pretraining (appendix B.1): geometric masks, FedAvg over the whole model;
@@ -14,14 +15,10 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from coordinator.engine import RoundEngine
+from coordinator.simulation.grid import SimulatedGrid, SimulatedRound
 from coordinator.simulation.participation import Participation, sampled
 from coordinator.simulation.pretrain_config import PretrainConfig
-from coordinator.simulation.grid import SimulatedRound
-from coordinator.simulation.rounds import run_rounds
-from coordinator.strategies import ClientInfo, make_strategy
-from coordinator.strategy_settings import StrategySettings
-from coordinator.twin_settings import TwinSettings
+from coordinator.strategies import ClientInfo
 from edge_agent.data.canonical import DeviceSeries
 from edge_agent.learners import FoundationLearner, Learner
 from edge_agent.learners.fedal import FedalLearner, reconstruction_mse
@@ -53,11 +50,8 @@ def pretrain(devices: Sequence[DeviceSeries], fm: FoundationConfig, cfg: Pretrai
     passes what its fleet did); ``learners`` (default: fresh ``pretraining_learners``) may be
     passed to read their state afterwards, e.g. FeDaL's own biases."""
     model = foundation_model(fm, cfg.seed)
-    initial = {k: v.detach().clone() for k, v in model.state_dict().items()}
     learners = pretraining_learners(devices, fm, cfg) if learners is None else learners
     roster = [ClientInfo(d.name, len(d.train)) for d in devices]
-    settings = StrategySettings(strategy=cfg.strategy, fedal=cfg.server.model_copy(update={"model": fm}))
-    engine = RoundEngine(make_strategy(settings, initial, cfg.seed), TwinSettings(), robust=settings.robust)
     plan = participation or sampled(cfg.rounds, len(devices), cfg.participation, cfg.seed)
     sizes = [len(d.val) for d in devices]
     records: list[PretrainRound] = []
@@ -70,7 +64,9 @@ def pretrain(devices: Sequence[DeviceSeries], fm: FoundationConfig, cfg: Pretrai
         if on_round:
             on_round(records[-1])
 
-    run_rounds(learners, roster, engine, initial, plan, after_round)
+    fleet = {"mode": "pretrain", "foundation_model": fm, "fedal_client": cfg.device_side, "strategy": cfg.strategy,
+             "fedal": cfg.server.model_copy(update={"model": fm})}
+    SimulatedGrid(learners, roster, plan, after_round).run(fleet, cfg.rounds, cfg.seed)
     return model.eval(), records
 
 

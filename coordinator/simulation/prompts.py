@@ -1,25 +1,26 @@
 """Prompt mode in one process (FedPoD Algorithm 2 and the baselines of its Table 1): prompt
-learners around one frozen foundation model, any strategy, through the round engine."""
+learners around one frozen foundation model, any strategy, through the coordinator's own loop."""
 
 from __future__ import annotations
 
+import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from pydantic import ConfigDict, Field
 
-from coordinator.engine import RoundEngine
+from coordinator.pretraining import FOUNDATION_FILE
+from coordinator.simulation.grid import SimulatedGrid, SimulatedRound, fleet_settings
 from coordinator.simulation.participation import Participation, everyone
-from coordinator.simulation.grid import SimulatedRound
-from coordinator.simulation.rounds import run_rounds
-from coordinator.strategies import ClientInfo, make_strategy
+from coordinator.strategies import ClientInfo
 from coordinator.strategy_settings import StrategySettings
 from coordinator.twin_settings import TwinSettings
 from edge_agent.data import SeriesTable
 from edge_agent.data.canonical import device_series
-from edge_agent.learners import PromptLearner
-from edge_agent.learners.prompt import initial_prompt_state
-from edge_agent.models.foundation import FoundationModel
+from edge_agent.learners import FleetTemplate, PromptLearner
+from edge_agent.learners.prompt import initial_prompt_state, prompt_signature
+from edge_agent.models.foundation import FoundationModel, save_foundation
 from edge_agent.models.prompt_settings import PromptConfig
 from edge_agent.models.prompts import evaluate_prompts, prompt_forecasts
 from edge_agent.tensors import TensorDict
@@ -101,13 +102,11 @@ def run_prompt_federation(tables: Sequence[SeriesTable], foundation: FoundationM
                           participation: Participation | None = None,
                           on_round: Callable[[PromptRound], None] | None = None,
                           ) -> tuple[list[PromptLearner], list[PromptRound]]:
-    """``cfg.rounds`` rounds of ``cfg.strategy`` over one learner per station table; returns the
-    learners (trained) and per round the mean validation scores."""
+    """``cfg.rounds`` rounds of ``cfg.strategy`` over one learner per station table, through the
+    coordinator service's own loop (``SimulatedGrid``) with the foundation written as its
+    checkpoint; returns the learners (trained) and per round the mean validation scores."""
     learners = prompt_learners(tables, foundation, prompt, cfg, tune_foundation)
     roster = [ClientInfo(t.name, lr.n_samples, t.latitude, t.longitude) for t, lr in zip(tables, learners)]
-    initial = initial_prompt_state(foundation, prompt, cfg.seed, tune_foundation)
-    engine = RoundEngine(make_strategy(cfg, initial, cfg.seed), cfg, robust=cfg.robust,
-                         buffer=cfg.participation.buffering)
     records: list[PromptRound] = []
 
     def after_round(done: SimulatedRound) -> None:
@@ -118,5 +117,17 @@ def run_prompt_federation(tables: Sequence[SeriesTable], foundation: FoundationM
         if on_round:
             on_round(records[-1])
 
-    run_rounds(learners, roster, engine, initial, participation or everyone(cfg.rounds, len(learners)), after_round)
+    grid = SimulatedGrid(learners, roster, participation or everyone(cfg.rounds, len(learners)), after_round)
+    with tempfile.TemporaryDirectory(prefix="edgefl-foundation-") as folder:
+        path = Path(folder) / FOUNDATION_FILE
+        fleet = fleet_settings(cfg, mode="prompt", foundation=path, foundation_sha256=save_foundation(foundation, path),
+                               prompt=prompt)
+        grid.run(fleet, cfg.rounds, cfg.seed, tuned_template(foundation, prompt, cfg.seed) if tune_foundation else None)
     return learners, records
+
+
+def tuned_template(foundation: FoundationModel, prompt: PromptConfig, seed: int) -> FleetTemplate:
+    """The fleet's model in FedPoD's fine-tuning baselines (Table 1), which no coordinator.toml
+    describes: the foundation's weights travel with the prompts."""
+    initial = initial_prompt_state(foundation, prompt, seed, tune_foundation=True)
+    return FleetTemplate(initial, prompt_signature(prompt, foundation, initial))
