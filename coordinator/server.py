@@ -94,6 +94,11 @@ class RoundOwner(Protocol):
         """Publish round ``row`` to the gateways (retained)."""
         ...
 
+    def overtaken(self, row: RoundRow) -> str | None:
+        """Why open round ``row`` can wait no longer (a site: the central round moved on), or None.
+        Such a round closes at once with the updates that pass the screen, whatever the quorum."""
+        ...
+
     def close_round(self, row: RoundRow, updates: list, why: str) -> RoundRow:
         """Aggregate round ``row`` from ``updates`` and move on; the round the gateways work on next."""
         ...
@@ -288,6 +293,8 @@ class Coordinator:
             return row
 
     def _close_if_time(self, row: RoundRow, fresh: bool) -> RoundRow:
+        if (why := self.owner.overtaken(row)) is not None:
+            return self.owner.close_round(row, self.store.updates(row.round), why)
         progress, why = self.participants.close_reason(row, fresh)
         if why is not None:
             updates = self.store.updates(row.round)
@@ -351,7 +358,7 @@ class Coordinator:
         roster = [ClientInfo(c.client_id, c.n_samples, c.latitude, c.longitude) for c in self.store.clients().values()
                   if self.access.allows(c.client_id) and self.participants.takes_part(row, c.client_id)]
         result = self.engine.close(row.round, self.store.load_file(row.global_file), on_time, roster,
-                                   need=self.cfg.min_clients)
+                                   need=0 if self.owner.overtaken(row) else self.cfg.min_clients)
         self.store.save_strategy_state(row.round, self.strategy.state_dict())
         for client, tensors in result.personal.items():
             self.store.save_personal(row.round, client, tensors)
@@ -572,6 +579,10 @@ class Coordinator:
         self.store.log("hello", hello.sender, None, True)
         return [self._reply(hello.sender, "hello", 0, True),
                 partial(self.on_event, "registered", {"client": hello.sender}), *self.owner.registered(hello)]
+
+    def overtaken(self, row: RoundRow) -> str | None:
+        """None: the fleet's own rounds wait for their quorum (``RoundPolicy``)."""
+        return None
 
     def registered(self, hello: HelloHeader) -> Effects:
         """Nothing beyond the reply: the fleet's coordinator answers to no one."""

@@ -116,16 +116,16 @@ class SiteAggregator:
     # rounds ----------------------------------------------------------------------------------
 
     def follow(self) -> None:
-        """Open the round the central coordinator announced last; close ours when our gateways
-        have reported (or our deadline passed), or at once when the central one moved on."""
+        """Open the round the central coordinator announced last; close ours through the
+        coordinator's own close: when our gateways have reported (or our deadline passed), or at
+        once when the central one moved on (``overtaken``)."""
         latest, central = self.store.latest_round(), self._central
         if central is None:
             return
         if latest is not None and latest.closed_at is None:
-            if central["round"] == latest.round and not central["finished"]:
-                self.gateways.close_if_due(latest)
+            latest = self.gateways.close_if_due(latest)
+            if latest.closed_at is None:
                 return
-            latest = self.close_round(latest, self.store.updates(latest.round), "the central round moved on")
         if central["finished"]:
             if latest is not None:
                 self.announce(latest)
@@ -136,6 +136,14 @@ class SiteAggregator:
         if latest is None or central["round"] > latest.round:
             deadline = min(central["deadline"] - self.cfg.deadline_margin_s, self.gateways.clock() + self.cfg.round_timeout_s)
             self.announce(self.store.open_round(central["round"], deadline, central["file"]))
+
+    def overtaken(self, row: RoundRow) -> str | None:
+        """The central coordinator moved on from round ``row`` (or ended the campaign): what our
+        gateways sent is all the round gets."""
+        central = self._central
+        if central is not None and (central["round"] != row.round or central["finished"]):
+            return "the central round moved on"
+        return None
 
     def close_round(self, row: RoundRow, updates: list, why: str) -> RoundRow:
         """Aggregate the site's round and send the partial aggregate up."""

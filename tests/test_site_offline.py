@@ -21,10 +21,10 @@ SITE, CAMPAIGN = "site-a", "central-campaign-1"
 CENTRAL = Topics("test", UPLINK)
 
 
-def offline_site(folder: Path) -> SiteAggregator:
+def offline_site(folder: Path, **overrides: object) -> SiteAggregator:
     cfg = AggregatorConfig.model_validate({
         "fleet": "test", "site": SITE, "state_dir": str(folder / "site"), "min_clients": 1, "start_clients": 1,
-        "round_timeout_s": 60.0, "seed": SEED, "model": MODEL, "broker": {"port": free_port()}})
+        "round_timeout_s": 60.0, "seed": SEED, "model": MODEL, "broker": {"port": free_port()}, **overrides})
     return SiteAggregator(cfg, transport=MemoryTransport())
 
 
@@ -80,4 +80,34 @@ def test_a_site_registers_upward_sends_its_round_up_and_resends_it_until_the_cen
     transport.start()  # answered: a reconnect repeats the hello only
     site.client.tick()
     assert upward(transport) == ["status", "hello"] and site.store.meta("delivered") == "1"
+    site.store.close()
+
+
+def test_a_site_round_the_central_coordinator_moved_on_from_closes_with_what_it_has(tmp_path: Path) -> None:
+    """Below the site's quorum when the central round 2 comes: round 1 can no longer wait, so it
+    closes through the coordinator's own close with the one update it has (the site's process
+    goes on), its aggregate goes up, and round 2 opens for the gateways."""
+    site = offline_site(tmp_path, min_clients=2, start_clients=2)
+    gateways = site.gateways
+    transport = transport_of(gateways)
+    transport.start()
+    transport.deliver(hello_of(gateways, "client00"), hello_of(gateways, "client01"))
+    site.turn()
+    for number in (1, 2):
+        announcement = RoundHeader(fleet="test", sender="coordinator", round=number, deadline_unix=time.time() + 120,
+                                   model_signature=gateways.signature, campaign=CAMPAIGN)
+        transport.deliver(central(announcement, gateways.initial))
+        site.turn()
+        if number == 1:
+            site.follow()
+            transport.deliver(update_of(gateways, "client00", 1))
+            site.turn()
+            site.follow()
+            assert site.store.round(1).closed_at is None  # one of two: the site waits
+            upward(transport)
+    site.follow()
+    closed = site.store.round(1)
+    assert closed.closed_at is not None and closed.metrics["closed_by"] == "the central round moved on"
+    assert closed.metrics["clients"] == ["client00"] and upward(transport) == ["update"]
+    assert site.store.latest_round().round == 2 and site.store.latest_round().closed_at is None
     site.store.close()
