@@ -101,11 +101,15 @@ def citylearn_homes() -> list[SeriesTable]:
 
 @functools.lru_cache(maxsize=4)
 def dataset_tables(dataset: str) -> tuple[SeriesTable, ...]:
-    """The per-site tables of ``dataset``: the development homes and pedestrians, or a sealed one
-    (``sealed.SEALED``); loaded once per worker process."""
+    """The per-site tables of ``dataset``: the development homes, pedestrians and weather sites
+    (the seven bundled stations, one table each), or a sealed one (``sealed.SEALED``); loaded
+    once per worker process."""
     from sealed import SEALED
 
-    return tuple({"homes": citylearn_homes, "pedestrians": auckland_pedestrians, **SEALED}[dataset]())
+    from edge_agent.data import load_sites
+
+    loaders = {"homes": citylearn_homes, "pedestrians": auckland_pedestrians, "weather_sites": load_sites, **SEALED}
+    return tuple(loaders[dataset]())
 
 
 def dataset_interval(dataset: str) -> str:
@@ -119,7 +123,8 @@ def dataset_interval(dataset: str) -> str:
 @functools.lru_cache(maxsize=8)
 def bench_fleet(dataset: str, days: int, lookback: int, horizon: int, stride: int, val_stride: int,
                 clients: int = 10, f_max: int = 20, test_stride: int = 1) -> list:
-    """A benchmark's clients of ``dataset`` (stations, homes, pedestrians or a sealed one) with the
+    """A benchmark's clients of ``dataset`` (stations: feature draws from the seven weather sites,
+    as in FedQAPer; the homes, pedestrians, weather sites or a sealed one: a client per site) with the
     last ``days`` days of training history (0: all), windowed once per worker process, so anchors
     fitted on a client are reused by every job of that worker (``ClientData.memo``)."""
     from edge_agent.data import build_pool, feature_clients, load_sites, prepare_client, steps_per_day

@@ -16,10 +16,11 @@ local model starts from the fleet's model instead of at random, as the product's
 gateway that joins a trained fleet does (``LocalCompanion.start_from``). The fleet's model is the
 one of the round the gateway joined in, not trained on the newcomer (the newcomer's own updates
 would move it little in the next rounds). Scores are MASE on the scale of the site's training
-split (fixed, as in bench/value.py). The weather stations are not used: their clients are feature draws from
-seven sites, so no client is a site that joins.
+split (fixed, as in bench/value.py). The weather stations join as sites (``weather_sites``: the seven
+bundled stations, a gateway each, with the feature sets they measure), not as value.py's feature
+draws, so that each joining client is a site the fleet never saw.
 
-    python bench/time_to_value.py --quick            # homes and pedestrians, 3 seeds (about 10 min, 2 cores)
+    python bench/time_to_value.py --quick            # homes, pedestrians, weather sites, 3 seeds (about 15 min, 2 cores)
     python bench/time_to_value.py --quick --sealed   # the sealed datasets (bench/sealed.py)
 """
 
@@ -37,7 +38,7 @@ from value import federation, model_config
 from edge_agent.newcomer import FLEET, with_median
 from edge_agent.recipe import ANCHORS, TRAINING
 
-QUICK = {"datasets": ["homes", "pedestrians"], "seeds": [1, 2, 3], "days": 30, "report_days": [1, 3, 7, 14, 30],
+QUICK = {"datasets": ["homes", "pedestrians", "weather_sites"], "seeds": [1, 2, 3], "days": 30, "report_days": [1, 3, 7, 14, 30],
          "rounds": 10, "local_epochs": 1, "local_every_days": 7, "anchors": list(ANCHORS),
          "selection_days": TRAINING["selection_days"], "median": TRAINING["median"]}
 FULL = {**QUICK, "seeds": [1, 2, 3, 4, 5]}
@@ -100,7 +101,7 @@ def describe_newcomer(result: dict) -> str:
 
 
 def main() -> None:
-    parser = bench_parser(__doc__, "homes and pedestrians, 3 seeds (about 10 min on 2 cores)")
+    parser = bench_parser(__doc__, "homes, pedestrians and weather sites, 3 seeds (about 15 min on 2 cores)")
     parser.add_argument("--sealed", action="store_true", help="the sealed datasets (bench/sealed.py)")
     parser.add_argument("--report-only", action="store_true", help="re-render the report from its json")
     args, cfg, started = configure(parser, QUICK, FULL)
