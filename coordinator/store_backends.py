@@ -8,12 +8,9 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
-from safetensors.torch import load as load_tensors
-from safetensors.torch import save as save_tensors
-
 from coordinator.config import SQLITE_FILE
 from edge_agent.storage import StateDirError
-from edge_agent.tensors import TensorDict
+from edge_agent.tensors import TensorDict, tensors_from_bytes, tensors_to_bytes
 
 try:
     from psycopg import OperationalError as PostgresOperationalError
@@ -90,7 +87,7 @@ class TensorTable:
         self.database = database
 
     def write(self, name: str, tensors: TensorDict) -> None:
-        self.write_body(name, save_tensors(tensors))
+        self.write_body(name, tensors_to_bytes(tensors))
 
     def write_body(self, name: str, body: bytes) -> None:
         """A verified safetensors body as received (no re-encoding)."""
@@ -101,7 +98,7 @@ class TensorTable:
         row = self.database.execute("SELECT body FROM tensors WHERE name=?", (name,), binary=True).fetchone()
         if row is None:
             raise FileNotFoundError(f"no tensors named {name!r} in {self.database.where}")
-        return load_tensors(bytes(row[0]))
+        return tensors_from_bytes(bytes(row[0]))
 
     def exists(self, name: str) -> bool:
         return self.database.execute("SELECT 1 FROM tensors WHERE name=?", (name,)).fetchone() is not None

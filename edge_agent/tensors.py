@@ -57,7 +57,7 @@ def _floating(tensors: TensorDict) -> list[tuple[str, np.ndarray]]:
     """The floating tensors' values as float64 numpy arrays (a torch tensor cast by torch first:
     numpy has no bfloat16)."""
     return [(name, np.asarray(t.detach().double() if hasattr(t, "detach") else t, dtype=np.float64).reshape(-1))
-            for name, t in tensors.items() if dtype_name(t.dtype) in FLOATING]
+            for name, t in sorted(tensors.items()) if dtype_name(t.dtype) in FLOATING]
 
 
 def first_non_finite(tensors: TensorDict) -> str | None:
@@ -97,8 +97,10 @@ def tensors_to_bytes(tensors: TensorDict, metadata: dict[str, str] | None = None
 
 
 def tensors_from_bytes(blob: bytes, framework: Framework = "pt") -> TensorDict:
-    """A safetensors blob's tensors, as torch tensors or numpy arrays."""
-    return _codec(framework).load(blob)
+    """A safetensors blob's tensors, as torch tensors or numpy arrays, in name order (safetensors
+    hands them over in a hash order that changes from process to process, and a float sum over
+    tensors taken in that order would change its last bits with it)."""
+    return dict(sorted(_codec(framework).load(blob).items()))
 
 
 def read_tensors(path: str, framework: Framework = "pt") -> TensorDict:

@@ -223,3 +223,28 @@ def test_an_update_against_the_median_delta_is_rejected_with_its_code() -> None:
 def test_attack_names_are_checked() -> None:
     with pytest.raises(ValueError, match=str(sorted(ATTACKS))[1:-1]):
         tamper_for("scale_x10", {"c0"})
+
+
+def test_the_screen_and_a_decoded_state_do_not_depend_on_the_order_a_dict_was_built_in() -> None:
+    """safetensors hands decoded tensors over in a hash order that changes per process; the
+    screen's norms (and the pull bound's floor on them) sum in name order, so a state read back
+    from the store screens exactly as the one in memory, and decoding gives name order."""
+    from edge_agent.tensors import tensors_from_bytes, tensors_to_bytes
+
+    generator = torch.Generator().manual_seed(5)
+    current = {f"layer{i:02d}.weight": torch.randn(97, generator=generator) for i in range(24)}
+    updates = [ClientUpdate(f"c{k}", {n: t + 0.01 * (k + 1) * torch.randn(97, generator=generator)
+                                      for n, t in current.items()}, 100 + k) for k in range(5)]
+    roster = {u.client_id: ClientInfo(u.client_id, u.n_samples) for u in updates}
+    settings = RobustSettings(clip_factor=1.0)
+
+    def reordered(state: dict) -> dict:
+        return dict(reversed(list(state.items())))
+
+    forward = screen(current, updates, roster, settings)
+    backward = screen(reordered(current), [ClientUpdate(u.client_id, reordered(u.params), u.n_samples)
+                                           for u in updates], roster, settings)
+    assert forward.median_norm == backward.median_norm  # bit for bit
+    assert [u.n_samples for u in forward.accepted] == [u.n_samples for u in backward.accepted]
+    assert delta_norm(current, updates[0].params) == delta_norm(reordered(current), reordered(updates[0].params))
+    assert list(tensors_from_bytes(tensors_to_bytes(reordered(current)))) == sorted(current)

@@ -158,7 +158,9 @@ def bound_weight(update: ClientUpdate, declared: int, cap: float) -> ClientUpdat
 
 
 def floating_names(state: TensorDict) -> list[str]:
-    return [name for name, tensor in state.items() if tensor.is_floating_point()]
+    """The floating tensors' names in name order: norms and dot products over several tensors sum
+    in this order, so they are the same whatever order a state's dict was built in."""
+    return sorted(name for name, tensor in state.items() if tensor.is_floating_point())
 
 
 def beyond(params: TensorDict, inside: frozenset[str]) -> TensorDict:

@@ -27,6 +27,7 @@ from dataclasses import replace
 import torch
 
 from coordinator.strategies.base import ClientUpdate
+from coordinator.strategies.bounds import floating_names
 from edge_agent.tensors import TensorDict
 
 LOW_TRUST = "low_trust"
@@ -38,7 +39,7 @@ def progress_along_others(current: TensorDict, updates: Sequence[ClientUpdate]) 
     middle one for an even count); 0 where the others' median is zero."""
     count = len(updates)
     dots, own, others = (torch.zeros(count, dtype=torch.float64) for _ in range(3))
-    for name in (name for name, tensor in current.items() if tensor.is_floating_point()):
+    for name in floating_names(current):
         base = current[name].double().flatten()
         deltas = torch.stack([u.params[name].double().flatten() - base for u in updates])
         ordered, order = deltas.sort(dim=0)
