@@ -350,7 +350,16 @@ def main() -> None:
                "verdicts": None, "runs": public(runs), "config": {**config, "selection_days": SELECTION_DAYS},
                "sealed_frozen_at": SEALED_FROZEN_AT, **({"declared": list(SEALED_DECLARED)} if args.sealed else {})}
     summary["verdicts"] = verdicts(rows, cfg)
-    write_report(args.out, name, summary, markdown, plot)
+    write_report(args.out, name, {**summary, **time_to_value_sections(args.out / f"{name}.json")}, markdown, plot)
+
+
+def time_to_value_sections(path: Path) -> dict:
+    """The sections bench/time_to_value.py wrote into an existing results file (its rows, with
+    their own commit and config): a re-run of this bench keeps them rather than dropping them."""
+    if not path.is_file():
+        return {}
+    existing = json.loads(path.read_text())
+    return {key: existing[key] for key in ("time_to_value", "time_to_value_config") if key in existing}
 
 
 if __name__ == "__main__":
