@@ -20,7 +20,7 @@ split (fixed, as in bench/value.py). The weather stations join as sites (``weath
 bundled stations, a gateway each, with the feature sets they measure), not as value.py's feature
 draws, so that each joining client is a site the fleet never saw.
 
-    python bench/time_to_value.py --quick            # homes, pedestrians, weather sites, 3 seeds (about 15 min, 2 cores)
+    python bench/time_to_value.py --quick            # homes, pedestrians, weather sites, 3 seeds (5-15 min, 2 cores)
     python bench/time_to_value.py --quick --sealed   # the sealed datasets (bench/sealed.py)
 """
 
@@ -33,13 +33,13 @@ from common import bench_parser, commit, configure, run_config, run_parallel
 from datasets import bench_fleet, dataset_tables
 from sealed import SEALED, SEALED_DECLARED, SEALED_FROZEN_AT
 from time_to_value_report import markdown, plot, summarize
-from value import federation, model_config
+from value import TIME_TO_VALUE_SECTIONS, federation, model_config
 
 from edge_agent.newcomer import FLEET, with_median
 from edge_agent.recipe import ANCHORS, TRAINING
 
-QUICK = {"datasets": ["homes", "pedestrians", "weather_sites"], "seeds": [1, 2, 3], "days": 30, "report_days": [1, 3, 7, 14, 30],
-         "rounds": 10, "local_epochs": 1, "local_every_days": 7, "anchors": list(ANCHORS),
+QUICK = {"datasets": ["homes", "pedestrians", "weather_sites"], "seeds": [1, 2, 3], "days": 30,
+         "report_days": [1, 3, 7, 14, 30], "rounds": 10, "local_epochs": 1, "local_every_days": 7, "anchors": list(ANCHORS),
          "selection_days": TRAINING["selection_days"], "median": TRAINING["median"]}
 FULL = {**QUICK, "seeds": [1, 2, 3, 4, 5]}
 
@@ -136,8 +136,7 @@ def write(out, name: str, summary: dict) -> None:
     value_file = out / ("value_sealed.json" if summary["split"] == "sealed" else "value.json")
     if value_file.exists():
         value = json.loads(value_file.read_text())
-        value["time_to_value"] = summary["rows"]
-        value["time_to_value_config"] = summary["config"]
+        value.update(zip(TIME_TO_VALUE_SECTIONS, (summary["rows"], summary["config"])))
         value_file.write_text(json.dumps(value, indent=2))
 
 

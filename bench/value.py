@@ -353,13 +353,16 @@ def main() -> None:
     write_report(args.out, name, {**summary, **time_to_value_sections(args.out / f"{name}.json")}, markdown, plot)
 
 
+TIME_TO_VALUE_SECTIONS = ("time_to_value", "time_to_value_config")  # written by bench/time_to_value.py
+
+
 def time_to_value_sections(path: Path) -> dict:
     """The sections bench/time_to_value.py wrote into an existing results file (its rows, with
     their own commit and config): a re-run of this bench keeps them rather than dropping them."""
     if not path.is_file():
         return {}
     existing = json.loads(path.read_text())
-    return {key: existing[key] for key in ("time_to_value", "time_to_value_config") if key in existing}
+    return {key: existing[key] for key in TIME_TO_VALUE_SECTIONS if key in existing}
 
 
 if __name__ == "__main__":
