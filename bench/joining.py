@@ -112,19 +112,23 @@ class Timeline:
                     [(torch.as_tensor(scaler.transform(values), dtype=torch.float32), y)], None, scale))
                 for name, values in candidates.items()}
 
-    def served(self, candidates: dict[str, np.ndarray], selection_days: int) -> list[dict]:
-        """For days 1..D in order: the candidate the product's rule picks at the day's start (of
-        those with forecasts that day; MASE on the rows held then) and the mean score of its
-        forecasts that day (``scores``)."""
-        names, reported = list(candidates), self.scores(candidates)
+    def served(self, candidates: dict[str, np.ndarray], selection_days: int, combine: int = 1) -> list[dict]:
+        """For days 1..D in order: the candidates the product's rule picks at the day's start (of
+        those with forecasts that day; MASE on the rows held then; the ``combine`` best) and the
+        mean score of the mean of their forecasts that day (``scores``)."""
+        names = list(candidates)
         errors = {name: window_errors(candidates[name], self.rows, self.origins, self.horizon) for name in names}
-        out = []
+        served, picks = np.full_like(candidates[names[0]], np.nan), []
         for day in range(1, self.days + 1):
             at, today = day * self.period, self.day == day
             eligible = [n for n in names if np.isfinite(candidates[n][today]).all()] or names
             scale = own_scale(self.rows[:at], self.period)
-            which = choose_at(window_mase({n: errors[n] for n in eligible}, scale), self.origins, self.horizon, at,
-                              selection_days * self.period or None)
-            chosen = reported[which][today]
-            out.append({"mase": float(chosen[np.isfinite(chosen)].mean()), "pick": which})
+            picks.append(choose_at(window_mase({n: errors[n] for n in eligible}, scale), self.origins, self.horizon, at,
+                                   selection_days * self.period or None, combine))
+            served[today] = np.mean([candidates[name][today] for name in picks[-1]], axis=0)
+        reported = self.scores({"served": served})["served"]
+        out = []
+        for day, pick in zip(range(1, self.days + 1), picks):
+            chosen = reported[self.day == day]
+            out.append({"mase": float(chosen[np.isfinite(chosen)].mean()), "pick": " + ".join(pick)})
         return out

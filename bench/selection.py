@@ -94,7 +94,7 @@ def decay(half_life_days: float) -> Rule:
     """The lowest exponentially weighted mean score, weights halving every ``half_life_days``: the
     product's rule (``edge_agent.choice.choose_at``) with that half-life."""
     def rule(errors, origins, horizon, at, period, previous):
-        return choose_at(errors, origins, horizon, at, round(half_life_days * period))
+        return choose_at(errors, origins, horizon, at, round(half_life_days * period))[0]
     return rule
 
 

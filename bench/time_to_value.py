@@ -40,7 +40,8 @@ from edge_agent.recipe import ANCHORS, TRAINING
 
 QUICK = {"datasets": ["homes", "pedestrians", "weather_sites"], "seeds": [1, 2, 3], "days": 30,
          "report_days": [1, 3, 7, 14, 30], "rounds": 10, "local_epochs": 1, "local_every_days": 7, "anchors": list(ANCHORS),
-         "selection_days": TRAINING["selection_days"], "median": TRAINING["median"]}
+         "selection_days": TRAINING["selection_days"], "median": TRAINING["median"],
+         "combine": TRAINING["combine"]}
 FULL = {**QUICK, "seeds": [1, 2, 3, 4, 5]}
 
 
@@ -85,7 +86,8 @@ def newcomer_job(dataset: str, position: int, states: dict, cfg: dict, threads: 
         joined = {FLEET: timeline.model_forecasts(timeline.fleet_model(state, seed)), **anchors,
                   "local": timeline.local_forecasts(seed, fed, every, fleet_state=state)}
         sides = {"joined": joined, "alone": alone}
-        runs.append({"seed": seed, **{side: timeline.served(with_median(candidates, cfg["median"]), cfg["selection_days"])
+        runs.append({"seed": seed, **{side: timeline.served(with_median(candidates, cfg["median"]), cfg["selection_days"],
+                                                                      cfg["combine"])
                                       for side, candidates in sides.items()}})
     return {"dataset": dataset, "client": timeline.name, "days": timeline.days, "runs": runs,
             "seconds": time.perf_counter() - started}

@@ -11,9 +11,10 @@ stopping), FedAvg and FedRep-style FedPer (``personal_epochs``, full mode), Cent
 model trained on every gateway's windows pooled: what no federation of the same data can beat,
 not a candidate a gateway serves; at 14 and 30 days in quick mode, where it bounds a verdict), the
 median of FedAvg, Local-only and the anchors (``edge_agent.models.combination``), and
-``served``: what the product serves, each gateway re-choosing once a day, among the federated
-model, its local-only model, the anchors and the median, the one with the lowest MASE over its
-known outcomes, a day's weight halving every two weeks (``edge_agent.choice``; validation windows first, then the
+``served``: what the product serves (``edge_agent.selection``, run in the job that trained the
+models), each gateway re-choosing once a day, among the federated model, its local-only model,
+the anchors and the median, the mean of the two with the lowest MASE over its known outcomes, a
+day's weight halving every two weeks (``edge_agent.choice``; validation windows first, then the
 test windows already past, so no forecast is chosen with its own outcome).
 
 Every score is on one scale per feature, fixed whatever K (the whole training split's), so rows
@@ -26,7 +27,10 @@ anchor, and the largest excess of one gateway over its own best anchor. Usage:
     python bench/value.py             # + a spiking backbone, MSTL, FedRep, 20 station clients
     python bench/value.py --quick --report-only   # value.md and value.png again from value.json
     python bench/value.py --quick --windows /tmp/w.npz   # also keep every run's per-window errors there
-    python bench/value.py --quick --report-only --windows /tmp/w.npz   # re-choose "served" without retraining
+    python bench/value.py --quick --report-only --windows /tmp/w.npz   # the report again from them
+
+(bench/selection.py and bench/ablation.py replay single-candidate rules from the saved per-window
+errors: ``served_runs``, the product's rule with ``combine`` = 1.)
 """
 
 from __future__ import annotations
@@ -60,6 +64,7 @@ SEALED_QUICK_DAYS = [14, 30, 0]
 10-minute data, a lookback of 1,008 rows, costs about six of hourly data; a round's steps are capped
 alike, so a 90-day cell costs what the full one does; the Stambruges rooms hold 96 days in all)."""
 SELECTION_DAYS = TRAINING["selection_days"]  # the recipe's: the half-life of an outcome's weight in the choice
+COMBINE = TRAINING["combine"]  # the recipe's: how many of the best candidates a gateway serves the mean of
 
 
 def model_config(backbone: str, dataset: str):
@@ -112,6 +117,7 @@ def run_job(dataset: str, days: int, backbone: str | None, method: str | None, s
             per_method[name], models[name] = trained(fleet, model_config(backbone, dataset), name, seed, cfg)
         if all(name in models for name in MEDIAN_MEMBERS):
             per_method["median"] = median_of(fleet, [models[name] for name in MEDIAN_MEMBERS], cfg["anchors"])
+            per_method[SERVED] = served_by_product(fleet, models, cfg)
     seconds = time.perf_counter() - started
     return {"runs": [{"dataset": dataset, "history_days": days, "backbone": backbone, "method": name, "seed": seed,
                       "clients": per_client, "seconds": seconds} for name, per_client in per_method.items()]}
@@ -191,6 +197,28 @@ def median_of(fleet: list, models: list[list], anchors: list[str]) -> dict:
     return out
 
 
+def served_by_product(fleet: list, models: dict[str, list], cfg: dict) -> dict:
+    """Per-client scores of what the product serves over the test windows (``edge_agent.selection``:
+    ``select`` before the first test day, re-chosen each day by ``served_days``) among FedAvg as
+    the federated model, Local-only, the anchors and their median, and each candidate's share of
+    the served forecasts (a mean of k gives each of its k a k-th of its windows)."""
+    from edge_agent.selection import select, served_days, window_metrics
+
+    out = {}
+    for index, client in enumerate(fleet):
+        candidates = {"federated": models[SERVED_FEDERATED][index], "local": models["local"][index]}
+        served = select(client, candidates, cfg["anchors"], median=True, selection_days=SELECTION_DAYS,
+                        combine=cfg.get("combine", COMBINE))
+        batches, picks = served_days(client, served)
+        test = window_metrics(batches, client.test.scale)
+        shares: dict[str, float] = {}
+        for pick in picks:
+            for name in pick:
+                shares[name] = shares.get(name, 0.0) + 1 / len(pick)
+        out[client.name] = {**{name: float(values.mean()) for name, values in test.items()}, "served": shares}
+    return out
+
+
 def cached_anchors(fleet: list, dataset: str, days: int, anchors: list[str], save: bool) -> None:
     """Share anchor forecasts between the jobs of one run (ETS and Theta take up to a minute per
     cell): load those another job saved into each client's memo, or with ``save`` save this job's.
@@ -221,8 +249,10 @@ def jobs(cfg: dict) -> list[tuple]:
 
 
 def served_runs(runs: list[dict], cfg: dict) -> list[dict]:
-    """What each gateway serves per (dataset, K, backbone, seed), re-chosen once a day as its
-    forecasts' outcomes come in: each day the candidate (FedAvg as its federated model, its
+    """What each gateway would serve per (dataset, K, backbone, seed) with one candidate at a time
+    (the product's rule at ``combine`` = 1, replayed from saved per-window errors: what
+    bench/selection.py and bench/ablation.py compare), re-chosen once a day as its forecasts'
+    outcomes come in: each day the candidate (FedAvg as its federated model, its
     local-only model, the anchors, the median where run) with the lowest MASE over the latest
     ``SELECTION_DAYS`` days of windows whose outcome is known by then (validation windows, then
     the test windows already past), the rule of ``edge_agent.selection.select`` applied every
@@ -256,7 +286,8 @@ def served_client(candidates: dict[str, dict]) -> dict:
     horizon, period, test_origins = first["horizon"], first["period"], first["test_origins"]
     origins = np.concatenate([first["val_origins"], test_origins])
     history = {name: np.concatenate([c["windows"]["val"], c["windows"]["test"]["mase"]]) for name, c in candidates.items()}
-    picks = daily_picks(history, origins, horizon, period, test_origins, SELECTION_DAYS * period)
+    picks = np.array([pick[0] for pick in daily_picks(history, origins, horizon, period, test_origins,
+                                                       SELECTION_DAYS * period)], dtype=object)
     served = {metric: float(np.mean([candidates[p]["windows"]["test"][metric][j] for j, p in enumerate(picks)]))
               for metric in ("mase", "mse", "mae")}
     names, counts = np.unique(picks.astype(str), return_counts=True)
@@ -334,8 +365,6 @@ def main() -> None:
         return
     if args.report_only:
         runs, config = load_windows(args.windows)
-        runs = [run for run in runs if run["method"] != SERVED]
-        config = {**config, "reselected_at": commit()}
     else:
         with tempfile.TemporaryDirectory() as cache:
             os.environ[ANCHOR_CACHE] = cache
@@ -344,10 +373,9 @@ def main() -> None:
         config = run_config(cfg, args.quick, started)
         if args.windows:
             save_windows(runs, config, args.windows)
-    runs += served_runs(runs, cfg)
     rows = [{**row, "split": split} for row in summarize(runs, cfg)]
     summary = {"rows": rows, "anchors": cfg["anchors"], "federated": list(FEDERATED), "served": SERVED,
-               "verdicts": None, "runs": public(runs), "config": {**config, "selection_days": SELECTION_DAYS},
+               "verdicts": None, "runs": public(runs), "config": {**config, "selection_days": SELECTION_DAYS, "combine": COMBINE},
                "sealed_frozen_at": SEALED_FROZEN_AT, **({"declared": list(SEALED_DECLARED)} if args.sealed else {})}
     summary["verdicts"] = verdicts(rows, cfg)
     write_report(args.out, name, {**summary, **time_to_value_sections(args.out / f"{name}.json")}, markdown, plot)

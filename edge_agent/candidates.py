@@ -1,7 +1,7 @@
 """How a gateway reports what it serves, in the metrics of its updates (plain names and floats, no
 torch: the coordinator's status and the serving process read them): ``val.<candidate>`` is each
-candidate's validation score, ``serving.<candidate>`` = 1 the one it serves
-(``edge_agent.selection``)."""
+candidate's validation score, ``serving.<candidate>`` its share of the served forecast (1: it
+alone; ``1/k`` each of the ``k`` best whose mean is served; ``edge_agent.selection``)."""
 
 from __future__ import annotations
 
@@ -10,12 +10,17 @@ from statistics import fmean
 
 SERVING_PREFIX, VALIDATION_PREFIX = "serving.", "val."
 FEDERATED, LOCAL, MEDIAN = "federated", "local", "median"  # the candidates that are not anchors
+MEAN_OF_BEST = "mean_of_best"  # what is served when it is the mean of several candidates (``combine``)
+
+
+def served_picks(metrics: dict[str, float]) -> list[str]:
+    """The candidates a gateway says it serves (its ``serving.<name>`` metrics), in the order it sent them."""
+    return [key[len(SERVING_PREFIX):] for key, value in metrics.items() if key.startswith(SERVING_PREFIX) and value]
 
 
 def served_name(metrics: dict[str, float]) -> str | None:
-    """Which candidate a gateway says it serves (its ``serving.<name>`` metric), None if it does not say."""
-    names = [key[len(SERVING_PREFIX):] for key, value in metrics.items() if key.startswith(SERVING_PREFIX) and value]
-    return names[0] if len(names) == 1 else None
+    """What a gateway says it serves: a candidate, ``a + b`` for the mean of several, None if it does not say."""
+    return " + ".join(served_picks(metrics)) or None
 
 
 def validation_scores(metrics: dict[str, float]) -> dict[str, float]:
@@ -25,16 +30,18 @@ def validation_scores(metrics: dict[str, float]) -> dict[str, float]:
 
 def quality(metrics: dict[str, float]) -> dict[str, str | float | None] | None:
     """What a gateway serves and how it validates beside the free forecasts: the served candidate
-    and its score, the federated model's, and the best anchor's (name and score; the lowest of its
+    and its score (for the mean of several, the mean of theirs: a bound the mean's own MAE never
+    exceeds), the federated model's, and the best anchor's (name and score; the lowest of its
     anchors); None where it reports no validation scores."""
     scores = {name: score for name, score in validation_scores(metrics).items() if math.isfinite(score)}
     if not scores:
         return None
     anchors = {name: score for name, score in scores.items() if name not in (FEDERATED, LOCAL, MEDIAN)}
     best = min(anchors, key=anchors.__getitem__) if anchors else None
-    served = served_name(metrics)
-    return {"serves": served, "served": scores.get(served) if served else None, "federated": scores.get(FEDERATED),
-            "best_anchor": best, "anchor": anchors.get(best) if best else None}
+    picks = served_picks(metrics)
+    served = [scores[name] for name in picks if name in scores]
+    return {"serves": served_name(metrics), "served": fmean(served) if picks and len(served) == len(picks) else None,
+            "federated": scores.get(FEDERATED), "best_anchor": best, "anchor": anchors.get(best) if best else None}
 
 
 def fleet_quality(reports: list[dict[str, float]]) -> dict[str, float | None]:

@@ -17,13 +17,23 @@ from collections.abc import Mapping
 import numpy as np
 
 
-def choose(scores: Mapping[str, float]) -> str:
-    """The candidate with the lowest finite score, the first listed on a tie or when none has a
-    finite score (a diverged model is still what a gateway with nothing else serves)."""
+def best(scores: Mapping[str, float], count: int = 1) -> tuple[str, ...]:
+    """The ``count`` candidates with the lowest finite scores, best first (a tie goes to the first
+    listed), fewer where fewer have one; the first listed alone when none has (a diverged model is
+    still what a gateway with nothing else serves)."""
     if not scores:
         raise ValueError("choose: no candidates")
-    finite = {name: score for name, score in scores.items() if math.isfinite(score)}
-    return min(finite, key=finite.__getitem__) if finite else next(iter(scores))
+    if count < 1:
+        raise ValueError(f"choose: count must be >= 1, got {count}")
+    order = list(scores)
+    finite = sorted((name for name, score in scores.items() if math.isfinite(score)),
+                    key=lambda name: (scores[name], order.index(name)))
+    return tuple(finite[:count]) or (order[0],)
+
+
+def choose(scores: Mapping[str, float]) -> str:
+    """The candidate with the lowest finite score (``best`` of one)."""
+    return best(scores)[0]
 
 
 def recent_score(scores: np.ndarray, origins: np.ndarray, horizon: int, at: int, half_life: int | None) -> float:
@@ -38,23 +48,23 @@ def recent_score(scores: np.ndarray, origins: np.ndarray, horizon: int, at: int,
 
 
 def choose_at(errors: Mapping[str, np.ndarray], origins: np.ndarray, horizon: int, at: int,
-              half_life: int | None) -> str:
-    """The candidate a gateway serves from row ``at`` on, given every candidate's per-window scores
-    (``errors``, windows at ``origins``, NaN where a candidate has none) and the half-life of a
-    window's weight in rows (``half_life``; None: every known window alike)."""
-    return choose({name: recent_score(e, origins, horizon, at, half_life) for name, e in errors.items()})
+              half_life: int | None, count: int = 1) -> tuple[str, ...]:
+    """The candidates whose forecasts a gateway serves (their mean) from row ``at`` on, best first,
+    given every candidate's per-window scores (``errors``, windows at ``origins``, NaN where a
+    candidate has none), the half-life of a window's weight in rows (``half_life``; None: every
+    known window alike) and how many it combines (``count``; 1: the best alone)."""
+    return best({name: recent_score(e, origins, horizon, at, half_life) for name, e in errors.items()}, count)
 
 
 def daily_picks(errors: Mapping[str, np.ndarray], origins: np.ndarray, horizon: int, period: int,
-                served: np.ndarray, half_life: int | None) -> np.ndarray:
-    """Which candidate serves each origin of ``served`` when the gateway re-chooses once a day
+                served: np.ndarray, half_life: int | None, count: int = 1) -> list[tuple[str, ...]]:
+    """Which candidates serve each origin of ``served`` when the gateway re-chooses once a day
     (``period`` rows), at the first served origin and every day after it, by ``choose_at`` over
     the windows known by then (the served windows' own outcomes included, once past)."""
-    picks = np.empty(len(served), dtype=object)
     if not len(served):
-        return picks
+        return []
     first = int(served.min())
     days = (served - first) // period
-    for day in np.unique(days):
-        picks[days == day] = choose_at(errors, origins, horizon, first + int(day) * period, half_life)
-    return picks
+    chosen = {int(day): choose_at(errors, origins, horizon, first + int(day) * period, half_life, count)
+              for day in np.unique(days)}
+    return [chosen[int(day)] for day in days]

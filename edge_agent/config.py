@@ -84,8 +84,8 @@ AgentTraining = with_defaults(
     HeadTraining, "AgentTraining", __name__,
     """Local training plus how densely the gateway cuts its history into training windows. The
     defaults are the product's recipe (``edge_agent.recipe.TRAINING``; README, "Does joining the
-    fleet pay?"): small batches, and the gateway serves whichever of its federated model, its
-    local-only model, the anchors and their median scores best.""",
+    fleet pay?"): small batches, and the gateway serves the mean of the two of its federated
+    model, its local-only model, the anchors and their median that score best.""",
     RECIPE, stride=(int, Field(1, ge=1, description="step between training windows")))
 
 

@@ -26,7 +26,7 @@ from edge_agent.onnx_model import OnnxForecaster
 from edge_agent.recipe import ANCHORS as RECIPE_ANCHORS
 from edge_agent.models.combination import median_forecast
 from edge_agent.newcomer import FLEET, Newcomer, newcomer_forecast, received_model
-from edge_agent.selection import MEDIAN, Served, present, select
+from edge_agent.selection import MEAN_OF_BEST, MEDIAN, Served, present, select
 from edge_agent.serving.onnx_serving import floored, never_negative
 from edge_agent.state import AgentState
 from edge_agent.train import conformal_offsets
@@ -147,8 +147,8 @@ def _forecast(cfg: AgentConfig, table: SeriesTable, onnx_model: Path | None, con
     reason = f"{why}; best on validation" if why else "best on validation"
     if served is not None and served.is_anchor:
         return _anchor(cfg, table, data, served, reason)
-    if served is not None and served.which == MEDIAN:
-        return _median(cfg, table, data, served, series, marks, reason)
+    if served is not None and served.which in (MEDIAN, MEAN_OF_BEST):
+        return _combined(cfg, table, data, served, series, marks, reason)
     model, which = _model(served, cfg, onnx_model)
     stamps, note = next_stamps(table, cfg.model.horizon), f"{reason}, MASE {_scores(served)}" if why else ""
     if not cfg.model.quantiles:
@@ -169,7 +169,7 @@ def _untrained(cfg: AgentConfig, table: SeriesTable, data: ClientData) -> Served
     log.info("%s: no model trained yet; scoring %s on %d validation windows to choose what to serve",
              cfg.client_id, ", ".join([*([FLEET] if fleet else []), *anchors]), len(data.val))
     return select(data, {} if fleet is None else {FLEET: fleet}, anchors, training.median, training.selection_days,
-                  present(data))
+                  present(data), training.combine)
 
 
 def _model(served: Served | None, cfg: AgentConfig, onnx_model: Path | None) -> tuple[nn.Module, str]:
@@ -186,16 +186,22 @@ def _anchor(cfg: AgentConfig, table: SeriesTable, data: ClientData, served: Serv
                     anchor=f"{reason}, MASE {_scores(served)}", interval=_points_only(cfg, "an anchor"))
 
 
-def _median(cfg: AgentConfig, table: SeriesTable, data: ClientData, served: Served, series: torch.Tensor,
-            marks: torch.Tensor, reason: str) -> Forecast:
-    """The median of the members' forecasts in the data's units (the median commutes with the
-    per-feature scaling of the models' inputs)."""
-    members = [torch.as_tensor(_anchor_values(name, data, cfg.model.horizon) if model is None else
+def _combined(cfg: AgentConfig, table: SeriesTable, data: ClientData, served: Served, series: torch.Tensor,
+              marks: torch.Tensor, reason: str) -> Forecast:
+    """The median of every candidate, or the mean of the best few (one of which may be that
+    median), in the data's units (both commute with the per-feature scaling of the models' inputs)."""
+    def values(name: str, model: nn.Module | None) -> torch.Tensor:
+        if name == MEDIAN:
+            return median_forecast(torch.stack([values(n, m) for n, m in served.candidates.items()]))
+        return torch.as_tensor(_anchor_values(name, data, cfg.model.horizon) if model is None else
                                data.scaler.inverse_transform(model.eval()(series, marks)[0].numpy()), dtype=torch.float64)
-               for name, model in served.members.items()]
-    return Forecast(next_stamps(table, cfg.model.horizon), list(data.columns), median_forecast(torch.stack(members)),
-                    MEDIAN, anchor=f"median of {', '.join(served.members)}; {reason}, MASE {_scores(served)}",
-                    interval=_points_only(cfg, "the median"))
+
+    picks = served.picks or (served.which,)
+    combined = torch.stack([values(name, served.candidates.get(name)) for name in picks]).mean(dim=0)
+    parts = [f"mean of {', '.join(picks)}"] if len(picks) > 1 else []
+    what = "; ".join(parts + ([f"median of {', '.join(served.candidates)}"] if MEDIAN in picks else []))
+    return Forecast(next_stamps(table, cfg.model.horizon), list(data.columns), combined, served.which,
+                    anchor=f"{what}; {reason}, MASE {_scores(served)}", interval=_points_only(cfg, "a combination"))
 
 
 def _anchor_values(name: str, data: ClientData, horizon: int) -> np.ndarray:
@@ -219,7 +225,7 @@ def _short_history(cfg: AgentConfig, table: SeriesTable, why: str) -> Forecast:
                         anchor=f"{why}; {how}", interval=_points_only(cfg, "an anchor"))
     newcomer = Newcomer(table.values, table.index[0], sampling_step(table), period, cfg.model.lookback, horizon)
     which, values, scores = newcomer_forecast(newcomer, fleet, anchors, cfg.training.selection_days,
-                                             cfg.training.median)
+                                             cfg.training.median, cfg.training.combine)
     known = ", ".join(f"{name} {score:.4f}" for name, score in scores.items() if np.isfinite(score))
     how = (f"{why}; the fleet's model, an anchor or their median, on its own days (MASE: {known})" if known else
            f"{why}; the fleet's model while no outcome of its own is known")

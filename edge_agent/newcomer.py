@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from edge_agent.anchors import filled, make_anchor
-from edge_agent.candidates import FEDERATED, MEDIAN
+from edge_agent.candidates import FEDERATED, MEAN_OF_BEST, MEDIAN
 from edge_agent.choice import choose_at, recent_score
 from edge_agent.data.arrays import StandardScaler, time_features
 from edge_agent.learners.head import client_model
@@ -145,10 +145,11 @@ class Newcomer:
 
 
 def newcomer_forecast(newcomer: Newcomer, fleet_model: nn.Module, anchors: tuple[str, ...],
-                      selection_days: int, median: bool = False) -> tuple[str, np.ndarray, dict[str, float]]:
+                      selection_days: int, median: bool = False, combine: int = 1
+                      ) -> tuple[str, np.ndarray, dict[str, float]]:
     """What the gateway serves now, the next ``horizon`` rows (H, F) and every candidate's recent
     MASE: the fleet's model, an anchor or (with ``median``) their median, each replayed over the
-    days held (``Newcomer``)."""
+    days held (``Newcomer``), or the mean of the ``combine`` best (``MEAN_OF_BEST``)."""
     present, period, horizon = len(newcomer.values), newcomer.period, newcomer.horizon
     days = range(1, present // period + 1)
     origins = np.concatenate([newcomer.day_origins(day) for day in days])
@@ -163,5 +164,6 @@ def newcomer_forecast(newcomer: Newcomer, fleet_model: nn.Module, anchors: tuple
     half_life = selection_days * period if selection_days else None
     per_window = window_mase(errors, own_scale(newcomer.values, period))
     scores = {name: recent_score(e, origins, horizon, present, half_life) for name, e in per_window.items()}
-    which = choose_at(per_window, origins, horizon, present, half_life)
-    return which, stacked[which][-1], scores
+    picks = choose_at(per_window, origins, horizon, present, half_life, combine)
+    which = picks[0] if len(picks) == 1 else MEAN_OF_BEST
+    return which, np.mean([stacked[name][-1] for name in picks], axis=0), scores

@@ -5,7 +5,7 @@ ahead, every feature its own sequence through one shared DLinear whose head is s
 seasonal base, the MAE loss; small batches and at least 64 steps a round (more passes over a
 short history); and every gateway serving the best of its federated
 model, its local-only model, the anchors and the median of them on its known outcomes, a
-day's weight halving every two weeks (``edge_agent.choice``)."""
+day's weight halving every two weeks, and serving the mean of the best two (``edge_agent.choice``)."""
 
 from __future__ import annotations
 
@@ -18,4 +18,4 @@ ANCHORS = ("seasonal_naive", "seasonal_naive_week", "window_average", "ets", "et
 """What a gateway compares itself with: every anchor but MSTL, whose refits cost seconds per feature
 over a validation split (``edge_agent.anchors``)."""
 TRAINING = {"batch_size": 32, "lr": 3e-3, "min_steps": 64, "max_steps": 512, "keep_local": True, "anchors": ANCHORS, "median": True,
-            "selection_days": 14}
+            "selection_days": 14, "combine": 2}

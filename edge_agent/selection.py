@@ -24,8 +24,8 @@ import torch
 from torch import nn
 
 from edge_agent.anchors import fitted_forecasts, lookback_rule
-from edge_agent.candidates import MEDIAN  # the candidate that combines the others (models.combination)
-from edge_agent.choice import choose, choose_at, daily_picks, recent_score
+from edge_agent.candidates import MEAN_OF_BEST, MEDIAN  # MEDIAN: the candidate that combines the others
+from edge_agent.choice import choose_at, daily_picks, recent_score
 from edge_agent.data import ClientData, WindowSet
 from edge_agent.metrics import pinball_terms
 from edge_agent.models import Forecaster
@@ -81,7 +81,9 @@ class Served:
     for an anchor) and, to re-choose later with the same rule, every ``candidates`` by name with
     ``median`` (whether the median competes) and the ``half_life`` of a window's weight in rows
     (``half_life_rows``; empty ``candidates``: the choice is fixed), with the per-window scores it
-    already computed by split (``errors``), so a re-choice computes only the rest."""
+    already computed by split (``errors``), so a re-choice computes only the rest. ``picks`` are
+    the candidates whose mean is served, best first (``which`` is ``MEAN_OF_BEST`` where there are
+    several), ``combine`` how many a re-choice takes (``edge_agent.choice.choose_at``)."""
 
     which: str
     model: Forecaster | None
@@ -91,10 +93,17 @@ class Served:
     median: bool = False
     half_life: int | None = None
     errors: dict[str, dict[str, np.ndarray]] = field(default_factory=dict, repr=False)
+    picks: tuple[str, ...] = ()
+    combine: int = 1
 
     @property
     def is_anchor(self) -> bool:
-        return self.model is None and self.which != MEDIAN
+        return self.model is None and self.which not in (MEDIAN, MEAN_OF_BEST)
+
+    @property
+    def label(self) -> str:
+        """What is served, for people: a candidate's name, or ``a + b`` for the mean of several."""
+        return " + ".join(self.picks) if len(self.picks) > 1 else self.which
 
     @property
     def levels(self) -> tuple[float, ...] | None:
@@ -109,6 +118,13 @@ class Served:
         candidates are known, else the candidate chosen."""
         if split == "test" and self.candidates:
             return served_days(client, self)[0]
+        return self.current_batches(client, split)
+
+    def current_batches(self, client: ClientData, split: str) -> list[Batch]:
+        """(forecast, target) batches over ``split`` of what is served at the choice, not re-chosen."""
+        if len(self.picks) > 1:
+            return mean_batches([fixed_batches(client, name, self.candidates.get(name), self.candidates, split)
+                                 for name in self.picks])
         return fixed_batches(client, self.which, self.model, self.members, split)
 
     def metrics(self, client: ClientData, split: str) -> Metrics:
@@ -130,6 +146,13 @@ def candidate_batches(client: ClientData, name: str, model: nn.Module | None, sp
     if model is None:
         return anchor_batches(client, name, split)
     return list(forecasts(model, split_windows(client, split)))
+
+
+def mean_batches(members: Sequence[list[Batch]]) -> list[Batch]:
+    """One batch: the mean of the members' forecasts and the target (the combination of the best
+    few a gateway serves; ``select``'s ``combine``)."""
+    forecast = torch.stack([torch.cat([f for f, _ in batches]) for batches in members]).mean(dim=0)
+    return [(forecast, torch.cat([y for _, y in members[0]]))]
 
 
 def median_batches(members: Sequence[list[Batch] | None]) -> list[Batch]:
@@ -185,13 +208,13 @@ def fits_window(anchor: str, windows: WindowSet, period: int) -> bool:
 
 
 def select(client: ClientData, models: dict[str, nn.Module], anchors: Sequence[str], median: bool = False,
-           selection_days: int = 0, at: int | None = None) -> Served:
+           selection_days: int = 0, at: int | None = None, combine: int = 1) -> Served:
     """What the gateway serves at row ``at`` of its data (None: the first test origin, what a
     benchmark knows before it scores the test split; a live gateway passes ``present``): among
     ``models``, the ``anchors`` and (with ``median``, point models and at least three members) the
     median of them all, the candidate with the lowest score over the windows whose outcome is
     known by then, each weighted by its age, halving every ``selection_days`` days (0: all alike;
-    ``edge_agent.choice``)."""
+    ``edge_agent.choice``), or with ``combine`` > 1 (point forecasts) the mean of that many best."""
     fitted = [name for name in anchors if anchor_forecasts(client, name, "val") is not None]
     members: dict[str, nn.Module | None] = {**models, **dict.fromkeys(fitted)}
     clock = first_test_origin(client) if at is None else at
@@ -200,20 +223,27 @@ def select(client: ClientData, models: dict[str, nn.Module], anchors: Sequence[s
     errors = {split: split_scores(client, members, median, split) for split in known}
     half_life = half_life_rows(client, selection_days)
     scores = dict.fromkeys([*models, *anchors], math.nan)
-    which = choose(scores)
+    count = 1 if is_quantile(members) else combine
+    picks = (next(iter(scores)),)
     if known:
         origins = np.concatenate([split_windows(client, split).origins() for split in known])
         history = {name: np.concatenate([errors[split][name] for split in known]) for name in errors[known[0]]}
         scores |= {name: recent_score(e, origins, horizon, clock, half_life) for name, e in history.items()}
-        which = choose_at(history, origins, horizon, clock, half_life)
+        picks = choose_at(history, origins, horizon, clock, half_life, count)
     competes = MEDIAN in errors.get(known[0], {}) if known else median_competes(members, median)
-    return Served(which, models.get(which), scores, members if which == MEDIAN else {}, members, competes, half_life, errors)
+    which = picks[0] if len(picks) == 1 else MEAN_OF_BEST
+    return Served(which, models.get(which), scores, members if MEDIAN in picks else {}, members, competes, half_life,
+                  errors, picks, count)
+
+
+def is_quantile(members: dict[str, nn.Module | None]) -> bool:
+    """Whether any member forecasts quantiles (then nothing is combined: a quantile model has its own median)."""
+    return any(isinstance(model, Forecaster) and model.levels for model in members.values())
 
 
 def median_competes(members: dict[str, nn.Module | None], median: bool) -> bool:
     """Whether the median is a candidate: asked for, point models only, at least three members."""
-    quantile = any(isinstance(model, Forecaster) and model.levels for model in members.values())
-    return median and len(members) >= 3 and not quantile
+    return median and len(members) >= 3 and not is_quantile(members)
 
 
 def split_scores(client: ClientData, members: dict[str, nn.Module | None], median: bool, split: str
@@ -241,21 +271,22 @@ def present(client: ClientData) -> int:
     return len(client.raw)
 
 
-def served_days(client: ClientData, served: Served) -> tuple[list[Batch], np.ndarray]:
+def served_days(client: ClientData, served: Served) -> tuple[list[Batch], list[tuple[str, ...]]]:
     """What the gateway serves over its test windows when it re-chooses once a day as outcomes come
     in (``edge_agent.choice.daily_picks``, the rule of ``select`` at the start of each day): the
-    served (forecast, target) batch and which candidate made each window's forecast."""
+    served (forecast, target) batch and which candidates made each window's forecast (their mean)."""
     members = served.candidates
     errors = {split: served.errors.get(split) or split_scores(client, members, served.median, split)
               for split in KNOWN_SPLITS}
     origins = np.concatenate([split_windows(client, split).origins() for split in KNOWN_SPLITS])
     history = {name: np.concatenate([errors[split][name] for split in KNOWN_SPLITS]) for name in errors["val"]}
     test = client.test
-    picks = daily_picks(history, origins, test.horizon, client.period, test.origins(), served.half_life)
+    picks = daily_picks(history, origins, test.horizon, client.period, test.origins(), served.half_life,
+                        served.combine)
     forecasts = {name: with_levels(torch.cat([f for f, _ in fixed_batches(client, name, members.get(name), members,
                                                                            "test")]), served.levels)
-                 for name in set(picks)}
-    rows = [forecasts[name][j] for j, name in enumerate(picks)]
+                 for name in {name for pick in picks for name in pick}}
+    rows = [torch.stack([forecasts[name][j] for name in pick]).mean(dim=0) for j, pick in enumerate(picks)]
     return [(torch.stack(rows) if rows else torch.zeros((0,)), test.targets())], picks
 
 

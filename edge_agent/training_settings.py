@@ -36,7 +36,8 @@ class HeadTraining(LocalTraining):
     ``keep_local`` makes joining never worse than staying alone: the gateway also trains its own
     local-only model (one epoch per round, nothing sent) and serves whichever validates better;
     ``anchors`` adds the simple forecasts it can make alone to that choice, ``median`` their median
-    with the models, and ``selection_days`` makes it on recent windows (``edge_agent.selection``).
+    with the models, ``selection_days`` makes it on recent windows and ``combine`` serves the mean
+    of that many best instead of the best alone (``edge_agent.selection``).
 
     ``private_model`` is Fed-GAME's client (``edge_agent.learners.private``): the gateway's model
     persists from round to round and only the proximal term (``prox_mu``) ties it to the
@@ -64,6 +65,9 @@ class HeadTraining(LocalTraining):
     selection_days: int = Field(0, ge=0, description="choose what to serve on the known "
                                 "outcomes, each weighted by its age, halving every this many days (edge_agent.choice; "
                                 "0: all alike)")
+    combine: int = Field(1, ge=1, le=8, description="serve the mean of the forecasts of this many best-scoring "
+                         "candidates (1: the best alone; point forecasts only): a mean of near-equal candidates "
+                         "does not lose to each in turn as a daily choice among them does")
 
     def epochs_over(self, size: int, epochs: int | None = None) -> int:
         """The passes one round makes over ``size`` windows: ``epochs`` (default ``local_epochs``),

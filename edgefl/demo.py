@@ -19,7 +19,7 @@ from rich.table import Table
 
 from coordinator.broker_setup import free_port, start_mosquitto, wait_for_port, write_fleet_setup
 from coordinator.store import RoundRow as StoredRound, Store
-from edge_agent.candidates import served_name, validation_scores
+from edge_agent.candidates import quality, validation_scores
 from edge_agent.config import dump_toml
 from edge_agent.data import list_sites
 from edgefl.init_fleet import edgefl_command
@@ -182,9 +182,17 @@ def _round_row(store: Store, row: StoredRound, started: float) -> RoundRow:
     metrics = [update.metrics for update in store.updates(row.round)]
     rejected = sum(1 for e in store.events(accepted=False) if e["round"] == row.round)
     federated = [validation_scores(m).get(FEDERATED, math.nan) for m in metrics]
-    served = [validation_scores(m).get(served_name(m) or FEDERATED, math.nan) for m in metrics]
+    served = [served_score(m) for m in metrics]
     return RoundRow(row.round, store.client_count(), len(row.metrics["clients"]), rejected, row.metrics["loss"],
                     _mean(federated), _mean(served), row.closed_at - started)
+
+
+def served_score(metrics: dict[str, float]) -> float:
+    """The validation score of what a gateway says it serves (``quality``), the federated model's
+    where it says nothing, NaN where it reports neither."""
+    row = quality(metrics)
+    served = None if row is None else row["served"] if row["serves"] else row["federated"]
+    return math.nan if served is None else served
 
 
 def _mean(values: list[float]) -> float:

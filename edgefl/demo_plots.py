@@ -69,7 +69,6 @@ def station_days(config: Path) -> StationDays:
     from edge_agent.config import AgentConfig
     from edge_agent.forecast import restored
     from edge_agent.live import gateway_table
-    from edge_agent.selection import fixed_batches
     from edge_agent.toml_config import load_config
 
     cfg = load_config(config, AgentConfig)
@@ -80,12 +79,12 @@ def station_days(config: Path) -> StationDays:
     chosen = np.flatnonzero(np.isin(origins, origins[-1] - horizon * np.arange(DAYS)))
     memo = {key: value for key, value in data.memo.items() if key[1] != "test"}  # anchors stay fitted
     last = replace(data, test=replace(data.test, starts=data.test.starts[chosen]), memo=memo)
-    batches = fixed_batches(last, served.which, served.model, served.members, "test")  # what it serves now
+    batches = served.current_batches(last, "test")  # what it serves now
     forecast, target = (torch.cat(parts) for parts in zip(*batches))
     column, first = data.columns.index(COLUMN), table.n_rows - len(data.raw)  # origins count from data.raw's first row
     hours = np.concatenate([table.index[first + o: first + o + horizon] for o in origins[chosen]])
     return StationDays(cfg.client_id, hours, data.scaler.inverse_transform(target.numpy())[..., column].ravel(),
-                       data.scaler.inverse_transform(forecast.numpy())[..., column].ravel(), served.which)
+                       data.scaler.inverse_transform(forecast.numpy())[..., column].ravel(), served.label)
 
 
 def plot_forecasts(stations: list[StationDays], path: Path) -> None:

@@ -36,7 +36,7 @@ OPTIONS = ModelOptions({
     ModelConfig: ("backbone", "interval", "lookback", "horizon", "season", "d_qap", "qap_heads", "hidden",
                   "projection", "head", "seasonal_base", "loss", "quantiles"),
     AgentTraining: ("local_epochs", "batch_size", "lr", "min_steps", "max_steps", "stride", "personal_epochs", "alternate",
-                    "prox_mu", "keep_local", "anchors", "median", "selection_days"),
+                    "prox_mu", "keep_local", "anchors", "median", "selection_days", "combine"),
     FederationConfig: ("rounds", "seed", "twin", "twin_max_age", "late_updates", "strategy", "server.lr",
                        "server.momentum", "game.variant", "participation.fraction"),
     GapPolicy: ("fill", "max_fill_steps"),
@@ -198,7 +198,7 @@ def simulate(
         )
     console.print()
     console.print(f"best round {result.best_round} (by validation): {metric_line(result.test)}; "
-                  f"served: {served_counts({c: s.which for c, s in zip(result.client_test, result.served)})}")
+                  f"served: {served_counts({c: s.label for c, s in zip(result.client_test, result.served)})}")
     rates = fleet_firing_rates(result.models, fleet)
     if rates:
         from export.silence import silent_layers
@@ -222,7 +222,7 @@ def simulate(
         "fed": {**metric_values(result.test), "best_round": result.best_round},
         "firing_rates": rates,
         "federated": metric_values(result.federated),
-        "clients": {name: {"serves": served.which, "served": metric_values(result.client_test[name]),
+        "clients": {name: {"serves": served.label, "served": metric_values(result.client_test[name]),
                            "federated": metric_values(result.client_federated[name])}
                     for name, served in zip(result.client_test, result.served)},
     }

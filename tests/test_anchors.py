@@ -15,7 +15,8 @@ from edge_agent.anchors import (ANCHORS, ETS, MSTL, ETSNoSeason, SeasonalNaive, 
                                 filled)
 from edge_agent.data import SeriesTable, prepare_client
 from edge_agent.scoring import Scale, seasonal_naive_mae
-from edge_agent.selection import anchor_forecasts, anchor_metrics, best_anchor, choose
+from edge_agent.choice import choose
+from edge_agent.selection import anchor_forecasts, anchor_metrics, best_anchor
 from edge_agent.train import forecast_metrics
 
 

@@ -15,7 +15,7 @@ from edge_agent.config import AgentConfig, load_config
 from edge_agent.forecast import fleet_model, forecast
 from edge_agent.learners import fleet_template
 from edge_agent.live import gateway_table
-from edge_agent.candidates import MEDIAN
+from edge_agent.candidates import MEAN_OF_BEST, MEDIAN
 from edge_agent.newcomer import FLEET, Newcomer, seasonal_fill, with_median
 from edge_agent.state import AgentState
 from edge_agent.toml_config import dump_toml
@@ -103,7 +103,7 @@ def test_a_gateway_too_short_to_train_serves_the_fleets_model_or_an_anchor_by_th
         np.testing.assert_allclose(result.values.numpy(), site.model_forecasts(model, 1)[-1], rtol=1e-5)
     else:
         assert "on its own days (MASE: federated" in result.served_by
-        assert result.model in (FLEET, MEDIAN, *cfg.training.anchors)
+        assert result.model in (FLEET, MEDIAN, MEAN_OF_BEST, *cfg.training.anchors)
     (tmp_path / "state" / "global.safetensors").unlink()
     assert forecast(cfg).model != FLEET  # without the fleet's model: the best anchor it can fit
 

@@ -79,9 +79,10 @@ def test_older_outcomes_count_less_and_still_count() -> None:
     steady = np.full(len(origins), 1.0)
     late = np.where(origins >= 33 * 24, 0.8, 1.2)  # better over its last week, worse before
     errors, at = {"steady": steady, "late": late}, 41 * 24
-    assert choose_at(errors, origins, 24, at, 3 * 24) == "late"
-    assert choose_at(errors, origins, 24, at, 30 * 24) == "steady"
-    assert choose_at(errors, origins, 24, at, None) == "steady"
+    assert choose_at(errors, origins, 24, at, 3 * 24) == ("late",)
+    assert choose_at(errors, origins, 24, at, 30 * 24) == ("steady",)
+    assert choose_at(errors, origins, 24, at, None) == ("steady",)
+    assert choose_at(errors, origins, 24, at, 3 * 24, 2) == ("late", "steady")
     weights = 0.5 ** ((at - origins) / (3 * 24))
     assert recent_score(late, origins, 24, at, 3 * 24) == pytest.approx(np.average(late, weights=weights))
 
@@ -135,7 +136,7 @@ def test_simulate_re_chooses_each_day_exactly_as_the_agent_chooses_at_that_momen
     origins = client.test.origins()
     for day in np.unique((origins - origins[0]) // client.period):
         at = int(origins[0] + day * client.period)
-        assert agent.serving_model(2, at=at).which == picks[(origins - origins[0]) // client.period == day][0]
+        assert (agent.serving_model(2, at=at).which,) == picks[int(np.flatnonzero((origins - origins[0]) // client.period == day)[0])]
     assert agent.serving_model(2).scores == agent.serving_model(2, at=present(client)).scores
     served = result.client_test[client.name].mase
     assert served == pytest.approx(forecast_metrics_of(batches, client), rel=1e-6)
@@ -145,3 +146,49 @@ def forecast_metrics_of(batches, client) -> float:
     from edge_agent.train import forecast_metrics
 
     return forecast_metrics(batches, None, None, client.test.scale).mase
+
+
+def test_best_ranks_finite_scores_and_breaks_ties_by_the_order_listed() -> None:
+    from edge_agent.choice import best
+
+    scores = {"federated": 0.9, "local": math.nan, "ets": 0.8, "theta": 0.8, "median": 0.85}
+    assert best(scores) == ("ets",) and best(scores, 2) == ("ets", "theta")
+    assert best(scores, 9) == ("ets", "theta", "median", "federated")
+    assert best({"federated": math.nan, "local": math.inf}, 2) == ("federated",)
+    with pytest.raises(ValueError, match="count"):
+        best(scores, 0)
+
+
+def test_combining_the_best_two_serves_their_mean_each_day_as_the_agent_does() -> None:
+    """``combine`` = 2: each test day the served forecast is the mean of the two candidates with
+    the lowest weighted score at the day's start, the same two a live gateway's learner picks with
+    its clock there, and it reports each as half of what it serves."""
+    from coordinator.simulation.federation import run_federation
+    from coordinator.simulation.federation_config import FederationConfig
+    from edge_agent.candidates import MEAN_OF_BEST, quality, served_name
+    from edge_agent.learners import HeadLearner
+    from edge_agent.selection import served_days
+
+    client = prepare_client(hourly(climbs_again()), 48, 24, stride=6)
+    anchors = ("seasonal_naive", "window_average")
+    fed = FederationConfig(rounds=1, keep_local=False, anchors=anchors, selection_days=3, min_steps=4, combine=2)
+    cfg = small_config("dlinear", lookback=48, horizon=24)
+    served = run_federation([client], cfg, fed).served[0]
+    assert served.which == MEAN_OF_BEST and len(served.picks) == 2 and served.model is None
+    batches, picks = served_days(client, served)
+    assert all(len(pick) == 2 for pick in picks) and len(set(picks)) > 1
+    each = {name: torch.cat([f for f, _ in candidate_batches(client, name, served.candidates.get(name), "test")])
+            for name in served.candidates}
+    expected = torch.stack([(each[a][j] + each[b][j]) / 2 for j, (a, b) in enumerate(picks)])
+    torch.testing.assert_close(batches[0][0], expected)
+    agent = HeadLearner(cfg, client, fed, fed.seed, 0, live=True)
+    agent.model.load_state_dict(served.candidates["federated"].state_dict())
+    origins = client.test.origins()
+    for day in np.unique((origins - origins[0]) // client.period):
+        at = int(origins[0] + day * client.period)
+        assert agent.serving_model(2, at=at).picks == picks[int(np.flatnonzero((origins - origins[0]) // client.period == day)[0])]
+    metrics = agent.serving_metrics(2)
+    chosen = agent.serving_model(2).picks
+    assert {k: v for k, v in metrics.items() if k.startswith("serving.")} == {f"serving.{n}": 0.5 for n in chosen}
+    assert served_name(metrics) == " + ".join(chosen)
+    assert quality(metrics)["served"] == pytest.approx(np.mean([metrics[f"val.{n}"] for n in chosen]))

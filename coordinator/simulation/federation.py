@@ -119,7 +119,7 @@ def run_federation(
         client_val = {c.name: choice.metrics(c, "val") for choice, c in zip(choices, clients)}
         val = weighted_metrics(list(client_val.values()), sizes)
         test = served_metrics(choices, clients)[0] if fed.test_every_round else None
-        serving = {c.name: choice.which for c, choice in zip(clients, choices)}
+        serving = {c.name: choice.label for c, choice in zip(clients, choices)}
         local = tuple(name for name, which in serving.items() if which == "local")
         records.append(RoundRecord(r.round, r.loss, val, test, done.seconds, r.on_time, r.imputed, r.dropped,
                                    done.late, r.twin, local, r.rejected, mean_bytes(done.bytes_per_client), serving,

@@ -106,7 +106,7 @@ class HeadLearner(Learner):
         t = self.training
         clock = present(self.data) if at is None and self.live else at
         return select(self.data, models, t.anchors if anchors is None else anchors,
-                      t.median if median is None else median, t.selection_days, clock)
+                      t.median if median is None else median, t.selection_days, clock, t.combine)
 
     def federated_model(self, round_index: int) -> Forecaster:
         """The federated model once ``round_index`` is announced: with ``personal_epochs``, a copy
@@ -120,12 +120,14 @@ class HeadLearner(Learner):
 
     def serving_metrics(self, round_index: int) -> dict[str, float]:
         """With ``keep_local`` or ``anchors``: every candidate's validation score (``val.<name>``;
-        MASE, QS for quantile models) and which one is served (``serving.<name>`` = 1)."""
+        MASE, QS for quantile models) and which are served (``serving.<name>``, each its share of
+        the served mean)."""
         if self.alone is None and not self.training.anchors:
             return {}
         served = self.serving_model(round_index)
         scores = {VALIDATION_PREFIX + name: score for name, score in served.scores.items() if math.isfinite(score)}
-        return {**scores, SERVING_PREFIX + served.which: 1.0}
+        picks = served.picks or (served.which,)
+        return {**scores, **{SERVING_PREFIX + name: 1.0 / len(picks) for name in picks}}
 
     def wire_state(self, round_index: int) -> TensorDict:
         return self.model.shared_state()
