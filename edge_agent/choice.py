@@ -1,10 +1,16 @@
 """The one rule that picks what a gateway serves, on plain arrays (no torch): each candidate's
 mean per-window score over the windows whose outcome is known at a moment, each window weighted
 by its age, the weight halving every ``selection_days`` days (an exponentially weighted mean);
-lowest wins. Recent outcomes count most, because which candidate wins moves with the seasons, and
-older ones still count, so the choice does not chase the luck of the latest two weeks (a hard
-14-day window did: ``bench/selection.py`` measured the rules on the development data, where this
-one met the verdict in the most cells of the half of the test days it was chosen on).
+the ``combine`` lowest are served, as the mean of their forecasts. Recent outcomes count most,
+because which candidate wins moves with the seasons, and older ones still count, so the choice
+does not chase the luck of the latest two weeks (a hard 14-day window did: ``bench/selection.py``
+measured the rules on the development data, where this one met the verdict in the most cells of
+the half of the test days it was chosen on). Serving the mean of the best two rather than the best
+alone (the recipe's ``combine``) takes the sting out of the winner's curse: among near-equal
+candidates, the one that scored lowest lately is as often lucky as good, and a daily choice among
+them lost to each on sealed data; a mean of two forecasts is never worse than the worse of them
+(MAE is convex) and on the development data met the verdict in more cells than the best alone
+(README, "Does joining the fleet pay?").
 The live agent applies it at its present (``edge_agent.selection.select``); ``simulate`` and every
 benchmark apply it once a day through the test split (``daily_picks``), so a benchmark measures
 what a gateway does (README, "Does joining the fleet pay?")."""

@@ -5,8 +5,9 @@ The candidates are its federated model, its local-only model (``keep_local``), t
 models and anchors (``median``; ``edge_agent.models.combination``). Each is scored on the
 same windows and scale (``Metrics.score`` per window: MASE for point forecasts) over the
 windows whose outcome is known, each weighted by its age, halving every ``selection_days`` days
-(0: all alike), and the lowest wins (``edge_agent.choice``; a tie goes to the candidate listed
-first: federated, local, the anchors in order, the median). Recent errors count most, because
+(0: all alike), and the lowest wins, or with ``combine`` the mean of that many lowest is served
+(``edge_agent.choice``; a tie goes to the candidate listed first: federated, local, the anchors in
+order, the median). Recent errors count most, because
 which candidate wins moves with the seasons: on the homes the validation months (Sep-Oct) favour
 other candidates than the test weeks (Nov-Dec); older ones still count, because the lowest of
 eight noisy two-week means is as often luck as skill (README, "Does joining the fleet pay?"). This extends FedPer's personalization with the oldest rule of forecasting
@@ -75,8 +76,8 @@ def anchor_metrics(client: ClientData, name: str, split: str) -> Metrics | None:
 
 @dataclass(frozen=True)
 class Served:
-    """What one gateway serves: ``which`` candidate ("federated", "local", an anchor's name or
-    "median"), its model (None for an anchor and the median), every candidate's score at the
+    """What one gateway serves: ``which`` candidate ("federated", "local", an anchor's name,
+    "median" or ``MEAN_OF_BEST``), its model (None for an anchor and the median), every candidate's score at the
     moment of the choice (NaN: not available), for the median its members by name (a model, None
     for an anchor) and, to re-choose later with the same rule, every ``candidates`` by name with
     ``median`` (whether the median competes) and the ``half_life`` of a window's weight in rows
