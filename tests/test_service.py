@@ -24,7 +24,7 @@ from coordinator.twins import make_forecaster
 from edge_agent.data import load_site
 from edge_agent.models import ModelConfig
 from edge_agent.models.prompt_settings import PromptConfig
-from edge_agent.candidates import served_name, validation_scores
+from edge_agent.candidates import quality, served_name, validation_scores
 from tests.fleet import (
     MODEL,
     SEED,
@@ -136,8 +136,8 @@ def finish(processes: list, timeout: float = 120) -> None:
 
 def test_gateways_keeping_a_local_model_say_which_model_they_serve(tmp_path: Path, mosquitto) -> None:
     """With keep_local and anchors each agent reports every candidate's validation score; the
-    coordinator's status shows which model each gateway serves, and the forecast says which one
-    made it."""
+    coordinator's status shows which models each gateway serves (the mean of its two best, the
+    recipe's ``combine``), and the forecast says which made it."""
     coordinator, agents, db = start_fleet(tmp_path, mosquitto.port, 2, 2, training={"keep_local": True, "anchors": ["seasonal_naive"]},
                                           min_clients=2)
     finish([coordinator, *agents])
@@ -149,17 +149,18 @@ def test_gateways_keeping_a_local_model_say_which_model_they_serve(tmp_path: Pat
     for m in metrics.values():
         scores = validation_scores(m)
         assert set(scores) == {"federated", "local", "seasonal_naive", "median"}  # the median of the three
-        assert served_name(m) == min(scores, key=scores.__getitem__)
-    first = store_metrics(db, 1)  # before round 1 no local model exists yet: federated or the anchor (no median of two)
-    assert all("val.local" not in m and served_name(m) in ("federated", "seasonal_naive") for m in first.values())
+        assert served_name(m) == " + ".join(sorted(scores, key=scores.__getitem__)[:2])
+    first = store_metrics(db, 1)  # before round 1 no local model exists yet: federated and the anchor (no median of two)
+    assert all("val.local" not in m and set(served_name(m).split(" + ")) == {"federated", "seasonal_naive"}
+               for m in first.values())
     status = subprocess.run(
         [sys.executable, "-m", "edgefl.cli", "coordinator", "status", "-c", str(tmp_path / "coordinator.toml")],
         capture_output=True, text=True, timeout=120, env={**os.environ, "COLUMNS": "80"},
     )
     assert status.returncode == 0 and "…" not in status.stdout, status.stdout  # nothing cut at 80 columns
     for client, m in metrics.items():  # what it serves, its validation MASE and its best anchor's
-        scores = validation_scores(m)
-        assert (f"{client} serves {served_name(m)} (val MASE {scores[served_name(m)]:.3f}; best anchor "
+        scores, served = validation_scores(m), quality(m)["served"]
+        assert (f"{client} serves {served_name(m)} (val MASE {served:.3f}; best anchor "
                 f"seasonal_naive {scores['seasonal_naive']:.3f}, ") in status.stdout, status.stdout
     forecast = subprocess.run(
         [sys.executable, "-m", "edgefl.cli", "agent", "forecast", "--csv", "-c", str(tmp_path / "agent0.toml")],
