@@ -17,8 +17,8 @@ from edge_agent.data import ClientData
 from edge_agent.learners import HeadLearner
 from edge_agent.models import Forecaster
 from edge_agent.models.backbones.spiking import SpikingBackbone
-from edge_agent.models.combination import MedianForecaster
-from edge_agent.selection import MEDIAN, Served, fits_window, lookback_anchor
+from edge_agent.models.combination import MeanForecaster, MedianForecaster
+from edge_agent.selection import MEAN_OF_BEST, MEDIAN, Served, fits_window, lookback_anchor
 from edge_agent.serving.onnx_serving import INFO_FILE, MODEL_FILE, BundleInfo, never_negative
 from edge_agent.storage import write_bytes_atomically
 from export.contract import ExportReport
@@ -45,9 +45,8 @@ def write_bundle(learner: HeadLearner, client_id: str, round_index: int, step_ns
         refuse_silent(served.model, data, client_id)
     staging = Path(folder) / ".next"
     shutil.rmtree(staging, ignore_errors=True)
-    if served.which == MEDIAN:
-        members = [model or lookback_anchor(data, name) for name, model in served.members.items()]
-        report = export_module(MedianForecaster(members), staging, data)
+    if served.which in (MEDIAN, MEAN_OF_BEST):
+        report = export_module(combined_module(served, data), staging, data)
     elif served.model is None:
         report = export_module(lookback_anchor(data, served.which), staging, data)
     else:
@@ -84,14 +83,38 @@ def servable(learner: HeadLearner, round_index: int) -> Served:
         return served
     window = [a for a in learner.training.anchors if fits_window(a, data.val, data.period)]
     served = learner.serving_model(round_index, window)
-    return served if _exportable(served, data) else learner.serving_model(round_index, window, median=False)
+    if _exportable(served, data):
+        return served
+    served = learner.serving_model(round_index, window, median=False)
+    return served if _exportable(served, data) else learner.serving_model(round_index, window, median=False, combine=1)
+
+
+def combined_module(served: Served, data: ClientData) -> torch.nn.Module:
+    """The median of every candidate, or the mean of the picks (one may be that median), as one
+    module over the lookback window (``edge_agent.models.combination``)."""
+    def member(name: str, model: torch.nn.Module | None) -> torch.nn.Module:
+        if name == MEDIAN:
+            return MedianForecaster([member(n, m) for n, m in served.candidates.items()])
+        return model or lookback_anchor(data, name)
+
+    picks = served.picks or (served.which,)
+    modules = [member(name, served.candidates.get(name)) for name in picks]
+    return modules[0] if len(modules) == 1 else MeanForecaster(modules)
 
 
 def _exportable(served: Served, data: ClientData) -> bool:
-    if served.which == MEDIAN:
-        return all(fits_window(name, data.val, data.period) if model is None else not _spiking(model)
-                   for name, model in served.members.items())
-    return served.model is not None or fits_window(served.which, data.val, data.period)
+    """Whether what is served runs from the lookback window alone (and, combined, without a spiking member)."""
+    def alone(name: str, model: torch.nn.Module | None) -> bool:
+        return model is not None or fits_window(name, data.val, data.period)
+
+    def combined(name: str, model: torch.nn.Module | None) -> bool:
+        if name == MEDIAN:
+            return all(combined(n, m) for n, m in served.candidates.items())
+        return alone(name, model) and not (model is not None and _spiking(model))
+
+    if served.which not in (MEDIAN, MEAN_OF_BEST):
+        return alone(served.which, served.model)
+    return all(combined(name, served.candidates.get(name)) for name in served.picks or (served.which,))
 
 
 def _spiking(model: torch.nn.Module) -> bool:

@@ -192,3 +192,23 @@ def test_combining_the_best_two_serves_their_mean_each_day_as_the_agent_does() -
     assert {k: v for k, v in metrics.items() if k.startswith("serving.")} == {f"serving.{n}": 0.5 for n in chosen}
     assert served_name(metrics) == " + ".join(chosen)
     assert quality(metrics)["served"] == pytest.approx(np.mean([metrics[f"val.{n}"] for n in chosen]))
+
+
+def test_the_mean_of_the_best_two_exports_to_one_onnx_graph(tmp_path) -> None:
+    """A gateway serving the mean of a model and a lookback anchor (or the median) ships it as one
+    graph that ONNX Runtime runs as torch does (``export.bundle.combined_module``)."""
+    from export.bundle import _exportable, combined_module
+
+    client = prepare_client(hourly(regime_change()), 168, 24)
+    model = build_forecaster(small_config("dlinear", lookback=168, horizon=24), 1, 4, seed=1)
+    served = select(client, {"federated": model}, ("seasonal_naive", "seasonal_naive_week", "window_average"),
+                    median=True, combine=2)
+    assert len(served.picks) == 2 and _exportable(served, client)
+    module = combined_module(served, client)
+    expected = torch.stack([torch.cat([f for f, _ in candidate_batches(client, name, served.candidates.get(name), "val")])
+                            if name != MEDIAN else median_batches([candidate_batches(client, n, m, "val") for n, m in
+                                                                  served.candidates.items()])[0][0]
+                            for name in served.picks]).mean(dim=0)
+    x, marks = client.val.batch(torch.arange(len(client.val)))[:2]
+    torch.testing.assert_close(module(x, marks), expected, rtol=1e-5, atol=1e-5)
+    assert export_module(module, tmp_path, client).max_abs_error <= 1e-5

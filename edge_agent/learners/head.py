@@ -92,21 +92,23 @@ class HeadLearner(Learner):
         return loss
 
     def serving_model(self, round_index: int, anchors: Sequence[str] | None = None,
-                      median: bool | None = None, at: int | None = None) -> Served:
+                      median: bool | None = None, at: int | None = None, combine: int | None = None) -> Served:
         """What this gateway serves once ``round_index`` is announced: the federated model (its
         personal part fitted to the installed global state, as the round's training starts), or,
         where it scores better on the latest ``selection_days`` of validation windows, its
         local-only model (``keep_local``, once it has trained), one of the anchors
         (``training.anchors``, or ``anchors`` where given) or the median of them all
         (``training.median``, or ``median`` where given), chosen at row ``at`` of its data (None: its
-        present when ``live``, else before its test windows; ``edge_agent.selection``)."""
+        present when ``live``, else before its test windows; ``edge_agent.selection``), the mean of
+        the ``training.combine`` best (or ``combine`` where given)."""
         models = {FEDERATED: self.federated_model(round_index)}
         if self.alone is not None and math.isfinite(self.alone.best_val):
             models[LOCAL] = self.alone.best_model()
         t = self.training
         clock = present(self.data) if at is None and self.live else at
         return select(self.data, models, t.anchors if anchors is None else anchors,
-                      t.median if median is None else median, t.selection_days, clock, t.combine)
+                      t.median if median is None else median, t.selection_days, clock,
+                      t.combine if combine is None else combine)
 
     def federated_model(self, round_index: int) -> Forecaster:
         """The federated model once ``round_index`` is announced: with ``personal_epochs``, a copy

@@ -35,6 +35,24 @@ class MedianForecaster(nn.Module):
         return median_forecast(torch.stack([member(x, marks) for member in self.members]))
 
 
+class MeanForecaster(nn.Module):
+    """(x (B, L, F), marks) -> (B, H, F): the mean of its members' point forecasts, what a gateway
+    serves with ``combine`` > 1 (``edge_agent.choice``); exports to ONNX as one graph."""
+
+    levels = None
+
+    def __init__(self, members: Sequence[nn.Module]):
+        super().__init__()
+        if len(members) < 2:
+            raise ValueError(f"a mean needs at least two forecasters, got {len(members)}")
+        if any(getattr(member, "levels", None) for member in members):
+            raise ValueError("the mean combines point forecasters")
+        self.members = nn.ModuleList(members)
+
+    def forward(self, x: torch.Tensor, marks: torch.Tensor) -> torch.Tensor:
+        return torch.stack([member(x, marks) for member in self.members]).mean(dim=0)
+
+
 def median_forecast(stacked: torch.Tensor) -> torch.Tensor:
     """The median over the first axis of stacked forecasts (M, ...), the mean of the two middle
     ones for an even M (torch.median would take the lower one)."""
