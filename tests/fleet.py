@@ -70,6 +70,7 @@ def agent_config(folder: Path, port: int, index: int, csv: Path, training: dict 
 
 
 STARTED: list[subprocess.Popen] = []  # every process a test started, killed after it (see conftest)
+LOGS: dict[int, Path] = {}  # each started process's log, by pid: a wait tells a slow process from a stuck one
 
 
 def edgefl_without(modules: tuple[str, ...]) -> list[str]:
@@ -106,7 +107,34 @@ def start(folder: Path, name: str, *args: str, missing: tuple[str, ...] = (), re
     python = edgefl_reporting(reported, folder / f"{name}.modules") if reported else edgefl_without(missing)
     process = subprocess.Popen([sys.executable, *python, *args], stdout=log, stderr=subprocess.STDOUT, env=env)
     STARTED.append(process)
+    LOGS[process.pid] = folder / f"{name}.log"
     return process
+
+
+def exits(processes: list[subprocess.Popen], quiet_s: float = 120, limit_s: float = 1800) -> None:
+    """Wait until every process has exited. The deadline comes from events, not the clock: it moves
+    on whenever one of their logs grows, so a slow, loaded machine is waited for while a fleet that
+    stays silent for ``quiet_s`` (or runs past ``limit_s``) fails, naming the silent logs."""
+    logs = [LOGS[p.pid] for p in processes if p.pid in LOGS]
+    started, last, seen = time.monotonic(), time.monotonic(), log_sizes(logs)
+    while any(p.poll() is None for p in processes):
+        now = time.monotonic()
+        if (current := log_sizes(logs)) != seen:
+            last, seen = now, current
+        if now - last > quiet_s or now - started > limit_s:
+            running = [str(LOGS.get(p.pid, p.args)) for p in processes if p.poll() is None]
+            raise TimeoutError(f"still running after {now - started:.0f} s, silent for {now - last:.0f} s: {running}")
+        time.sleep(0.2)
+
+
+def log_sizes(logs: list[Path]) -> list[int]:
+    return [log.stat().st_size if log.exists() else 0 for log in logs]
+
+
+def exit_code(process: subprocess.Popen, quiet_s: float = 120) -> int:
+    """``process``'s exit status, waited for as :func:`exits` does."""
+    exits([process], quiet_s)
+    return process.returncode
 
 
 def stop_started() -> None:

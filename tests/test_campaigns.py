@@ -16,7 +16,7 @@ import paho.mqtt.client as mqtt
 
 from coordinator.store import Store
 from edge_agent.config import dump_toml
-from tests.fleet import agent_config, coordinator_config, start, wait_for, write_client_csvs
+from tests.fleet import agent_config, coordinator_config, exits, start, wait_for, write_client_csvs
 
 ROUNDS = 2
 
@@ -32,8 +32,8 @@ def run_campaign(folder: Path, port: int, csvs: list[Path]) -> Path:
     processes = [start(folder, "coordinator", "coordinator", "serve", "-c", str(config))]
     processes += [start(folder, f"agent{i}", "agent", "run", "-c", str(agent_config(folder, port, i, csv)))
                   for i, csv in enumerate(csvs)]
-    for process in processes:
-        assert process.wait(180) == 0, log_of(folder, "coordinator")
+    exits(processes)
+    assert all(p.returncode == 0 for p in processes), log_of(folder, "coordinator")
     return folder / "coordinator"
 
 
@@ -89,8 +89,8 @@ def test_presence_after_a_run_and_a_second_campaign_on_the_same_broker(tmp_path:
     old_state = agent_config(second, mosquitto.port, 1, csvs[1])
     old_state.write_text(dump_toml({**tomllib.loads(old_state.read_text()), "state_dir": str(first / "agent1")}))
     veteran = start(second, "agent1", "agent", "run", "-c", str(old_state))
-    for process in (coordinator, fresh, veteran):
-        assert process.wait(180) == 0, log_of(second, "coordinator")
+    exits([coordinator, fresh, veteran])
+    assert all(p.returncode == 0 for p in (coordinator, fresh, veteran)), log_of(second, "coordinator")
 
     new_db = second / "coordinator"
     assert campaign_of(new_db) != campaign_of(db)

@@ -19,7 +19,7 @@ from coordinator.store import Store
 from edge_agent.config import load_config
 from edge_agent.learners import fleet_template
 from edge_agent.protocol import HelloHeader, UpdateHeader, body_digest, encode
-from tests.fleet import SEED, coordinator_config, start, write_client_csvs
+from tests.fleet import SEED, coordinator_config, exits, start, write_client_csvs
 from tests.test_hostile import Device
 from tests.test_service import assert_rounds_equal, finish, replay, served_rounds, start_fleet
 
@@ -58,7 +58,7 @@ def test_a_stragglers_late_update_is_folded_in_with_its_staleness_weight_not_dro
     assert reply.accepted and reply.code == ("late" if policy == "buffered" else "late_no_twin"), reply
     for name in ("a", "b"):
         send_update(devices[name], 2, second[name])
-    coordinator.wait(120)
+    exits([coordinator])
     assert coordinator.returncode == 0, (tmp_path / "coordinator.log").read_text()
 
     store = Store(tmp_path / "coordinator")

@@ -39,7 +39,7 @@ from edge_agent.protocol import (
     encode,
 )
 from edge_agent.transport import Incoming, MemoryTransport
-from tests.fleet import SEED, agent_config, coordinator_config, start, write_client_csvs
+from tests.fleet import SEED, agent_config, coordinator_config, exits, start, write_client_csvs
 from tests.offline import (
     TOPICS, fed, hello_of, message, offline_coordinator, resumed, transport_of, turn_until, update_of,
 )
@@ -176,8 +176,7 @@ def test_a_hostile_device_cannot_stop_the_fleet(tmp_path: Path, mosquitto) -> No
     device.send("update", encode(UpdateHeader(fleet="test", sender=HOSTILE, round=3, n_samples=10**9,
                                               campaign=device.campaign, global_sha256=body_digest(state)), poisoned))
     assert device.reply().accepted, "a well-formed update is stored; the round's screening judges it"
-    for process in (coordinator, *agents):
-        process.wait(180)
+    exits([coordinator, *agents])
     assert coordinator.returncode == 0, (tmp_path / "coordinator.log").read_text()
     assert all(agent.returncode == 0 for agent in agents)
 

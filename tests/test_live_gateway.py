@@ -25,7 +25,7 @@ from edge_agent.learners import make_learner
 from edge_agent.live import gateway_table
 from export.bundle import write_bundle
 from edge_agent.serving.onnx_serving import OnnxServing
-from tests.fleet import MODEL, SEED, TRAINING, coordinator_config, start, wait_for
+from tests.fleet import MODEL, SEED, TRAINING, coordinator_config, exit_code, start, wait_for
 
 FEATURES = ("temp_air", "relative_humidity", "wind_speed")
 ROWS = 200  # > 120, the history one window of MODEL needs; 8 days, inside the 30-day retention
@@ -137,7 +137,7 @@ def test_a_live_gateway_stores_replayed_readings_keeps_them_across_a_restart_and
     wait_for(lambda: all(f"({kind}" in log.read_text() for kind in KINDS), 60, "every bad kind logged")
     coordinator = start(tmp_path, "coordinator", "coordinator", "serve", "-c",
                         str(coordinator_config(tmp_path, port, 2, start_clients=1)))
-    assert coordinator.wait(240) == 0, (tmp_path / "coordinator.log").read_text()
+    assert exit_code(coordinator) == 0, (tmp_path / "coordinator.log").read_text()
     wait_for(lambda: "serving forecasts and waiting for the next campaign" in log.read_text(), 60,
              "the gateway going on after the campaign")
     assert second.poll() is None  # a live gateway serves on after the campaign ends, and joins the next

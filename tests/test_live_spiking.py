@@ -15,7 +15,7 @@ from edge_agent.config import AgentConfig, dump_toml, load_config
 from edge_agent.live import gateway_table
 from edge_agent.models import ModelConfig
 from edge_agent.serving.onnx_serving import INFO_FILE, OnnxServing
-from tests.fleet import coordinator_config, start, wait_for
+from tests.fleet import coordinator_config, exit_code, start, wait_for
 from tests.test_live_gateway import FEATURES, live_config, latest_forecast, replay, Watch
 
 SPIKING = {"backbone": "spikernn", "lookback": 24, "horizon": 12, "hidden": 16}
@@ -45,7 +45,7 @@ def test_a_spiking_gateway_trains_exports_its_bundle_and_serves_forecasts(tmp_pa
     replay(port, "--columns", ",".join(FEATURES))
     coordinator = start(tmp_path, "coordinator", "coordinator", "serve", "-c",
                         str(coordinator_config(tmp_path, port, 1, start_clients=1, fleet_model={"model": SPIKING})))
-    assert coordinator.wait(300) == 0, (tmp_path / "coordinator.log").read_text()
+    assert exit_code(coordinator) == 0, (tmp_path / "coordinator.log").read_text()
     log = tmp_path / "agent.log"
     wait_for(lambda: "serving forecasts and waiting for the next campaign" in log.read_text(), 120,
              "the gateway serving after the campaign")

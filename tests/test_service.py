@@ -31,6 +31,7 @@ from tests.fleet import (
     TRAINING,
     agent_config,
     coordinator_config,
+    exits,
     simulation_clients,
     start,
     wait_for,
@@ -130,8 +131,8 @@ def start_fleet(
 
 
 def finish(processes: list, timeout: float = 120) -> None:
-    for process in processes:
-        process.wait(timeout)
+    """Wait for the fleet to exit; ``timeout``: the seconds its logs may stay silent (see :func:`exits`)."""
+    exits(processes, quiet_s=timeout)
 
 
 def test_gateways_keeping_a_local_model_say_which_model_they_serve(tmp_path: Path, mosquitto) -> None:

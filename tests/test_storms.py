@@ -22,7 +22,7 @@ from edge_agent.config import load_config
 from edge_agent.learners import fleet_template
 from edge_agent.protocol import HelloHeader, UpdateHeader, body_digest, decode, encode
 from tests.broker import Mosquitto, free_port
-from tests.fleet import SEED, agent_config, coordinator_config, start, wait_for, write_client_csvs
+from tests.fleet import SEED, agent_config, coordinator_config, exits, start, wait_for, write_client_csvs
 from tests.test_hostile import HOSTILE, TOPICS, Device
 
 STORM = 2_000
@@ -93,8 +93,7 @@ def test_a_hello_storm_is_bounded_and_a_replayed_update_is_refused(tmp_path: Pat
     device.send("update", update(2, body_digest(state2), genuine, device.campaign))
     assert device.reply().accepted, "the refused replays did not take the device's place in round 2"
     device.send("status", b"offline")
-    for process in (coordinator, agent):
-        process.wait(120)
+    exits([coordinator, agent])
     assert coordinator.returncode == 0, (tmp_path / "coordinator.log").read_text()
 
     store = Store(tmp_path / "coordinator")
