@@ -16,41 +16,47 @@ import torch
 from torch import nn
 
 
-class MedianForecaster(nn.Module):
-    """(x (B, L, F), marks) -> (B, H, F): the element-wise median of its members' point forecasts
-    (with an even count the mean of the two middle ones, as numpy's median). Sorting is one ONNX
-    TopK, so the exported graph computes exactly this."""
+class Combination(nn.Module):
+    """(x (B, L, F), marks) -> (B, H, F): one point forecast made of its members' point forecasts
+    by :meth:`combine` over the stacked (M, B, H, F); a quantile model is no member (it has its own
+    median)."""
 
     levels = None
+    operator = "combination"
 
     def __init__(self, members: Sequence[nn.Module]):
         super().__init__()
         if len(members) < 2:
-            raise ValueError(f"a median needs at least two forecasters, got {len(members)}")
+            raise ValueError(f"a {self.operator} needs at least two forecasters, got {len(members)}")
         if any(getattr(member, "levels", None) for member in members):
-            raise ValueError("the median combines point forecasters; a quantile model has its own median")
+            raise ValueError(f"the {self.operator} combines point forecasters; a quantile model has its own median")
         self.members = nn.ModuleList(members)
 
     def forward(self, x: torch.Tensor, marks: torch.Tensor) -> torch.Tensor:
-        return median_forecast(torch.stack([member(x, marks) for member in self.members]))
+        return self.combine(torch.stack([member(x, marks) for member in self.members]))
+
+    def combine(self, stacked: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
 
 
-class MeanForecaster(nn.Module):
-    """(x (B, L, F), marks) -> (B, H, F): the mean of its members' point forecasts, what a gateway
-    serves with ``combine`` > 1 (``edge_agent.choice``); exports to ONNX as one graph."""
+class MedianForecaster(Combination):
+    """The element-wise median of the members (with an even count the mean of the two middle
+    ones, as numpy's median). Sorting is one ONNX TopK, so the exported graph computes exactly this."""
 
-    levels = None
+    operator = "median"
 
-    def __init__(self, members: Sequence[nn.Module]):
-        super().__init__()
-        if len(members) < 2:
-            raise ValueError(f"a mean needs at least two forecasters, got {len(members)}")
-        if any(getattr(member, "levels", None) for member in members):
-            raise ValueError("the mean combines point forecasters")
-        self.members = nn.ModuleList(members)
+    def combine(self, stacked: torch.Tensor) -> torch.Tensor:
+        return median_forecast(stacked)
 
-    def forward(self, x: torch.Tensor, marks: torch.Tensor) -> torch.Tensor:
-        return torch.stack([member(x, marks) for member in self.members]).mean(dim=0)
+
+class MeanForecaster(Combination):
+    """The mean of the members, what a gateway serves with ``combine`` > 1 (``edge_agent.choice``);
+    exports to ONNX as one graph."""
+
+    operator = "mean"
+
+    def combine(self, stacked: torch.Tensor) -> torch.Tensor:
+        return stacked.mean(dim=0)
 
 
 def median_forecast(stacked: torch.Tensor) -> torch.Tensor:
