@@ -12,11 +12,14 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-# The same numbers on every x86-64 machine with AVX2: MKL, oneDNN and ATen pick their kernels by
-# the CPU, and an AVX-512 kernel sums in another order than an AVX2 one; over a training run the
-# last bits grow into per-client MASE differences of up to 0.07 (bench/value.py, same commit and
-# seeds, two machines). Pinned to the AVX2 paths before torch is imported, here and in the job
-# workers (spawned: they inherit the environment). A run keeps any value set by hand.
+# Pinned math: MKL, oneDNN and ATen pick their kernels by the CPU, and an AVX-512 kernel sums in
+# another order than an AVX2 one; over a training run the last bits grow into per-client MASE
+# differences of up to 0.07 (bench/value.py, same commit and seeds, two machines). Pinned to the
+# AVX2 paths before torch is imported, here and in the job workers (spawned: they inherit the
+# environment); a run keeps any value set by hand. The pin gives the same numbers on the same CPU
+# model, run after run, but not across CPU models: MKL's AVX2 branch still differs in the last
+# bits between them (value_sealed.json at 6a6d134 and ac52fc8: learned cell means within 0.94%,
+# median 0.005%). So every results file names its CPU (``cpu_model``).
 PORTABLE_MATH = {"MKL_CBWR": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"}
 NATIVE = "EDGEFL_BENCH_NATIVE_KERNELS"  # set in a child that measures speed (native_environment)
 if not os.environ.get(NATIVE):
@@ -86,12 +89,27 @@ def configure(parser: argparse.ArgumentParser, quick: dict, full: dict) -> tuple
 
 
 def run_config(cfg: dict, quick: bool, started: float) -> dict:
-    """The ``config`` block of every results file: the settings, the mode, what it took and the
-    commit it ran (``+dirty`` when the tree had uncommitted changes)."""
+    """The ``config`` block of every results file: the settings, the mode, what it took, the CPU
+    it ran on and the commit (``+dirty`` when the tree had uncommitted changes)."""
     import time
 
     return {**cfg, "mode": "quick" if quick else "full", "wall_seconds": round(time.perf_counter() - started, 1),
-            "cpu_count": os.cpu_count(), "commit": commit()}
+            "cpu_count": os.cpu_count(), "cpu_model": cpu_model(), "commit": commit()}
+
+
+def cpu_model() -> str:
+    """The CPU's model name (Linux's /proc/cpuinfo, else the platform's word): learned numbers
+    reproduce to the last digit on the same model only (see ``PORTABLE_MATH``)."""
+    import platform
+
+    cpuinfo = Path("/proc/cpuinfo")
+    fields: dict[str, str] = {}
+    for line in cpuinfo.read_text().splitlines() if cpuinfo.is_file() else []:
+        key, _, value = line.partition(":")
+        fields.setdefault(key.strip(), value.strip())
+    if "model name" not in fields:
+        return platform.processor() or platform.machine()
+    return f"{fields['model name']} (family {fields.get('cpu family', '?')}, model {fields.get('model', '?')})"
 
 
 def commit() -> str:
