@@ -7,7 +7,9 @@ This script trains ``bench/value.py --quick``'s development fleets (FedAvg and L
 1-3, every dataset and history) and scores, per gateway, what it would serve each test day under
 the product's ranking (``edge_agent.choice.choose_at``, the decayed score of ``selection_days``)
 with each combination rule: the best alone (``best1``, the product's rule before ``combine`` = 2),
-the mean of the best 2, 3 or 4, the median of the best 3 or 5. Each rule is judged by value.py's
+the mean of the best 2, 3 or 4, the median of the best 3 or 5, and the mean of the best 2 (or 3)
+where the others score within 5, 10 or 20% of the best (``mean2_near10``: a candidate clearly
+behind the best joins no mean, so a near tie is shared and a clear winner serves alone). Each rule is judged by value.py's
 verdict (fleet at most the best anchor, 90% of gateways within 2% of the anchor their validation
 picks, none over 10%) on the first half of each gateway's test days, where a rule is chosen, and
 on the second half and all of them. Usage:
@@ -32,8 +34,10 @@ from common import ROOT, commit, run_parallel
 import value
 from value_report import SERVED, summarize, verdicts
 
-RULES = {"best1": (1, "mean"), "mean2": (2, "mean"), "mean3": (3, "mean"), "median3": (3, "median"),
-         "mean4": (4, "mean"), "median5": (5, "median")}
+RULES = {"best1": (1, "mean", None), "mean2": (2, "mean", None), "mean3": (3, "mean", None),
+         "median3": (3, "median", None), "mean4": (4, "mean", None), "median5": (5, "median", None),
+         "mean2_near5": (2, "mean", 0.05), "mean2_near10": (2, "mean", 0.10), "mean2_near20": (2, "mean", 0.20),
+         "mean3_near10": (3, "mean", 0.10)}
 HALVES = ("all", "first", "second")
 
 
@@ -61,12 +65,12 @@ def rule_scores(client, forecasts: dict, errors: dict) -> tuple[dict, dict]:
     first = days < (days.max() + 1) / 2
     half_life = value.SELECTION_DAYS * client.period
     out = {}
-    for rule, (count, operator) in RULES.items():
+    for rule, (count, operator, within) in RULES.items():
         rows = torch.empty_like(forecasts[names[0]])
         served: dict[str, float] = {}
         for day in np.unique(days):
             picks = choose_at(history, origins, client.test.horizon, int(test.min()) + int(day) * client.period,
-                              half_life, count)
+                              half_life, count, within)
             rows[days == day] = combined(torch.stack([forecasts[name][days == day] for name in picks]), operator)
             for name in picks:
                 served[name] = served.get(name, 0.0) + float((days == day).sum()) / len(picks)

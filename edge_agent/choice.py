@@ -23,10 +23,11 @@ from collections.abc import Mapping
 import numpy as np
 
 
-def best(scores: Mapping[str, float], count: int = 1) -> tuple[str, ...]:
+def best(scores: Mapping[str, float], count: int = 1, within: float | None = None) -> tuple[str, ...]:
     """The ``count`` candidates with the lowest finite scores, best first (a tie goes to the first
-    listed), fewer where fewer have one; the first listed alone when none has (a diverged model is
-    still what a gateway with nothing else serves)."""
+    listed), fewer where fewer have one or, with ``within``, where fewer score at most
+    ``(1 + within)`` times the best's; the first listed alone when none has a score (a diverged
+    model is still what a gateway with nothing else serves)."""
     if not scores:
         raise ValueError("choose: no candidates")
     if count < 1:
@@ -34,6 +35,8 @@ def best(scores: Mapping[str, float], count: int = 1) -> tuple[str, ...]:
     order = list(scores)
     finite = sorted((name for name, score in scores.items() if math.isfinite(score)),
                     key=lambda name: (scores[name], order.index(name)))
+    if within is not None and finite:
+        finite = [name for name in finite if scores[name] <= (1 + within) * scores[finite[0]]]
     return tuple(finite[:count]) or (order[0],)
 
 
@@ -54,12 +57,14 @@ def recent_score(scores: np.ndarray, origins: np.ndarray, horizon: int, at: int,
 
 
 def choose_at(errors: Mapping[str, np.ndarray], origins: np.ndarray, horizon: int, at: int,
-              half_life: int | None, count: int = 1) -> tuple[str, ...]:
+              half_life: int | None, count: int = 1, within: float | None = None) -> tuple[str, ...]:
     """The candidates whose forecasts a gateway serves (their mean) from row ``at`` on, best first,
     given every candidate's per-window scores (``errors``, windows at ``origins``, NaN where a
     candidate has none), the half-life of a window's weight in rows (``half_life``; None: every
-    known window alike) and how many it combines (``count``; 1: the best alone)."""
-    return best({name: recent_score(e, origins, horizon, at, half_life) for name, e in errors.items()}, count)
+    known window alike), how many it combines (``count``; 1: the best alone) and how near the
+    best's score another's must be to join (``within``, relative; None: any)."""
+    scores = {name: recent_score(e, origins, horizon, at, half_life) for name, e in errors.items()}
+    return best(scores, count, within)
 
 
 def daily_picks(errors: Mapping[str, np.ndarray], origins: np.ndarray, horizon: int, period: int,
