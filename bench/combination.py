@@ -74,8 +74,10 @@ def rule_scores(client, forecasts: dict, errors: dict) -> tuple[dict, dict]:
             rows[days == day] = combined(torch.stack([forecasts[name][days == day] for name in picks]), operator)
             for name in picks:
                 served[name] = served.get(name, 0.0) + float((days == day).sum()) / len(picks)
-        mase = window_metrics([(rows, client.test.targets())], client.test.scale)["mase"]
-        out[rule] = {"mase": float(mase.mean()), "mase_first": float(mase[first].mean()),
+        metrics = window_metrics([(rows, client.test.targets())], client.test.scale)
+        mase = metrics["mase"]
+        out[rule] = {"mase": float(mase.mean()), "mse": float(metrics["mse"].mean()),
+                     "mae": float(metrics["mae"].mean()), "mase_first": float(mase[first].mean()),
                      "mase_second": float(mase[~first].mean()), "served": served}
     halves = {name: [float(errors[name][1][first].mean()), float(errors[name][1][~first].mean())] for name in names}
     return out, halves

@@ -70,7 +70,6 @@ def agent_config(folder: Path, port: int, index: int, csv: Path, training: dict 
 
 
 STARTED: list[subprocess.Popen] = []  # every process a test started, killed after it (see conftest)
-LOGS: dict[int, Path] = {}  # each started process's log, by pid: a wait tells a slow process from a stuck one
 
 
 def edgefl_without(modules: tuple[str, ...]) -> list[str]:
@@ -96,8 +95,14 @@ def edgefl_reporting(modules: tuple[str, ...], report: Path) -> list[str]:
             "runpy.run_module('edgefl.cli', run_name='__main__', alter_sys=True)\n"]
 
 
+class Logged(subprocess.Popen):
+    """A process ``start`` ran, with its log: a wait tells a slow process from a stuck one."""
+
+    log: Path
+
+
 def start(folder: Path, name: str, *args: str, missing: tuple[str, ...] = (), reported: tuple[str, ...] = ()
-          ) -> subprocess.Popen:
+          ) -> Logged:
     """Run an ``edgefl`` command in the background, its output in ``<name>.log``, with as many
     torch threads as this process (float sums depend on it; the in-process replays must match);
     ``missing``: modules it runs without (``edgefl_without``); ``reported``: modules it says in
@@ -105,9 +110,9 @@ def start(folder: Path, name: str, *args: str, missing: tuple[str, ...] = (), re
     log = open(folder / f"{name}.log", "w")
     env = {**os.environ, "OMP_NUM_THREADS": str(torch.get_num_threads())}
     python = edgefl_reporting(reported, folder / f"{name}.modules") if reported else edgefl_without(missing)
-    process = subprocess.Popen([sys.executable, *python, *args], stdout=log, stderr=subprocess.STDOUT, env=env)
+    process = Logged([sys.executable, *python, *args], stdout=log, stderr=subprocess.STDOUT, env=env)
+    process.log = folder / f"{name}.log"
     STARTED.append(process)
-    LOGS[process.pid] = folder / f"{name}.log"
     return process
 
 
@@ -115,14 +120,14 @@ def exits(processes: list[subprocess.Popen], quiet_s: float = 120, limit_s: floa
     """Wait until every process has exited. The deadline comes from events, not the clock: it moves
     on whenever one of their logs grows, so a slow, loaded machine is waited for while a fleet that
     stays silent for ``quiet_s`` (or runs past ``limit_s``) fails, naming the silent logs."""
-    logs = [LOGS[p.pid] for p in processes if p.pid in LOGS]
+    logs = [p.log for p in processes if isinstance(p, Logged)]
     started, last, seen = time.monotonic(), time.monotonic(), log_sizes(logs)
     while any(p.poll() is None for p in processes):
         now = time.monotonic()
         if (current := log_sizes(logs)) != seen:
             last, seen = now, current
         if now - last > quiet_s or now - started > limit_s:
-            running = [str(LOGS.get(p.pid, p.args)) for p in processes if p.poll() is None]
+            running = [str(getattr(p, "log", p.args)) for p in processes if p.poll() is None]
             raise TimeoutError(f"still running after {now - started:.0f} s, silent for {now - last:.0f} s: {running}")
         time.sleep(0.2)
 

@@ -4,6 +4,7 @@ windows when the regime changes."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -14,7 +15,8 @@ import torch
 from edge_agent.data import SeriesTable, prepare_client
 from edge_agent.models import build_forecaster
 from edge_agent.models.combination import MedianForecaster, median_forecast
-from edge_agent.choice import choose_at
+from edge_agent.candidates import MEAN_OF_BEST
+from edge_agent.choice import best, choose_at
 from edge_agent.selection import (MEDIAN, anchor_batches, anchor_metrics, candidate_batches, fits_window,
                                   lookback_anchor, median_batches, recent_score, select, window_scores)
 from edge_agent.train import evaluate, forecasts
@@ -82,7 +84,8 @@ def test_older_outcomes_count_less_and_still_count() -> None:
     assert choose_at(errors, origins, 24, at, 3 * 24) == ("late",)
     assert choose_at(errors, origins, 24, at, 30 * 24) == ("steady",)
     assert choose_at(errors, origins, 24, at, None) == ("steady",)
-    assert choose_at(errors, origins, 24, at, 3 * 24, 2) == ("late", "steady")
+    assert choose_at(errors, origins, 24, at, 3 * 24, 2) == ("late",)  # steady is far behind: no near tie
+    assert choose_at(errors, origins, 24, at, 3 * 24, 2, None) == ("late", "steady")
     weights = 0.5 ** ((at - origins) / (3 * 24))
     assert recent_score(late, origins, 24, at, 3 * 24) == pytest.approx(np.average(late, weights=weights))
 
@@ -149,11 +152,11 @@ def forecast_metrics_of(batches, client) -> float:
 
 
 def test_best_ranks_finite_scores_and_breaks_ties_by_the_order_listed() -> None:
-    from edge_agent.choice import best
-
     scores = {"federated": 0.9, "local": math.nan, "ets": 0.8, "theta": 0.8, "median": 0.85}
     assert best(scores) == ("ets",) and best(scores, 2) == ("ets", "theta")
-    assert best(scores, 9) == ("ets", "theta", "median", "federated")
+    assert best(scores, 9, None) == ("ets", "theta", "median", "federated")
+    assert best(scores, 9) == ("ets", "theta")  # the median is 6% behind: no near tie, it joins no mean
+    assert best(scores, 9, 0.10) == ("ets", "theta", "median")
     assert best({"federated": math.nan, "local": math.inf}, 2) == ("federated",)
     with pytest.raises(ValueError, match="count"):
         best(scores, 0)
@@ -161,11 +164,12 @@ def test_best_ranks_finite_scores_and_breaks_ties_by_the_order_listed() -> None:
 
 def test_combining_the_best_two_serves_their_mean_each_day_as_the_agent_does() -> None:
     """``combine`` = 2: each test day the served forecast is the mean of the two candidates with
-    the lowest weighted score at the day's start, the same two a live gateway's learner picks with
-    its clock there, and it reports each as half of what it serves."""
+    the lowest weighted score at the day's start where the second is within ``NEAR_BEST`` of the
+    first, else the first alone; the same ones a live gateway's learner picks with its clock there,
+    and it reports each as its share of what it serves."""
     from coordinator.simulation.federation import run_federation
     from coordinator.simulation.federation_config import FederationConfig
-    from edge_agent.candidates import MEAN_OF_BEST, quality, served_name
+    from edge_agent.candidates import quality, served_name
     from edge_agent.learners import HeadLearner
     from edge_agent.selection import served_days
 
@@ -174,12 +178,11 @@ def test_combining_the_best_two_serves_their_mean_each_day_as_the_agent_does() -
     fed = FederationConfig(rounds=1, keep_local=False, anchors=anchors, selection_days=3, min_steps=4, combine=2)
     cfg = small_config("dlinear", lookback=48, horizon=24)
     served = run_federation([client], cfg, fed).served[0]
-    assert served.which == MEAN_OF_BEST and len(served.picks) == 2 and served.model is None
     batches, picks = served_days(client, served)
-    assert all(len(pick) == 2 for pick in picks) and len(set(picks)) > 1
+    assert served.picks == picks[0] and {len(pick) for pick in picks} == {1, 2} and len(set(picks)) > 2
     each = {name: torch.cat([f for f, _ in candidate_batches(client, name, served.candidates.get(name), "test")])
             for name in served.candidates}
-    expected = torch.stack([(each[a][j] + each[b][j]) / 2 for j, (a, b) in enumerate(picks)])
+    expected = torch.stack([torch.stack([each[name][j] for name in pick]).mean(dim=0) for j, pick in enumerate(picks)])
     torch.testing.assert_close(batches[0][0], expected)
     agent = HeadLearner(cfg, client, fed, fed.seed, 0, live=True)
     agent.model.load_state_dict(served.candidates["federated"].state_dict())
@@ -189,7 +192,8 @@ def test_combining_the_best_two_serves_their_mean_each_day_as_the_agent_does() -
         assert agent.serving_model(2, at=at).picks == picks[int(np.flatnonzero((origins - origins[0]) // client.period == day)[0])]
     metrics = agent.serving_metrics(2)
     chosen = agent.serving_model(2).picks
-    assert {k: v for k, v in metrics.items() if k.startswith("serving.")} == {f"serving.{n}": 0.5 for n in chosen}
+    assert {k: v for k, v in metrics.items() if k.startswith("serving.")} == {f"serving.{n}": 1 / len(chosen)
+                                                                             for n in chosen}
     assert served_name(metrics) == " + ".join(chosen)
     assert quality(metrics)["served"] == pytest.approx(np.mean([metrics[f"val.{n}"] for n in chosen]))
 
@@ -203,6 +207,7 @@ def test_the_mean_of_the_best_two_exports_to_one_onnx_graph(tmp_path) -> None:
     model = build_forecaster(small_config("dlinear", lookback=168, horizon=24), 1, 4, seed=1)
     served = select(client, {"federated": model}, ("seasonal_naive", "seasonal_naive_week", "window_average"),
                     median=True, combine=2)
+    served = dataclasses.replace(served, which=MEAN_OF_BEST, picks=best(served.scores, 2, None))  # no near tie here
     assert len(served.picks) == 2 and _exportable(served, client)
     module = combined_module(served, client)
     expected = torch.stack([torch.cat([f for f, _ in candidate_batches(client, name, served.candidates.get(name), "val")])
