@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from common import ROOT, commit, run_parallel
+from common import ROOT, run_config, run_parallel
 import value
 from value_report import SERVED, summarize, verdicts
 
@@ -180,7 +180,7 @@ def main() -> None:
             learned = [r for res in run_parallel(job, learned_jobs, args.workers, lambda r: "trained")
                        for r in res["runs"]]
         data = {"anchor": value.public(anchors), "learned": learned,
-                "config": {**cfg, "wall_seconds": round(time.perf_counter() - started, 1), "commit": commit()}}
+                "config": run_config(cfg, True, started)}
         if args.runs:
             args.runs.write_text(json.dumps(data))
     summary = {"rows": study(data, cfg), "config": data["config"]}
