@@ -66,8 +66,8 @@ class HeadTraining(LocalTraining):
                                 "outcomes, each weighted by its age, halving every this many days (edge_agent.choice; "
                                 "0: all alike)")
     combine: int = Field(1, ge=1, le=8, description="serve the mean of the forecasts of this many best-scoring "
-                         "candidates (1: the best alone; point forecasts only), of those within 5% of the best's score "
-                         "(edge_agent.choice NEAR_BEST): a mean of near-equal candidates does not lose to each "
+                         "candidates (1: the best alone; point forecasts only), of those near the best's score "
+                         "(within edge_agent.choice.NEAR_BEST): a mean of near-equal candidates does not lose to each "
                          "in turn as a daily choice among them does")
 
     def epochs_over(self, size: int, epochs: int | None = None) -> int:
