@@ -454,3 +454,18 @@ def test_prepare_client_on_weather_site(sites: list[SeriesTable]) -> None:
     x, t, y = next(data.train.batches(32, shuffle=True, generator=torch.Generator().manual_seed(1)))
     assert x.shape == (32, 96, sites[0].n_features) and y.shape == (32, 48, sites[0].n_features)
     assert data.latitude == sites[0].latitude and data.n_train == 7008 - 144 + 1
+
+
+def test_rows_from_equals_indexing_with_a_grid() -> None:
+    """The window gather of every training step gives what indexing with a (B, length) grid gives,
+    contiguous, and an empty batch for no positions (a split too short for any window)."""
+    from edge_agent.data.windows import rows_from
+
+    values = torch.randn(50, 3)
+    first = torch.tensor([0, 7, 7, 40])
+    grid = values[first.unsqueeze(1) + torch.arange(10)]
+    gathered = rows_from(values, first, 10)
+    assert torch.equal(gathered, grid) and gathered.is_contiguous()
+    assert rows_from(values[:4], torch.tensor([], dtype=torch.long), 10).shape == (0, 10, 3)
+    with pytest.raises((IndexError, RuntimeError)):
+        rows_from(values, torch.tensor([41]), 10)
