@@ -4,12 +4,13 @@ The steps are cumulative, in this order (an ablation in another order would spli
 differently where changes interact): the benchmark's old setting (QAP with d = 32, FedPer's
 personal head, L = 48, MSE, at most 96 training windows per client, 6 epochs or rounds); a
 channel-independent model (every feature its own sequence, d = 1); every training window and 10
-epochs or rounds; at least 64 optimizer steps a round (more passes over a short history); a week of lookback; the MAE loss; the seasonal base; the head shared by the
-fleet (the recipe, ``ModelConfig()``); and what the product serves, each gateway's candidate
-(FedAvg, Local-only, the anchors and their median) with the lowest MASE over its latest
-validation weeks, re-chosen daily (bench/value.py's rule). Local-only and FedAvg at K = 30 days and
-the full history, one seed, the three datasets of bench/value.py, test MASE on the value
-benchmark's scale. Usage:
+epochs or rounds; at least 64 optimizer steps a round (more passes over a short history); a week
+of lookback; the MAE loss; the seasonal base; the head shared by the fleet (the recipe,
+``ModelConfig()``); and what the product serves (bench/value.py's ``served``: each gateway's two
+best candidates among FedAvg, Local-only, the anchors and their median, their mean where near
+equal, re-chosen daily by ``edge_agent.choice``). Local-only and FedAvg at K = 30 days and the
+full history, one seed, the three datasets of bench/value.py, test MASE on the value benchmark's
+scale. Usage:
 
     python bench/ablation.py --quick     # one seed (about 30 min on 2 cores)
     python bench/ablation.py             # three seeds
@@ -44,6 +45,7 @@ QUICK = {"datasets": ["stations", "homes", "pedestrians"], "history_days": [30, 
          "anchors": value.QUICK["anchors"],  # the recipe's, as in bench/value.py
          "learned": ["local", "fedavg"], "backbones": ["dlinear"]}
 FULL = {**QUICK, "seeds": [1, 2, 3]}
+SERVED_CHANGE = "served: what the product serves (bench/value.py's served, re-chosen daily)"
 
 
 def step_settings(step: int) -> tuple[dict, dict]:
@@ -125,9 +127,8 @@ def table(runs: list[dict], cfg: dict) -> list[dict]:
                     if runs_of:
                         row[method] = mean(runs_of)
                 rows.append(row)
-            served = value.served_runs([r for r in cell if r["step"] is None or r["backbone"] == last], cfg)
-            rows.append({"dataset": dataset, "history_days": days, "step": len(STEPS),
-                         "change": "served: best of FedAvg, Local, anchors, median, re-chosen daily",
+            served = [r for r in cell if (r["backbone"], r["method"]) == (last, value.SERVED)]
+            rows.append({"dataset": dataset, "history_days": days, "step": len(STEPS), "change": SERVED_CHANGE,
                          "served": mean(served),
                          "best_anchor": best, "best_anchor_mase": anchors[best]})
     return rows
