@@ -10,9 +10,9 @@ with each combination rule: the best alone (``best1``, the product's rule before
 the mean of the best 2, 3 or 4, the median of the best 3 or 5, and the mean of the best 2 (or 3)
 where the others score within 5, 10 or 20% of the best (``mean2_near10``: a candidate clearly
 behind the best joins no mean, so a near tie is shared and a clear winner serves alone). Each rule
-is judged by value.py's verdict (fleet at most the best anchor, 90% of gateways within 2% of the anchor their validation
-picks, none over 10%) on the first half of each gateway's test days, where a rule is chosen, and
-on the second half and all of them. Usage:
+is judged by value.py's verdict (fleet at most the best anchor, 90% of gateways within 2% of the
+anchor their validation picks, none over 10%) on the first half of each gateway's test days,
+where a rule is chosen, and on the second half and all of them. Usage:
 
     python bench/combination.py --quick    # about an hour on 2 cores; bench/results/combination.{json,md}
     python bench/combination.py --quick --report-only --runs /tmp/combination_runs.json

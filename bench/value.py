@@ -29,8 +29,8 @@ anchor, and the largest excess of one gateway over its own best anchor. Usage:
     python bench/value.py --quick --windows /tmp/w.npz   # also keep every run's per-window errors there
     python bench/value.py --quick --report-only --windows /tmp/w.npz   # the report again from them
 
-(bench/selection.py and bench/ablation.py replay single-candidate rules from the saved per-window
-errors: ``served_runs``, the product's rule with ``combine`` = 1.)
+(bench/selection.py replays single-candidate rules from the saved per-window errors:
+``served_runs``, the product's rule with ``combine`` = 1.)
 """
 
 from __future__ import annotations
@@ -251,7 +251,7 @@ def jobs(cfg: dict) -> list[tuple]:
 def served_runs(runs: list[dict], cfg: dict) -> list[dict]:
     """What each gateway would serve per (dataset, K, backbone, seed) with one candidate at a time
     (the product's rule at ``combine`` = 1, replayed from saved per-window errors: what
-    bench/selection.py and bench/ablation.py compare), re-chosen once a day as its forecasts'
+    bench/selection.py compares), re-chosen once a day as its forecasts'
     outcomes come in: each day the candidate (FedAvg as its federated model, its
     local-only model, the anchors, the median where run) with the lowest MASE over the latest
     ``SELECTION_DAYS`` days of windows whose outcome is known by then (validation windows, then
